@@ -1,0 +1,51 @@
+"""seqpack: pad and pack variable-length causal-LM examples without joining their contexts.
+
+Each section below re-exports the public names of one module.
+"""
+
+__version__ = "0.1.0"
+
+# --- errors ---
+from .errors import (
+    BindingError,
+    CapacityError,
+    DecodeLimitError,
+    InvalidInputError,
+    MetadataBudgetError,
+    SeqpackError,
+    TokenizerError,
+    VerificationError,
+)
+
+# --- tokenizer ---
+from .tokenizer import ByteTokenizer, DecodeLimits, TokenizerIdentity
+
+# --- binding ---
+from .binding import BatchBinding, Partition, SplitReceipt
+
+# --- documents ---
+from .documents import BatchDocument
+
+# --- windows ---
+from .windows import (
+    BatchOrder,
+    CausalWindow,
+    CausalWindowConfig,
+    MiniBatch,
+    MiniBatchConfig,
+    MiniBatchEpoch,
+)
+
+# --- examples ---
+from .examples import SequenceExample
+
+# --- batch ---
+from .batch import (
+    NO_SEGMENT,
+    PAD_CELL,
+    BatchLayout,
+    Occurrence,
+    VariableBatch,
+    VariableBatchConfig,
+    VariableBatchEpoch,
+)

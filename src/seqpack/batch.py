@@ -1,0 +1,450 @@
+"""Right-padded batches, and the row layout that padded and packed batches share.
+
+A batch is a rectangle of cells. Every cell carries an input, a target, a local
+position, a segment, and three separate fields: the input exists, the target
+exists, the target is supervised. ``PAD_CELL`` (-1) is a storage marker, never a
+token; padding cells have segment ``NO_SEGMENT`` (-1), position 0, all fields
+false, and are never attended nor used as targets. The valid cells of a row are
+a prefix of it; permission is represented by ``valid_lengths`` and the first
+permitted key of each query (``segment_starts``), never by a dense mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from . import _layout
+from .binding import BatchBinding, Partition
+from .errors import BindingError, CapacityError, InvalidInputError, VerificationError
+from .examples import SequenceExample
+
+PAD_CELL = -1
+NO_SEGMENT = -1
+INT32_MAX = 2**31 - 1
+
+#: One record per placed occurrence of an example; ``ordinal`` indexes the examples.
+OCCURRENCE_DTYPE = np.dtype(
+    [("ordinal", np.int64), ("row", np.int64), ("start", np.int64), ("stop", np.int64), ("segment", np.int32)]
+)
+
+# Bytes a batch holds per cell (inputs, targets, positions, segments, segment
+# starts as int32; three bool fields) and per row (valid length, int64).
+CELL_BYTES = 5 * 4 + 3 * 1
+ROW_BYTES = 8
+
+
+class Occurrence(NamedTuple):
+    """One supplied use of an example: where it lives and which segment it owns."""
+
+    ordinal: int
+    row: int
+    columns: range
+    segment: int
+
+
+def positive_int(name: str, value) -> int:
+    """``value`` as an int, or an error naming ``name`` when it is not a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InvalidInputError(f"{name} must be a positive integer, not {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class VariableBatchConfig:
+    """Rows per batch, the cell limit of one batch, and an optional prediction width limit."""
+
+    batch_size: int
+    max_cells: int
+    max_width: int | None = None
+
+    def __post_init__(self):
+        positive_int("batch_size", self.batch_size)
+        positive_int("max_cells", self.max_cells)
+        if self.max_width is not None:
+            positive_int("max_width", self.max_width)
+
+
+def check_examples(
+    partition: Partition, examples: Sequence[SequenceExample], binding: BatchBinding
+) -> np.ndarray:
+    """Validate examples against the partition and binding; return their prediction lengths."""
+    if not isinstance(partition, Partition):
+        raise InvalidInputError(f"partition must be a Partition, not {partition!r}")
+    if not isinstance(binding, BatchBinding):
+        raise InvalidInputError(f"binding must be a BatchBinding, not {type(binding).__name__}")
+    if isinstance(examples, (str, bytes)) or not isinstance(examples, Sequence):
+        raise InvalidInputError("examples must be a list or tuple of SequenceExample")
+    if len(examples) == 0:
+        raise InvalidInputError("a batch needs at least one example")
+    for index, example in enumerate(examples):
+        if not isinstance(example, SequenceExample):
+            raise InvalidInputError(
+                f"example {index} is a {type(example).__name__}, not a SequenceExample"
+            )
+        if example.binding is not binding and example.binding != binding:
+            raise BindingError(
+                f"example {example.id!r} (index {index}) was built under a different binding"
+            )
+        if example.partition is not partition:
+            raise BindingError(
+                f"example {example.id!r} (index {index}) belongs to partition "
+                f"{example.partition.value!r}, not {partition.value!r}"
+            )
+    return np.fromiter((len(example) for example in examples), dtype=np.int64, count=len(examples))
+
+
+def source_arrays(examples: Sequence[SequenceExample], ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Flat int32 source tokens of ``examples[ordinals]`` and their int64 offsets ``[n + 1]``."""
+    selected = [examples[i].source_tokens for i in ordinals.tolist()]
+    offsets = np.zeros(len(selected) + 1, dtype=np.int64)
+    np.cumsum([len(tokens) for tokens in selected], out=offsets[1:])
+    if not selected:
+        return np.empty(0, dtype=np.int32), offsets
+    return np.concatenate(selected).astype(np.int32, copy=False), offsets
+
+
+def _violation_message(code: int, row: int, column: int, batch: "BatchLayout") -> str:
+    V = _layout.Violation
+    at = f"row {row}, column {column}"
+    if code == V.ROW_LENGTH:
+        return f"row {row}: valid length {batch.valid_lengths[row]} is outside [0, {batch.shape[1]}]"
+    if code == V.VALID_FLAG:
+        fields = (batch.token_valid[row, column], batch.target_valid[row, column], batch.loss_mask[row, column])
+        side = "inside" if column < batch.valid_lengths[row] else "outside"
+        return (
+            f"{at}: (input exists, target exists, supervised) = {tuple(bool(f) for f in fields)} "
+            f"{side} the row's valid prefix of {batch.valid_lengths[row]} cells"
+        )
+    if code == V.PAD_VALUE:
+        if column < batch.valid_lengths[row]:
+            return f"{at}: a valid cell holds PAD_CELL as its input or target"
+        return (
+            f"{at}: padding must hold input/target PAD_CELL, position 0, NO_SEGMENT and "
+            f"segment start 0, found input {batch.inputs[row, column]}, target "
+            f"{batch.targets[row, column]}, position {batch.positions[row, column]}, segment "
+            f"{batch.segments[row, column]}, start {batch.segment_starts[row, column]}"
+        )
+    if code == V.SEGMENT_MISSING:
+        return f"{at}: a valid cell has no segment"
+    if code == V.POSITION_STEP:
+        return (
+            f"{at}: local position {batch.positions[row, column]} does not step by one from 0 "
+            f"inside segment {batch.segments[row, column]}"
+        )
+    if code == V.SEGMENT_START:
+        return (
+            f"{at}: segment start {batch.segment_starts[row, column]} is not the first column "
+            f"of segment {batch.segments[row, column]}"
+        )
+    raise AssertionError(f"unknown row violation code {code}")
+
+
+def _occurrence_message(code: int, index: int, column: int, batch: "BatchLayout") -> str:
+    V = _layout.Violation
+    if code == V.ROW_COVERAGE:
+        return (
+            f"row {index}: its occurrences do not cover exactly its valid prefix of "
+            f"{batch.valid_lengths[index]} cells"
+        )
+    record = batch._records[index]
+    example = batch._examples[record["ordinal"]]
+    name = f"occurrence {record['ordinal']} (example {example.id!r}, row {record['row']})"
+    if code == V.OCCURRENCE_BOUNDS:
+        return f"{name}: columns [{record['start']}, {record['stop']}) lie outside the row's valid prefix"
+    what = {
+        V.OCCURRENCE_SEGMENT: f"segment differs from the record's {record['segment']}",
+        V.OCCURRENCE_POSITION: "local position differs from its offset in the example",
+        V.OCCURRENCE_TOKEN: "input or target differs from the example's source range",
+    }[code]
+    return f"{name}, column {column}: {what}"
+
+
+class BatchLayout:
+    """The cell arrays of a padded or packed batch, filled by one kernel from placements.
+
+    Field attributes (read-only numpy arrays): ``inputs``, ``targets``,
+    ``positions``, ``segments``, ``segment_starts`` (int32 ``[rows, T]``),
+    ``token_valid``, ``target_valid``, ``loss_mask`` (bool ``[rows, T]``) and
+    ``valid_lengths`` (int64 ``[rows]``). A valid query ``t`` of row ``r`` may
+    use exactly the keys ``[segment_starts[r, t], t]``.
+    """
+
+    def __init__(
+        self,
+        partition: Partition,
+        binding: BatchBinding,
+        examples: Sequence[SequenceExample],
+        records: np.ndarray,
+        shape: tuple[int, int],
+    ):
+        # Internal: callers (VariableBatch.build, pack_examples) validated everything.
+        rows, width = shape
+        self.partition = partition
+        self.binding = binding
+        self._examples = examples
+        self._records = records
+        self._records.flags.writeable = False
+        self.inputs = np.empty(shape, dtype=np.int32)
+        self.targets = np.empty(shape, dtype=np.int32)
+        self.positions = np.empty(shape, dtype=np.int32)
+        self.segments = np.empty(shape, dtype=np.int32)
+        self.segment_starts = np.empty(shape, dtype=np.int32)
+        self.token_valid = np.empty(shape, dtype=np.bool_)
+        self.target_valid = np.empty(shape, dtype=np.bool_)
+        self.loss_mask = np.empty(shape, dtype=np.bool_)
+        self.valid_lengths = np.empty(rows, dtype=np.int64)
+        tokens, offsets = source_arrays(examples, records["ordinal"])
+        _layout.fill_rows(
+            tokens, offsets,
+            np.ascontiguousarray(records["row"]), np.ascontiguousarray(records["start"]),
+            np.ascontiguousarray(records["segment"]),
+            self.inputs, self.targets, self.positions, self.segments,
+            self.token_valid.view(np.uint8), self.target_valid.view(np.uint8),
+            self.loss_mask.view(np.uint8), self.segment_starts, self.valid_lengths,
+        )
+        for array in self._fields():
+            array.flags.writeable = False
+
+    def _fields(self) -> tuple[np.ndarray, ...]:
+        return (
+            self.inputs, self.targets, self.positions, self.segments, self.segment_starts,
+            self.token_valid, self.target_valid, self.loss_mask, self.valid_lengths,
+        )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(rows, columns)``."""
+        return self.inputs.shape
+
+    @property
+    def cell_count(self) -> int:
+        return self.inputs.size
+
+    @property
+    def target_count(self) -> int:
+        """Supervised targets: the loss denominator."""
+        return int(np.count_nonzero(self.loss_mask))
+
+    @property
+    def occurrences(self) -> list[Occurrence]:
+        """Placement records ``(ordinal, row, columns, segment)``, built on access."""
+        return [
+            Occurrence(int(o), int(r), range(int(a), int(b)), int(s))
+            for o, r, a, b, s in self._records.tolist()
+        ]
+
+    @property
+    def examples(self) -> list[SequenceExample]:
+        """The example of each occurrence, in record order."""
+        return [self._examples[i] for i in self._records["ordinal"].tolist()]
+
+    def ensure_binding(self, expected: BatchBinding) -> None:
+        """Raise BindingError unless this batch was built under ``expected``."""
+        if self.binding is not expected and self.binding != expected:
+            raise BindingError("the batch was built under a different binding")
+
+    def _check_cell(self, name: str, value, limit: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < limit:
+            raise InvalidInputError(f"{name} {value!r} is outside this batch's range [0, {limit})")
+        return int(value)
+
+    def allowed_key(self, row: int, query: int, key: int) -> bool:
+        """Whether ``query`` may attend to ``key`` in ``row``.
+
+        Both cells valid, the same segment, and the key's local position no later
+        than the query's. Coordinates outside the batch are an error.
+        """
+        rows, width = self.shape
+        row = self._check_cell("row", row, rows)
+        query = self._check_cell("query", query, width)
+        key = self._check_cell("key", key, width)
+        return bool(
+            self.token_valid[row, query]
+            and self.token_valid[row, key]
+            and self.segments[row, query] == self.segments[row, key]
+            and self.positions[row, key] <= self.positions[row, query]
+        )
+
+    def allowed_keys(self, row: int) -> list[list[int]]:
+        """Permitted key columns of every query column of ``row`` (``[]`` for inactive queries)."""
+        row = self._check_cell("row", row, self.shape[0])
+        valid = int(self.valid_lengths[row])
+        starts = self.segment_starts[row].tolist()
+        return [list(range(starts[q], q + 1)) if q < valid else [] for q in range(self.shape[1])]
+
+    def dense_mask(self) -> np.ndarray:
+        """The permission relation as a bool ``[rows, T, T]`` array (inspection and interop only)."""
+        valid = self.token_valid
+        same = self.segments[:, :, None] == self.segments[:, None, :]
+        causal = self.positions[:, None, :] <= self.positions[:, :, None]
+        return valid[:, :, None] & valid[:, None, :] & same & causal
+
+    def verify(self) -> None:
+        """Check every invariant a trainer relies on, in O(cells); raise VerificationError.
+
+        Valid cells form a row prefix, carry a segment whose local positions step
+        by one from 0 and whose queries start at the segment's first column;
+        padding carries PAD_CELL, NO_SEGMENT, position 0 and all-false fields;
+        each occurrence record matches its cells and its example's source tokens,
+        segments are distinct, and each row's occurrences cover its valid prefix.
+        """
+        rows, width = self.shape
+        for name, array, dtype, shape in (
+            ("inputs", self.inputs, np.int32, (rows, width)),
+            ("targets", self.targets, np.int32, (rows, width)),
+            ("positions", self.positions, np.int32, (rows, width)),
+            ("segments", self.segments, np.int32, (rows, width)),
+            ("segment_starts", self.segment_starts, np.int32, (rows, width)),
+            ("token_valid", self.token_valid, np.bool_, (rows, width)),
+            ("target_valid", self.target_valid, np.bool_, (rows, width)),
+            ("loss_mask", self.loss_mask, np.bool_, (rows, width)),
+            ("valid_lengths", self.valid_lengths, np.int64, (rows,)),
+        ):
+            if not isinstance(array, np.ndarray) or array.dtype != dtype or array.shape != shape:
+                raise VerificationError(f"field {name} is not a {np.dtype(dtype).name} array of shape {shape}")
+        c = np.ascontiguousarray
+        code, row, column = _layout.first_row_violation(
+            c(self.inputs), c(self.targets), c(self.positions), c(self.segments),
+            c(self.token_valid).view(np.uint8), c(self.target_valid).view(np.uint8),
+            c(self.loss_mask).view(np.uint8), c(self.segment_starts), c(self.valid_lengths),
+        )
+        if code != _layout.Violation.OK:
+            raise VerificationError(_violation_message(code, row, column, self), row, column if column >= 0 else None)
+        records = self._records
+        segments = np.sort(records["segment"])
+        if segments.size > 1 and np.any(segments[1:] == segments[:-1]):
+            duplicate = int(segments[1:][segments[1:] == segments[:-1]][0])
+            raise VerificationError(f"segment {duplicate} is claimed by more than one occurrence")
+        ordinals = records["ordinal"]
+        if ordinals.size and (ordinals.min() < 0 or ordinals.max() >= len(self._examples)):
+            raise VerificationError("an occurrence record names an example outside this batch's examples")
+        tokens, offsets = source_arrays(self._examples, ordinals)
+        wrong = np.flatnonzero(records["stop"] - records["start"] != np.diff(offsets) - 1)
+        if wrong.size:
+            record = records[wrong[0]]
+            raise VerificationError(
+                f"occurrence {record['ordinal']}: columns [{record['start']}, {record['stop']}) "
+                f"differ from its example's {np.diff(offsets)[wrong[0]] - 1} predictions",
+                int(record["row"]),
+            )
+        code, index, column = _layout.first_occurrence_violation(
+            tokens, offsets, c(records["row"]), c(records["start"]), c(records["segment"]),
+            c(self.inputs), c(self.targets), c(self.positions), c(self.segments),
+            c(self.valid_lengths), np.zeros(rows, dtype=np.int64),
+        )
+        if code != _layout.Violation.OK:
+            row = index if code == _layout.Violation.ROW_COVERAGE else int(records["row"][index])
+            raise VerificationError(
+                _occurrence_message(code, index, column, self), row, column if column >= 0 else None
+            )
+
+
+class VariableBatch(BatchLayout):
+    """A right-padded batch: one example per row, in supplied order, padded to the longest.
+
+    Row ``r`` holds example ``r`` from column 0 with segment ``r``; the batch is
+    as wide as its longest example's prediction count.
+    """
+
+    @classmethod
+    def build(
+        cls,
+        partition: Partition,
+        examples: Sequence[SequenceExample],
+        binding: BatchBinding,
+        config: VariableBatchConfig,
+    ) -> "VariableBatch":
+        """Validate ``examples`` against ``partition``, ``binding`` and ``config``, then pad them."""
+        if not isinstance(config, VariableBatchConfig):
+            raise InvalidInputError(f"config must be a VariableBatchConfig, not {type(config).__name__}")
+        lengths = check_examples(partition, examples, binding)
+        if len(examples) > config.batch_size:
+            raise InvalidInputError(
+                f"{len(examples)} examples do not fit a batch of {config.batch_size} rows"
+            )
+        examples = tuple(examples)
+        _check_widths(examples, lengths, 0, config)
+        return cls._build_checked(partition, binding, examples, lengths, 0, len(examples), config)
+
+    @classmethod
+    def _build_checked(cls, partition, binding, examples, lengths, first, end, config) -> "VariableBatch":
+        rows = end - first
+        width = int(lengths[first:end].max())
+        cells = rows * width
+        if cells > config.max_cells:
+            raise CapacityError(
+                f"a batch of {rows} rows x {width} columns has {cells} cells; max_cells is {config.max_cells}",
+                cells=cells,
+                maximum=config.max_cells,
+            )
+        records = np.zeros(rows, dtype=OCCURRENCE_DTYPE)
+        records["ordinal"] = np.arange(first, end)
+        records["row"] = np.arange(rows)
+        records["stop"] = lengths[first:end]
+        records["segment"] = np.arange(rows)
+        return cls(partition, binding, examples, records, (rows, width))
+
+
+def _check_widths(examples, lengths: np.ndarray, first: int, config: VariableBatchConfig) -> None:
+    if config.max_width is None:
+        return
+    too_wide = np.flatnonzero(lengths > config.max_width)
+    if too_wide.size:
+        index = int(too_wide[0])
+        raise CapacityError(
+            f"example {examples[index].id!r} (index {first + index}) has {lengths[index]} "
+            f"predictions; max_width is {config.max_width}",
+            cells=int(lengths[index]),
+            maximum=config.max_width,
+        )
+
+
+class VariableBatchEpoch:
+    """Padded batches of ``batch_size`` consecutive examples in supplied order.
+
+    The final batch keeps its actual row count; no all-padding rows are added.
+    Everything is validated before any batch is built.
+    """
+
+    def __init__(self, batches: list[VariableBatch]):
+        self.batches = batches
+
+    @classmethod
+    def build(
+        cls,
+        partition: Partition,
+        examples: Sequence[SequenceExample],
+        binding: BatchBinding,
+        config: VariableBatchConfig,
+    ) -> "VariableBatchEpoch":
+        if not isinstance(config, VariableBatchConfig):
+            raise InvalidInputError(f"config must be a VariableBatchConfig, not {type(config).__name__}")
+        lengths = check_examples(partition, examples, binding)
+        examples = tuple(examples)
+        _check_widths(examples, lengths, 0, config)
+        bounds = [(first, min(first + config.batch_size, len(examples)))
+                  for first in range(0, len(examples), config.batch_size)]
+        for number, (first, end) in enumerate(bounds):
+            width = int(lengths[first:end].max())
+            cells = (end - first) * width
+            if cells > config.max_cells:
+                raise CapacityError(
+                    f"batch {number} (examples {first}..{end - 1}) has {end - first} rows x {width} "
+                    f"columns = {cells} cells; max_cells is {config.max_cells}",
+                    cells=cells,
+                    maximum=config.max_cells,
+                )
+        return cls([
+            VariableBatch._build_checked(partition, binding, examples, lengths, first, end, config)
+            for first, end in bounds
+        ])
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    @property
+    def target_count(self) -> int:
+        return sum(batch.target_count for batch in self.batches)

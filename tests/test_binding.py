@@ -1,0 +1,204 @@
+"""Partitions, split receipts, BatchBinding (fixture and external) and BatchDocument."""
+
+import dataclasses
+import hashlib
+import importlib.resources
+import json
+
+import numpy as np
+import pytest
+
+from seqpack import (
+    BatchBinding,
+    BatchDocument,
+    BindingError,
+    ByteTokenizer,
+    DecodeLimitError,
+    DecodeLimits,
+    InvalidInputError,
+    Partition,
+    SplitReceipt,
+    TokenizerError,
+    TokenizerIdentity,
+)
+
+RECEIPT_DIGEST = "cd" * 32
+GPT2_LIKE = TokenizerIdentity.external(50257, 50256, 50256, "ef" * 32)
+
+
+def test_partition_values():
+    assert [p.value for p in Partition] == ["train", "validation", "test"]
+    assert Partition("validation") is Partition.VALIDATION
+
+
+def test_fixture_receipt():
+    receipt = SplitReceipt.fixture()
+    assert receipt.partitions[Partition.TRAIN] == ("short", "long")
+    assert receipt.partition_of("long") is Partition.TRAIN
+    assert receipt.partition_of("held-out-b") is Partition.TEST
+    with pytest.raises(InvalidInputError, match="not in the split receipt"):
+        receipt.partition_of("missing")
+    resource = importlib.resources.files("seqpack.fixtures").joinpath("split_receipt.json")
+    payload = json.loads(resource.read_text(encoding="utf-8"))
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    assert receipt.digest == hashlib.sha256(canonical).hexdigest()
+
+
+def test_receipt_load_from_path_and_digest_ignores_formatting(tmp_path):
+    payload = {"partitions": {"train": ["a"], "validation": [], "test": ["b"]}, "note": "x"}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(payload, indent=4))
+    loaded = SplitReceipt.load(path)
+    assert loaded == SplitReceipt.load(str(path)) == SplitReceipt(payload)
+    payload["note"] = "y"
+    assert SplitReceipt(payload).digest != loaded.digest
+
+
+@pytest.mark.parametrize(
+    "payload, match",
+    [
+        ({}, "partitions"),
+        ({"partitions": {"train": [], "test": []}}, "exactly"),
+        ({"partitions": {"train": ["a"], "validation": ["a"], "test": []}}, "both"),
+        ({"partitions": {"train": [""], "validation": [], "test": []}}, "bad ID"),
+        ({"partitions": {"train": "a", "validation": [], "test": []}}, "list"),
+        ({"partitions": {"train": [], "validation": [], "test": []}, "x": {1.5}}, "plain JSON"),
+    ],
+)
+def test_bad_receipts(payload, match):
+    with pytest.raises(InvalidInputError, match=match):
+        SplitReceipt(payload)
+
+
+def test_receipt_rejects_invalid_json(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(InvalidInputError, match="not valid JSON"):
+        SplitReceipt.load(path)
+
+
+def test_fixture_binding():
+    binding = BatchBinding.fixture()
+    assert binding.vocabulary_size == 266
+    assert (binding.bos_id, binding.eos_id) == (0, 1)
+    assert binding.split_receipt_digest == SplitReceipt.fixture().digest
+    assert binding.limits.max_tokens >= 1_000_000 and binding.limits.max_bytes >= 8_000_000
+    assert binding == BatchBinding.fixture() and hash(binding) == hash(BatchBinding.fixture())
+    assert binding.validate_document(np.array([0, 99, 1], dtype=np.int32)) == 1
+    assert binding.validate_document(np.array([0, 100, 101, 102, 1], dtype=np.int32)) == 3
+    assert binding.validate_document(np.array([0, 1], dtype=np.int32)) == 0
+    assert binding.decode_document([0, 263, 1]) == b"the "
+
+
+def test_binding_equality_by_value_and_each_field_matters():
+    tokenizer = ByteTokenizer.fixture()
+    limits = DecodeLimits(100, 200)
+    base = BatchBinding.for_tokenizer(tokenizer, RECEIPT_DIGEST, limits)
+    assert base == BatchBinding.for_tokenizer(ByteTokenizer.fixture(), RECEIPT_DIGEST, DecodeLimits(100, 200))
+    # The decoding tokenizer is not compared: the identity stands for it.
+    assert base == BatchBinding.external(tokenizer.identity, RECEIPT_DIGEST, limits)
+    others = [
+        BatchBinding.for_tokenizer(ByteTokenizer(tokenizer.merges[:7]), RECEIPT_DIGEST, limits),
+        BatchBinding.for_tokenizer(tokenizer, "ce" * 32, limits),
+        BatchBinding.for_tokenizer(tokenizer, RECEIPT_DIGEST, DecodeLimits(101, 200)),
+        BatchBinding.for_tokenizer(tokenizer, RECEIPT_DIGEST, DecodeLimits(100, 199)),
+    ]
+    for other in others:
+        assert base != other
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        base.limits = DecodeLimits(1, 1)
+
+
+def test_binding_rejects_mismatched_or_malformed_fields():
+    tokenizer = ByteTokenizer.fixture()
+    limits = DecodeLimits(10, 10)
+    with pytest.raises(BindingError, match="identity differs"):
+        BatchBinding(ByteTokenizer().identity, RECEIPT_DIGEST, limits, tokenizer)
+    with pytest.raises(InvalidInputError, match="split_receipt_digest"):
+        BatchBinding.for_tokenizer(tokenizer, "not-a-digest", limits)
+    with pytest.raises(InvalidInputError, match="DecodeLimits"):
+        BatchBinding.for_tokenizer(tokenizer, RECEIPT_DIGEST, (10, 10))
+    with pytest.raises(InvalidInputError, match="ByteTokenizer"):
+        BatchBinding.for_tokenizer(GPT2_LIKE, RECEIPT_DIGEST, limits)
+
+
+def test_validate_document_errors_beside_their_twins():
+    binding = BatchBinding.for_tokenizer(ByteTokenizer.fixture(), RECEIPT_DIGEST, DecodeLimits(5, 4))
+    assert binding.validate_document(np.array([0, 263, 1], dtype=np.int32)) == 1  # 4 bytes
+    with pytest.raises(DecodeLimitError, match="5 bytes") as caught:
+        binding.validate_document(np.array([0, 263, 99, 1], dtype=np.int32))
+    assert caught.value.position == 2
+    assert binding.validate_document(np.array([0, 99, 99, 99, 1], dtype=np.int32)) == 3  # 5 tokens
+    with pytest.raises(DecodeLimitError, match="6 tokens") as caught:
+        binding.validate_document(np.array([0, 99, 99, 99, 99, 1], dtype=np.int32))
+    assert caught.value.position == 5
+    with pytest.raises(TokenizerError, match="position 1") as caught:
+        binding.validate_document(np.array([0, 266, 1], dtype=np.int32))
+    assert caught.value.position == 1
+
+
+def test_external_gpt2_like_binding():
+    binding = BatchBinding.external(GPT2_LIKE, RECEIPT_DIGEST, DecodeLimits(6, 1))
+    assert binding.tokenizer is None
+    assert (binding.vocabulary_size, binding.bos_id, binding.eos_id) == (50257, 50256, 50256)
+    # BOS and EOS share an ID: framing is by place; the byte limit cannot apply.
+    doc = np.array([50256, 464, 3290, 50255, 50256], dtype=np.int32)
+    assert binding.validate_document(doc) == 3
+    assert binding.validate_document(np.array([50256, 50256], dtype=np.int32)) == 0
+    cases = [
+        ([50256, 464, 50256, 3290, 50256], 2, "control token 50256"),
+        ([464, 3290, 50256], 0, "start with BOS 50256"),
+        ([50256, 464, 3290], 2, "end with EOS 50256"),
+        ([50256, 50257, 50256], 1, "token 50257 at position 1 is out of vocabulary"),
+        ([50256, -5, 50256], 1, "negative"),
+        ([50256], 0, "no EOS"),
+    ]
+    for ids, position, match in cases:
+        with pytest.raises(TokenizerError, match=match) as caught:
+            binding.validate_document(np.array(ids, dtype=np.int32))
+        assert caught.value.position == position
+    with pytest.raises(DecodeLimitError, match="7 tokens; the limit is 6") as caught:
+        binding.validate_document(np.array([50256, 1, 2, 3, 4, 5, 50256], dtype=np.int32))
+    assert caught.value.position == 6
+    with pytest.raises(BindingError, match="cannot decode"):
+        binding.decode_document(doc)
+    assert binding != BatchBinding.external(
+        TokenizerIdentity.external(50257, 50256, 50256, "ee" * 32), RECEIPT_DIGEST, DecodeLimits(6, 1)
+    )
+
+
+def test_document_storage():
+    source = np.array([0, 99, 1], dtype=np.int64)
+    doc = BatchDocument("short", source)
+    source[1] = 5
+    assert doc.token_ids.tolist() == [0, 99, 1]
+    assert doc.token_ids.dtype == np.int32 and doc.token_ids.flags.c_contiguous
+    assert not doc.token_ids.flags.writeable
+    assert (doc.source_id, doc.partition, len(doc)) == ("short", Partition.TRAIN, 3)
+    strided = np.arange(10, dtype=np.uint16)[::2]
+    assert BatchDocument("s", strided, Partition.TEST).token_ids.tolist() == [0, 2, 4, 6, 8]
+    assert BatchDocument("list", [0, 1]).token_ids.dtype == np.int32
+    assert len(BatchDocument("empty", [])) == 0
+    bounds = [-(2**31), 2**31 - 1]
+    assert BatchDocument("edge", bounds).token_ids.tolist() == bounds
+    with pytest.raises(AttributeError):
+        doc.source_id = "other"
+
+
+@pytest.mark.parametrize(
+    "source_id, token_ids, partition, match",
+    [
+        ("", [0, 1], Partition.TRAIN, "source_id"),
+        (7, [0, 1], Partition.TRAIN, "source_id"),
+        ("d", [0.0, 1.0], Partition.TRAIN, "integers"),
+        ("d", [True, False], Partition.TRAIN, "integers"),
+        ("d", [[0, 1]], Partition.TRAIN, "1-D"),
+        ("d", [0, 2**31], Partition.TRAIN, "int32"),
+        ("d", np.array([-(2**31) - 1, 1]), Partition.TRAIN, "int32"),
+        ("d", np.array([2**64 - 1], dtype=np.uint64), Partition.TRAIN, "int32"),
+        ("d", [0, 1], "train", "Partition"),
+    ],
+)
+def test_document_rejects(source_id, token_ids, partition, match):
+    with pytest.raises(InvalidInputError, match=match):
+        BatchDocument(source_id, token_ids, partition)

@@ -1,0 +1,67 @@
+"""The installed ``seqpack`` command, run as a user runs it."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def seqpack_command():
+    """The console script installed beside this interpreter."""
+    script = shutil.which("seqpack", path=os.path.dirname(sys.executable))
+    assert script, "the seqpack console script is not installed beside this Python (pip install the package)"
+    return script
+
+
+def run(*args):
+    return subprocess.run([seqpack_command(), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_version():
+    import seqpack
+
+    result = run("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"seqpack {seqpack.__version__}"
+
+
+def test_demo_padded_json():
+    result = run("demo", "padded")
+    assert result.returncode == 0, result.stderr
+    trace = json.loads(result.stdout)
+    rows = trace["rows"]
+    assert [r["inputs"] for r in rows] == [[0, 99, -1, -1], [0, 100, 101, 102]]
+    assert [r["targets"] for r in rows] == [[99, 1, -1, -1], [100, 101, 102, 1]]
+    assert [r["positions"] for r in rows] == [[0, 1, 0, 0], [0, 1, 2, 3]]
+    assert [r["segments"] for r in rows] == [[0, 0, -1, -1], [1, 1, 1, 1]]
+    for field in ("input_exists", "target_exists", "target_supervised"):
+        assert [r[field] for r in rows] == [[True, True, False, False], [True] * 4]
+    assert [r["allowed_keys"] for r in rows] == [[[0], [0, 1], [], []], [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3]]]
+    assert trace["cells"] == 8 and trace["valid_targets"] == 6
+    assert trace["fixed_window_contrast"]["admitted_targets"] == 4
+    assert trace["fixed_window_contrast"]["variable_example_targets"] == 6
+    assert [e["document"] for e in trace["examples"]] == [[0, 99, 1], [0, 100, 101, 102, 1]]
+
+
+def test_module_entry_point_matches_script():
+    module = subprocess.run([sys.executable, "-m", "seqpack", "demo", "padded"],
+                            capture_output=True, text=True, timeout=120)
+    assert module.returncode == 0
+    assert json.loads(module.stdout) == json.loads(run("demo", "padded").stdout)
+
+
+@pytest.mark.parametrize("args", [("demo", "nonsense"), ("frobnicate",)])
+def test_bad_arguments_exit_nonzero_on_stderr(args):
+    result = run(*args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "invalid choice" in result.stderr
+
+
+def test_no_command_prints_help():
+    result = run()
+    assert result.returncode == 2
+    assert "usage: seqpack" in result.stderr

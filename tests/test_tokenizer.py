@@ -1,0 +1,227 @@
+"""ByteTokenizer: exact encodings, merge ranks, bounded decoding and its errors."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqpack import (
+    ByteTokenizer,
+    DecodeLimitError,
+    DecodeLimits,
+    InvalidInputError,
+    TokenizerError,
+    TokenizerIdentity,
+)
+
+FIXTURE = ByteTokenizer.fixture()
+WIDE = DecodeLimits(max_tokens=10_000, max_bytes=10_000)
+
+
+def reference_bpe(data: bytes, merges) -> list[int]:
+    """Textbook BPE: repeatedly merge the lowest-ranked adjacent pair, left to right."""
+    tokens = [b + 2 for b in data]
+    rank = {pair: k for k, pair in enumerate(merges)}
+    while True:
+        ranked = [rank[p] for p in zip(tokens, tokens[1:]) if p in rank]
+        if not ranked:
+            return tokens
+        best = min(ranked)
+        left, right = merges[best]
+        merged, i = [], 0
+        while i < len(tokens):
+            if i + 1 < len(tokens) and (tokens[i], tokens[i + 1]) == (left, right):
+                merged.append(258 + best)
+                i += 2
+            else:
+                merged.append(tokens[i])
+                i += 1
+        tokens = merged
+
+
+def test_fixture_layout():
+    assert FIXTURE.vocabulary_size == 266
+    assert (FIXTURE.bos_id, FIXTURE.eos_id) == (0, 1)
+    assert len(FIXTURE.merges) == 8
+    assert [FIXTURE.token_bytes(i) for i in (0, 1, 2, 99, 257)] == [b"", b"", b"\x00", b"a", b"\xff"]
+    assert FIXTURE.token_bytes(258) == b"e "
+    assert FIXTURE.token_bytes(263) == b"the "
+
+
+def test_exact_byte_encodings():
+    assert FIXTURE.encode_document("a").tolist() == [0, 99, 1]
+    assert FIXTURE.encode_document("abcd").tolist() == [0, 99, 100, 101, 102, 1]
+    assert FIXTURE.encode_document("").tolist() == [0, 1]
+    assert FIXTURE.encode_document(b"\x00\xff").tolist() == [0, 2, 257, 1]
+    assert FIXTURE.encode_document("é").tolist() == [0, 0xC3 + 2, 0xA9 + 2, 1]
+    assert FIXTURE.encode_document("a").dtype == np.int32
+
+
+def test_merges_apply_by_rank_hand_worked():
+    # "the thin ": rank 0 "e " -> 258, rank 1 "th" -> 259 (twice), rank 4 "in" -> 262,
+    # rank 5 (259, 258) "the " -> 263.
+    assert FIXTURE.encode_document("the thin ").tolist() == [0, 263, 259, 262, 34, 1]
+    # " the ": "th" (rank 1) takes the t before " t" (rank 2) can, so the space stays alone.
+    assert FIXTURE.encode_document(" the ").tolist() == [0, 34, 263, 1]
+    # Four spaces: "  " twice (rank 6), then the pair of those (rank 7).
+    assert FIXTURE.encode_document("    x").tolist() == [0, 265, 122, 1]
+    # Overlapping "aaa" with a merge of (a, a): left to right, non-overlapping.
+    aa = ByteTokenizer([(99, 99)])
+    assert aa.encode_document("aaa").tolist() == [0, 258, 99, 1]
+    assert aa.encode_document("aaaa").tolist() == [0, 258, 258, 1]
+
+
+def test_rank_order_changes_the_encoding():
+    th_first = ByteTokenizer([(118, 106), (34, 118)])
+    space_t_first = ByteTokenizer([(34, 118), (118, 106)])
+    assert th_first.encode_document(" th").tolist() == [0, 34, 258, 1]
+    assert space_t_first.encode_document(" th").tolist() == [0, 258, 106, 1]
+
+
+@settings(derandomize=True, max_examples=150, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("the sin hat  \n\té")), max_size=60) | st.text(max_size=40))
+def test_round_trip_and_reference_bpe(text):
+    ids = FIXTURE.encode_document(text)
+    assert ids[0] == 0 and ids[-1] == 1
+    assert ids[1:-1].tolist() == reference_bpe(text.encode(), FIXTURE.merges)
+    assert FIXTURE.decode_document_bounded(ids, WIDE) == text.encode()
+
+
+@settings(derandomize=True, max_examples=100, deadline=None)
+@given(st.lists(st.integers(2, 265), max_size=50))
+def test_decode_any_content_ids(content):
+    ids = [0, *content, 1]
+    expected = b"".join(FIXTURE.token_bytes(i) for i in content)
+    assert FIXTURE.decode_document_bounded(ids, WIDE) == expected
+    assert FIXTURE.check_document(np.array(ids, dtype=np.int64), WIDE) == len(expected)
+
+
+def test_decode_unmerged_byte_tokens():
+    assert FIXTURE.decode_document_bounded([0, 99, 100, 1], WIDE) == b"ab"
+    assert FIXTURE.decode_document_bounded(np.array([0, 1], dtype=np.uint8), WIDE) == b""
+    # The same text, merged or not, decodes identically.
+    unmerged = [0, *(b + 2 for b in b"the "), 1]
+    assert FIXTURE.decode_document_bounded(unmerged, WIDE) == b"the "
+    assert FIXTURE.decode_document_bounded([0, 263, 1], WIDE) == b"the "
+
+
+@pytest.mark.parametrize(
+    "ids, position, match",
+    [
+        ([], None, "empty"),
+        ([5, 99, 1], 0, "start with BOS 0; position 0 holds 5"),
+        ([1, 99, 1], 0, "start with BOS"),
+        ([0, 99, 100], 2, "end with EOS 1; position 2 holds 100"),
+        ([0], 0, "no EOS"),
+        ([1], 0, "start with BOS"),
+        ([0, 99, 0, 1], 2, "control token 0 \\(BOS\\) at position 2"),
+        ([0, 1, 99, 1], 1, "control token 1 \\(EOS\\) at position 1"),
+        ([0, 99, -3, 1], 2, "token -3 at position 2 is negative"),
+        ([0, 266, 1], 1, "token 266 at position 1 is out of vocabulary"),
+        ([0, 99, 1, 300], 2, "control token 1"),  # first bad position wins
+        ([-1, 99, 1], 0, "negative"),
+    ],
+)
+def test_decode_errors_name_the_position(ids, position, match):
+    with pytest.raises(TokenizerError, match=match) as caught:
+        FIXTURE.decode_document_bounded(ids, WIDE)
+    assert caught.value.position == position
+    assert not isinstance(caught.value, DecodeLimitError)
+
+
+def test_passing_twins_of_the_frame_errors():
+    for ids in ([0, 99, 1], [0, 1], [0, 265, 2, 1]):
+        FIXTURE.decode_document_bounded(ids, WIDE)
+
+
+def test_token_limit_exact_and_one_over():
+    ids = FIXTURE.encode_document("abc")  # 5 tokens
+    assert FIXTURE.decode_document_bounded(ids, DecodeLimits(5, 100)) == b"abc"
+    with pytest.raises(DecodeLimitError, match="5 tokens; the limit is 4") as caught:
+        FIXTURE.decode_document_bounded(ids, DecodeLimits(4, 100))
+    assert caught.value.position == 4
+
+
+def test_byte_limit_exact_and_one_over():
+    ids = [0, 99, 263, 100, 1]  # 1 + 4 + 1 = 6 bytes; token 263 crosses byte 3
+    assert FIXTURE.decode_document_bounded(ids, DecodeLimits(100, 6)) == b"athe b"
+    with pytest.raises(DecodeLimitError, match="6 bytes; the limit is 5") as caught:
+        FIXTURE.decode_document_bounded(ids, DecodeLimits(100, 5))
+    assert caught.value.position == 3
+    with pytest.raises(DecodeLimitError) as caught:
+        FIXTURE.decode_document_bounded(ids, DecodeLimits(100, 1))
+    assert caught.value.position == 2
+    assert isinstance(caught.value, TokenizerError)
+
+
+def test_limits_and_non_integer_inputs_are_rejected():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(InvalidInputError):
+            DecodeLimits(bad, 10)
+        with pytest.raises(InvalidInputError):
+            DecodeLimits(10, bad)
+    with pytest.raises(InvalidInputError, match="integers"):
+        FIXTURE.decode_document_bounded(np.array([0.0, 1.0]), WIDE)
+    with pytest.raises(InvalidInputError, match="1-D"):
+        FIXTURE.decode_document_bounded(np.zeros((2, 2), dtype=np.int32), WIDE)
+    with pytest.raises(InvalidInputError, match="str or bytes"):
+        FIXTURE.encode_document(42)
+
+
+def test_identity_digest_is_the_canonical_payload_hash():
+    payload = {
+        "kind": "seqpack-byte-bpe",
+        "bos_id": 0,
+        "eos_id": 1,
+        "byte_offset": 2,
+        "merges": [list(m) for m in FIXTURE.merges],
+    }
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    assert FIXTURE.identity.digest == hashlib.sha256(canonical).hexdigest()
+    assert ByteTokenizer.fixture().identity == FIXTURE.identity
+    assert ByteTokenizer(FIXTURE.merges).identity == FIXTURE.identity
+    assert ByteTokenizer(FIXTURE.merges[:7]).identity.digest != FIXTURE.identity.digest
+    swapped = (FIXTURE.merges[1], FIXTURE.merges[0], *FIXTURE.merges[2:])
+    assert ByteTokenizer(swapped).identity.digest != FIXTURE.identity.digest
+    assert ByteTokenizer().identity.vocabulary_size == 258
+
+
+@pytest.mark.parametrize(
+    "merges, match",
+    [
+        ([(0, 99)], "content ID"),
+        ([(99, 1)], "content ID"),
+        ([(99, 258)], "content ID"),  # a merge may use only earlier merges
+        ([(99, 100), (99, 100)], "repeats"),
+        ([(99,)], "pair"),
+        ([(99.0, 100)], "non-int"),
+    ],
+)
+def test_bad_merges(merges, match):
+    with pytest.raises(InvalidInputError, match=match):
+        ByteTokenizer(merges)
+
+
+def test_merges_may_build_on_earlier_merges():
+    assert ByteTokenizer([(99, 100), (258, 258)]).encode_document("abab").tolist() == [0, 259, 1]
+
+
+def test_external_identity_validation():
+    digest = "ab" * 32
+    gpt2 = TokenizerIdentity.external(50257, 50256, 50256, digest)
+    assert (gpt2.vocabulary_size, gpt2.bos_id, gpt2.eos_id) == (50257, 50256, 50256)
+    assert TokenizerIdentity.external(32000, 1, 2, digest) != gpt2
+    with pytest.raises(InvalidInputError, match="outside the vocabulary"):
+        TokenizerIdentity.external(50257, 50257, 50256, digest)
+    with pytest.raises(InvalidInputError, match="outside the vocabulary"):
+        TokenizerIdentity.external(50257, 0, -1, digest)
+    with pytest.raises(InvalidInputError, match="hex"):
+        TokenizerIdentity.external(50257, 0, 1, "AB" * 32)
+    with pytest.raises(InvalidInputError, match="hex"):
+        TokenizerIdentity.external(50257, 0, 1, "ab" * 31)
+    with pytest.raises(InvalidInputError, match="maximum"):
+        TokenizerIdentity.external(2**31 + 1, 0, 1, digest)
+    assert TokenizerIdentity.external(2**31, 0, 1, digest).vocabulary_size == 2**31
