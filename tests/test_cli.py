@@ -65,3 +65,26 @@ def test_no_command_prints_help():
     result = run()
     assert result.returncode == 2
     assert "usage: seqpack" in result.stderr
+
+
+def test_demo_packed_json():
+    result = run("demo", "packed")
+    assert result.returncode == 0, result.stderr
+    trace = json.loads(result.stdout)
+    assert [e["document"] for e in trace["examples"]] == [[0, 99, 100, 1], [0, 101, 1], [0, 102, 103, 104, 1]]
+    rows = trace["rows"]
+    assert [r["inputs"] for r in rows] == [[0, 99, 100, 0, 101, -1], [0, 102, 103, 104, -1, -1]]
+    assert [r["targets"] for r in rows] == [[99, 100, 1, 101, 1, -1], [102, 103, 104, 1, -1, -1]]
+    assert [r["segments"] for r in rows] == [[0, 0, 0, 1, 1, -1], [2, 2, 2, 2, -1, -1]]
+    assert [r["positions"] for r in rows] == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 0]]
+    assert rows[0]["allowed_keys"] == [[0], [0, 1], [0, 1, 2], [3], [3, 4], []]
+    assert [(o["example"], o["row"], o["columns"], o["segment"]) for o in trace["occurrences"]] == [
+        ("A", 0, [0, 3], 0), ("B", 0, [3, 5], 1), ("C", 1, [0, 4], 2)]
+    assert trace["cells"] == 12 and trace["valid_targets"] == 9
+    first, second = trace["density"]
+    assert first["padded"]["valid_density"] == first["packed"]["valid_density"] == 0.75
+    assert (second["padded"]["storage_cells"], second["padded"]["dense_score_positions"]) == (16, 64)
+    assert (second["packed"]["storage_cells"], second["packed"]["valid_density"]) == (12, 1.0)
+    assert second["packed"]["dense_score_positions"] == 144
+    assert second["padded"]["permitted_edges"] == second["packed"]["permitted_edges"] == 26
+    assert trace["traversal"]["query_order_equals_tiled"] is True

@@ -17,6 +17,9 @@ from .errors import (
     VerificationError,
 )
 
+# --- placement ---
+from .placement import Placement, lower_bound_rows, place, placement_bytes, real_target_fraction
+
 # --- tokenizer ---
 from .tokenizer import ByteTokenizer, DecodeLimits, TokenizerIdentity
 
@@ -44,8 +47,12 @@ from .batch import (
     NO_SEGMENT,
     PAD_CELL,
     BatchLayout,
+    LayoutCounts,
     Occurrence,
     VariableBatch,
     VariableBatchConfig,
     VariableBatchEpoch,
 )
+
+# --- packing ---
+from .packing import PackConfig, PackedBatch, PackedBatchEpoch, pack_examples

@@ -162,6 +162,44 @@ def _occurrence_message(code: int, index: int, column: int, batch: "BatchLayout"
     return f"{name}, column {column}: {what}"
 
 
+@dataclass(frozen=True)
+class LayoutCounts:
+    """Storage and attention counts of one or more batches (attention counts are per head).
+
+    ``dense_score_positions`` is ``rows * T * T`` summed over batches: what a dense
+    kernel computes. ``permitted_edges`` is ``l * (l + 1) / 2`` summed over
+    occurrences of prediction length ``l``: the pairs the permission rule allows.
+    """
+
+    storage_cells: int
+    valid_targets: int
+    dense_score_positions: int
+    permitted_edges: int
+
+    @property
+    def valid_density(self) -> float:
+        return self.valid_targets / self.storage_cells if self.storage_cells else 0.0
+
+    @property
+    def permitted_fraction(self) -> float:
+        return self.permitted_edges / self.dense_score_positions if self.dense_score_positions else 0.0
+
+    @classmethod
+    def total(cls, batches: Sequence["BatchLayout"]) -> "LayoutCounts":
+        counts = [batch.counts() for batch in batches]
+        return cls(*(sum(getattr(c, name) for c in counts) for name in
+                     ("storage_cells", "valid_targets", "dense_score_positions", "permitted_edges")))
+
+    def as_dict(self) -> dict:
+        return {
+            "storage_cells": self.storage_cells,
+            "valid_targets": self.valid_targets,
+            "valid_density": self.valid_density,
+            "dense_score_positions": self.dense_score_positions,
+            "permitted_edges": self.permitted_edges,
+        }
+
+
 class BatchLayout:
     """The cell arrays of a padded or packed batch, filled by one kernel from placements.
 
@@ -240,6 +278,17 @@ class BatchLayout:
     def examples(self) -> list[SequenceExample]:
         """The example of each occurrence, in record order."""
         return [self._examples[i] for i in self._records["ordinal"].tolist()]
+
+    def counts(self) -> LayoutCounts:
+        """Storage cells, valid targets, dense score positions and permitted edges of this batch."""
+        rows, width = self.shape
+        lengths = self._records["stop"] - self._records["start"]
+        return LayoutCounts(
+            storage_cells=rows * width,
+            valid_targets=self.target_count,
+            dense_score_positions=rows * width * width,
+            permitted_edges=int((lengths * (lengths + 1) // 2).sum()),
+        )
 
     def ensure_binding(self, expected: BatchBinding) -> None:
         """Raise BindingError unless this batch was built under ``expected``."""

@@ -1,4 +1,4 @@
-"""The ``seqpack`` command line: ``seqpack --version``, ``seqpack demo padded``."""
+"""The ``seqpack`` command line: ``seqpack --version``, ``seqpack demo padded|packed``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from . import __version__, demo
 from .errors import SeqpackError
 
-TRACES = {"padded": demo.padded_trace}
+TRACES = {"padded": demo.padded_trace, "packed": demo.packed_trace}
 
 
 def build_parser() -> argparse.ArgumentParser:

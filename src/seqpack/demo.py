@@ -6,14 +6,22 @@ from the library's own objects, so they show what a user would get.
 
 from __future__ import annotations
 
-from .batch import BatchLayout, VariableBatch, VariableBatchConfig
+from .batch import BatchLayout, LayoutCounts, VariableBatch, VariableBatchConfig
 from .binding import BatchBinding, Partition
 from .documents import BatchDocument
 from .examples import SequenceExample
+from .packing import PackConfig, pack_examples
 from .windows import CausalWindowConfig, MiniBatchConfig, MiniBatchEpoch
 
 #: ch04's two documents: "a" and "bcd", framed by BOS 0 and EOS 1.
 PADDED_DOCUMENTS = (("short", (0, 99, 1)), ("long", (0, 100, 101, 102, 1)))
+#: ch05's three documents, with 3, 2 and 4 predictions.
+PACKED_DOCUMENTS = (("A", (0, 99, 100, 1)), ("B", (0, 101, 1)), ("C", (0, 102, 103, 104, 1)))
+#: Our data for ch05's second density example: prediction lengths 4, 4, 2, 2 at capacity 12.
+DENSITY_DOCUMENTS = (
+    ("P", (0, 99, 100, 101, 1)), ("Q", (0, 102, 103, 104, 1)), ("R", (0, 105, 1)), ("S", (0, 106, 1)),
+)
+PACKED_CAPACITY = 6
 
 
 def fixture_examples(documents, binding: BatchBinding) -> list[SequenceExample]:
@@ -86,5 +94,74 @@ def padded_trace() -> dict:
             "stride": 4,
             "admitted_targets": sum(b.token_count for b in fixed.batches),
             "variable_example_targets": batch.target_count,
+        },
+    }
+
+
+def edge_inventory(batch: BatchLayout, tile_width: int | None = None) -> list[list[int]]:
+    """Every permitted ``[row, query, key]``, visited in query order or in square tiles."""
+    rows, width = batch.shape
+    tile = tile_width or width
+    edges = []
+    for row in range(rows):
+        for query_start in range(0, width, tile):
+            for key_start in range(0, width, tile):
+                for query in range(query_start, min(query_start + tile, width)):
+                    for key in range(key_start, min(key_start + tile, width)):
+                        if batch.allowed_key(row, query, key):
+                            edges.append([row, query, key])
+    return edges
+
+
+def density_comparison(documents, capacity: int, binding: BatchBinding) -> dict:
+    """Padded and packed counts of the same examples (one padded batch, packed calls of 8 rows)."""
+    examples = fixture_examples(documents, binding)
+    padded = VariableBatch.build(Partition.TRAIN, examples, binding, VariableBatchConfig(len(examples), 10**6))
+    packed = pack_examples(Partition.TRAIN, examples, binding, PackConfig(capacity, 8, 8 * capacity, 10**8))
+    return {
+        "prediction_lengths": [len(example) for example in examples],
+        "capacity": capacity,
+        "padded": padded.counts().as_dict(),
+        "packed": LayoutCounts.total(packed.batches).as_dict(),
+    }
+
+
+def packed_trace() -> dict:
+    """ch05: three documents packed by next-fit at capacity 6, counts and the traversal check."""
+    binding = BatchBinding.fixture()
+    examples = fixture_examples(PACKED_DOCUMENTS, binding)
+    epoch = pack_examples(
+        Partition.TRAIN, examples, binding,
+        PackConfig(PACKED_CAPACITY, max_rows_per_batch=2, max_cells=12, max_metadata_bytes=1 << 20),
+    )
+    (batch,) = epoch.batches
+    batch.verify()
+    query_order = edge_inventory(batch)
+    tiled = edge_inventory(batch, tile_width=2)
+    return {
+        "chapter": "ch05-packed-sequence-masks",
+        "pad_cell": -1,
+        "no_segment": -1,
+        "vocabulary_size": binding.vocabulary_size,
+        "capacity": PACKED_CAPACITY,
+        "examples": example_section(examples),
+        "shape": list(batch.shape),
+        "rows": rows_section(batch),
+        "occurrences": [
+            {"ordinal": o.ordinal, "example": examples[o.ordinal].id, "row": o.row,
+             "columns": [o.columns.start, o.columns.stop], "segment": o.segment}
+            for o in batch.occurrences
+        ],
+        "cells": batch.cell_count,
+        "valid_targets": batch.target_count,
+        "metadata_peak_bytes": epoch.metadata_peak,
+        "density": [
+            density_comparison(PACKED_DOCUMENTS, PACKED_CAPACITY, binding),
+            density_comparison(DENSITY_DOCUMENTS, 12, binding),
+        ],
+        "traversal": {
+            "permitted_edges": len(query_order),
+            "tile_width": 2,
+            "query_order_equals_tiled": sorted(query_order) == sorted(tiled),
         },
     }

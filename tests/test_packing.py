@@ -1,0 +1,308 @@
+"""Next-fit packing: the ch05 fixture, limits beside their passing twins, budget honesty, properties."""
+
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import seqpack as sp
+from seqpack import _reference
+from seqpack.batch import BatchLayout
+from seqpack.packing import check_occurrence_count, packing_requirement
+
+pytestmark = pytest.mark.kernel
+
+TRAIN = sp.Partition.TRAIN
+BIG = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def binding():
+    return sp.BatchBinding.fixture()
+
+
+def make(name, tokens, binding):
+    return sp.SequenceExample.from_document(name, sp.BatchDocument(name, tokens), binding)
+
+
+def with_predictions(name, length, binding):
+    """An example with ``length`` predictions: the first ``length + 1`` tokens of a document."""
+    document = sp.BatchDocument(name, [0] + [99 + i % 100 for i in range(length)] + [1])
+    return sp.SequenceExample.from_range(name, document, (0, length + 1), binding)
+
+
+@pytest.fixture(scope="module")
+def abc(binding):
+    return [make("A", [0, 99, 100, 1], binding), make("B", [0, 101, 1], binding),
+            make("C", [0, 102, 103, 104, 1], binding)]
+
+
+@pytest.fixture(scope="module")
+def ch05(abc, binding):
+    return sp.pack_examples(TRAIN, abc, binding, sp.PackConfig(6, 2, 12, BIG))
+
+
+def test_ch05_fixture(ch05):
+    assert ch05.row_count == 2 and ch05.occurrence_count == 3 and len(ch05.batches) == 1
+    batch = ch05.batches[0]
+    assert isinstance(batch, sp.PackedBatch) and isinstance(batch, sp.BatchLayout)
+    assert batch.shape == (2, 6)
+    assert batch.inputs.tolist() == [[0, 99, 100, 0, 101, -1], [0, 102, 103, 104, -1, -1]]
+    assert batch.targets.tolist() == [[99, 100, 1, 101, 1, -1], [102, 103, 104, 1, -1, -1]]
+    assert batch.segments.tolist() == [[0, 0, 0, 1, 1, -1], [2, 2, 2, 2, -1, -1]]
+    assert batch.positions.tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 0]]
+    for field in (batch.token_valid, batch.target_valid, batch.loss_mask):
+        assert field.tolist() == [[True] * 5 + [False], [True] * 4 + [False] * 2]
+    assert batch.valid_lengths.tolist() == [5, 4]
+    assert batch.segment_starts.tolist() == [[0, 0, 0, 3, 3, 0], [0, 0, 0, 0, 0, 0]]
+    assert batch.cell_count == 12 and batch.target_count == 9
+    assert batch.occurrences == [
+        sp.Occurrence(0, 0, range(0, 3), 0), sp.Occurrence(1, 0, range(3, 5), 1),
+        sp.Occurrence(2, 1, range(0, 4), 2),
+    ]
+    batch.verify()
+
+
+def test_ch05_permission(ch05):
+    batch = ch05.batches[0]
+    assert [k for k in range(6) if batch.allowed_key(0, 3, k)] == [3]  # B's first query
+    assert [k for k in range(6) if batch.allowed_key(0, 4, k)] == [3, 4]
+    for query in (3, 4):
+        for key in (0, 1, 2):
+            assert not batch.allowed_key(0, query, key)  # A is never B's context
+    assert batch.allowed_keys(0) == [[0], [0, 1], [0, 1, 2], [3], [3, 4], []]
+    assert batch.allowed_keys(1) == [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3], [], []]
+
+
+def test_counts(abc, binding, ch05):
+    padded = sp.VariableBatch.build(TRAIN, abc, binding, sp.VariableBatchConfig(3, 12)).counts()
+    packed = sp.LayoutCounts.total(ch05.batches)
+    assert (padded.storage_cells, padded.valid_targets, padded.valid_density) == (12, 9, 0.75)
+    assert (packed.storage_cells, packed.valid_targets, packed.valid_density) == (12, 9, 0.75)
+    assert padded.permitted_edges == packed.permitted_edges == 6 + 3 + 10
+    examples = [with_predictions(n, l, binding) for n, l in zip("PQRS", (4, 4, 2, 2))]
+    padded = sp.VariableBatch.build(TRAIN, examples, binding, sp.VariableBatchConfig(4, 16)).counts()
+    packed = sp.LayoutCounts.total(sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(12, 1, 12, BIG)).batches)
+    assert (padded.storage_cells, padded.valid_density, padded.dense_score_positions) == (16, 0.75, 64)
+    assert (packed.storage_cells, packed.valid_density, packed.dense_score_positions) == (12, 1.0, 144)
+    assert padded.permitted_edges == packed.permitted_edges == 26
+
+
+def test_traversal_orders_agree(ch05):
+    from seqpack.demo import edge_inventory
+
+    batch = ch05.batches[0]
+    in_order, tiled = edge_inventory(batch), edge_inventory(batch, tile_width=2)
+    assert in_order != tiled and sorted(in_order) == sorted(tiled)
+    assert len(in_order) == batch.counts().permitted_edges
+
+
+# --- limits, each beside its passing twin ----------------------------------------------
+
+
+def test_example_longer_than_capacity(binding):
+    examples = [with_predictions("fits", 6, binding), with_predictions("wide", 7, binding)]
+    sp.pack_examples(TRAIN, examples[:1], binding, sp.PackConfig(6, 1, 6, BIG))
+    with pytest.raises(sp.CapacityError, match="example 'wide' \\(index 1\\) has 7 predictions; capacity is 6") as caught:
+        sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(6, 1, 6, BIG))
+    assert (caught.value.cells, caught.value.maximum) == (7, 6)
+
+
+def test_cells_per_call(binding):
+    examples = [with_predictions(f"e{i}", 4, binding) for i in range(4)]
+    assert len(sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(4, 3, 12, BIG)).batches) == 2
+    with pytest.raises(sp.CapacityError, match="3 rows x 4 columns has 12 cells; max_cells is 11") as caught:
+        sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(4, 3, 11, BIG))
+    assert (caught.value.cells, caught.value.maximum) == (12, 11)
+
+
+def test_exact_fill_opens_no_empty_row(binding):
+    examples = [with_predictions("x", 3, binding), with_predictions("y", 3, binding)]
+    epoch = sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(6, 4, 24, BIG))
+    assert epoch.row_count == 1 and epoch.batches[0].shape == (1, 6)
+    assert epoch.batches[0].valid_lengths.tolist() == [6]
+
+
+def test_rows_per_call_and_smaller_final_call(binding):
+    examples = [with_predictions(f"e{i}", n, binding) for i, n in enumerate([3, 4, 2, 5, 1, 4, 4])]
+    epoch = sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(5, 2, 10, BIG))
+    # next-fit at capacity 5: [3] [4] [2] [5] [1, 4] [4]
+    expected = _reference.next_fit_placements([3, 4, 2, 5, 1, 4, 4], 5)
+    assert epoch.row_count == expected[-1][0] + 1 == 6
+    assert [b.shape for b in epoch.batches] == [(2, 5), (2, 5), (2, 5)]
+    epoch = sp.pack_examples(TRAIN, examples[:6], binding, sp.PackConfig(5, 4, 20, BIG))
+    assert [b.shape[0] for b in epoch.batches] == [4, 1]
+    last = epoch.batches[-1]
+    # Local rows, global ordinals and segments.
+    assert [(o.ordinal, o.row, o.segment) for o in last.occurrences] == [(4, 0, 4), (5, 0, 5)]
+    for batch in epoch.batches:
+        batch.verify()
+
+
+def test_duplicate_occurrences_are_distinct(binding):
+    twin = make("twin", [0, 99, 100, 1], binding)
+    batch = sp.pack_examples(TRAIN, [twin, twin], binding, sp.PackConfig(6, 1, 6, BIG)).batches[0]
+    assert batch.segments.tolist() == [[0, 0, 0, 1, 1, 1]]
+    assert batch.positions.tolist() == [[0, 1, 2, 0, 1, 2]]
+    assert not batch.allowed_key(0, 3, 2) and batch.allowed_key(0, 3, 3)
+    assert [o.segment for o in batch.occurrences] == [0, 1]
+    batch.verify()
+
+
+def test_inputs_rejected(binding, abc):
+    config = sp.PackConfig(6, 2, 12, BIG)
+    with pytest.raises(sp.InvalidInputError, match="at least one example"):
+        sp.pack_examples(TRAIN, [], binding, config)
+    with pytest.raises(sp.BindingError, match="example 'A' \\(index 0\\) belongs to partition 'train', not 'test'"):
+        sp.pack_examples(sp.Partition.TEST, abc, binding, config)
+    with pytest.raises(sp.InvalidInputError, match="PackConfig"):
+        sp.pack_examples(TRAIN, abc, binding, sp.VariableBatchConfig(2, 12))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [((0, 1, 6, 1), "capacity"), ((6, 0, 6, 1), "max_rows_per_batch"), ((6, 1, 5, 1), "max_cells 5 is below capacity 6"),
+     ((6, 1, 6, 0), "max_metadata_bytes"), ((2**31, 1, 2**31, 1), "exceeds 2147483647")],
+)
+def test_config_validation(args, message):
+    with pytest.raises(sp.InvalidInputError, match=message):
+        sp.PackConfig(*args)
+    sp.PackConfig(6, 1, 6, 1)
+    sp.PackConfig(2**31 - 1, 1, 2**31 - 1, 1)
+
+
+def test_budget_equal_to_requirement_passes_one_less_fails(abc, binding):
+    required = sp.pack_examples(TRAIN, abc, binding, sp.PackConfig(6, 2, 12, BIG)).metadata_peak
+    epoch = sp.pack_examples(TRAIN, abc, binding, sp.PackConfig(6, 2, 12, required))
+    assert epoch.metadata_peak == required
+    with pytest.raises(sp.MetadataBudgetError, match=f"needs {required} metadata bytes; max_metadata_bytes is {required - 1}") as caught:
+        sp.pack_examples(TRAIN, abc, binding, sp.PackConfig(6, 2, 12, required - 1))
+    assert (caught.value.required, caught.value.maximum) == (required, required - 1)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_planner_budget_checked_before_placement(abc, binding):
+    with pytest.raises(sp.MetadataBudgetError) as caught:
+        sp.pack_examples(TRAIN, abc, binding, sp.PackConfig(6, 2, 12, 10))
+    assert caught.value.required == 3 * 25
+
+
+def test_huge_requirement_raises_before_allocating(binding):
+    one = [with_predictions("tiny", 2, binding)]
+    config = sp.PackConfig(2**31 - 1, 4, 2**40, 2**30)  # one row of 2**31 cells: ~46 GiB of fields
+    tracemalloc.start()
+    started = time.perf_counter()
+    with pytest.raises(sp.MetadataBudgetError) as caught:
+        sp.pack_examples(TRAIN, one, binding, config)
+    elapsed = time.perf_counter() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert caught.value.required > 46 * 2**30 and peak < 1 << 20 and elapsed < 1.0
+
+
+def test_size_arithmetic_near_integer_limits():
+    check_occurrence_count(2**31)
+    with pytest.raises(sp.InvalidInputError, match="2147483649 occurrences exceed the int32 segment namespace"):
+        check_occurrence_count(2**31 + 1)
+    # Exact integers, no wraparound: a requirement past 2**63 is reported as such.
+    huge = packing_requirement(64, [2**37] * 64, [1] * 64, [3] * 64, 2**21)
+    assert huge > 2**63
+    with pytest.raises(sp.InvalidInputError, match="cannot be indexed"):
+        packing_requirement(1, [2**62], [1], [3], 2**21)
+
+
+def test_budget_is_honest_under_tracemalloc(binding):
+    """About 30k examples, lognormal lengths around 40, capacity 512, 8 rows per call."""
+    rng = np.random.default_rng(7)
+    lengths = np.clip(np.rint(rng.lognormal(np.log(40), 0.6, 30_000)), 1, 512).astype(int)
+    body = rng.integers(2, 258, size=int(lengths.sum()), dtype=np.int32)
+    cuts = np.cumsum(lengths)
+    examples = [
+        sp.SequenceExample.from_document(
+            f"e{i}", sp.BatchDocument(f"d{i}", np.concatenate(([0], body[a:b - 1], [1]))), binding)
+        for i, (a, b) in enumerate(zip(np.concatenate(([0], cuts[:-1])), cuts))
+    ]
+    config = sp.PackConfig(512, 8, 8 * 512, 1 << 34)
+    tracemalloc.start()
+    epoch = sp.pack_examples(TRAIN, examples, binding, config)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    print(f"traced peak {peak} bytes, metadata_peak {epoch.metadata_peak} bytes")
+    assert peak <= epoch.metadata_peak + 64 * 1024
+    assert epoch.metadata_peak <= 2 * peak
+    assert sum(b.target_count for b in epoch.batches) == lengths.sum()
+
+
+# --- properties against the plain-Python reference --------------------------------------
+
+
+@st.composite
+def packings(draw):
+    capacity = draw(st.integers(1, 12))
+    lengths = draw(st.lists(st.integers(1, capacity), min_size=1, max_size=14))
+    bodies = [draw(st.lists(st.integers(2, 265), min_size=n, max_size=n)) for n in lengths]
+    max_rows = draw(st.integers(1, 4))
+    duplicate = draw(st.booleans())
+    return capacity, [[0, *b, 1] for b in bodies], lengths, max_rows, duplicate
+
+
+@settings(derandomize=True, max_examples=150, deadline=None)
+@given(packings())
+def test_matches_reference_and_verifies(binding, case):
+    capacity, documents, lengths, max_rows, duplicate = case
+    # The first n + 1 tokens of a document with n content tokens: n predictions, EOS excluded.
+    examples = [sp.SequenceExample.from_range(f"x{i}", sp.BatchDocument(f"d{i}", d), (0, n + 1), binding)
+                for i, (d, n) in enumerate(zip(documents, lengths))]
+    sources = [d[: n + 1] for d, n in zip(documents, lengths)]
+    if duplicate:
+        examples.append(examples[0])
+        sources = sources + [sources[0]]
+    epoch = sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(capacity, max_rows, capacity * max_rows, BIG))
+    expected = _reference.packed_rows(sources, capacity, max_rows)
+    assert len(epoch.batches) == len(expected)
+    assert epoch.row_count == sum(len(call["valid_lengths"]) for call in expected)
+    for batch, call in zip(epoch.batches, expected):
+        for name in ("inputs", "targets", "positions", "segments", "segment_starts", "valid_lengths"):
+            assert getattr(batch, name).tolist() == call[name], name
+        for name in ("token_valid", "target_valid", "loss_mask"):
+            assert getattr(batch, name).tolist() == call["valid"], name
+        assert batch.occurrences == [sp.Occurrence(*o) for o in call["occurrences"]]
+        assert batch.shape[1] == capacity
+        batch.verify()
+        # No permitted edge crosses a segment or touches padding.
+        mask = batch.dense_mask()
+        rows, queries, keys = np.nonzero(mask)
+        assert (batch.segments[rows, queries] == batch.segments[rows, keys]).all()
+        assert (batch.segments[rows, keys] != sp.NO_SEGMENT).all()
+        assert mask.sum() == batch.counts().permitted_edges
+    assert sum(b.token_valid.sum() for b in epoch.batches) == sum(len(s) - 1 for s in sources)
+
+
+def corrupt(batch, field, index, value):
+    clone = BatchLayout.__new__(type(batch))
+    clone.__dict__.update(batch.__dict__)
+    array = getattr(batch, field).copy()
+    array[index] = value
+    setattr(clone, field, array)
+    return clone
+
+
+@pytest.mark.parametrize(
+    "field, index, value, message",
+    [
+        # A packer that forgets to reset positions at B's start.
+        ("positions", (0, 3), 3, "row 0, column 3: local position 3 does not step by one from 0 inside segment 1"),
+        # A packer that lets A's last input predict B's BOS (a cross-document target).
+        ("targets", (0, 2), 0, "occurrence 0 \\(example 'A', row 0\\), column 2: input or target differs"),
+        # A packer that merges B into A's segment.
+        ("segments", (0, 3), 0, "row 0, column 3: local position 0 does not step by one"),
+        ("segment_starts", (0, 4), 0, "row 0, column 4: segment start 0 is not the first column of segment 1"),
+        ("loss_mask", (1, 5), True, "row 1, column 5"),
+    ],
+)
+def test_verify_catches_packer_bugs(ch05, field, index, value, message):
+    with pytest.raises(sp.VerificationError, match=message):
+        corrupt(ch05.batches[0], field, index, value).verify()
