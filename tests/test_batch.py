@@ -6,7 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqpack as sp
-from seqpack.batch import BatchLayout
 
 pytestmark = pytest.mark.kernel
 
@@ -239,16 +238,6 @@ def test_read_only_and_non_contiguous_token_arrays(binding):
 # --- verify() catches each kind of corruption -------------------------------------------
 
 
-def corrupted(batch, field, index, value):
-    """A copy of ``batch`` with one cell of one field changed."""
-    clone = BatchLayout.__new__(type(batch))
-    clone.__dict__.update(batch.__dict__)
-    array = getattr(batch, field).copy()
-    array[index] = value
-    setattr(clone, field, array)
-    return clone
-
-
 @pytest.mark.parametrize(
     "field, index, value, message",
     [
@@ -266,12 +255,12 @@ def corrupted(batch, field, index, value):
         ("valid_lengths", 0, 5, "row 0: valid length 5 is outside \\[0, 4\\]"),
     ],
 )
-def test_verify_names_the_violation(ch04, field, index, value, message):
+def test_verify_names_the_violation(ch04, corrupted, field, index, value, message):
     with pytest.raises(sp.VerificationError, match=message):
         corrupted(ch04, field, index, value).verify()
 
 
-def test_verify_names_row_coverage(ch04):
+def test_verify_names_row_coverage(ch04, corrupted):
     clone = corrupted(ch04, "valid_lengths", 1, 4)
     clone._records = ch04._records[1:]  # row 0's occurrence record is lost
     with pytest.raises(sp.VerificationError, match="row 0: its occurrences do not cover exactly its valid prefix of 2 cells") as caught:
@@ -279,7 +268,7 @@ def test_verify_names_row_coverage(ch04):
     assert caught.value.row == 0
 
 
-def test_verify_names_record_length(ch04):
+def test_verify_names_record_length(ch04, corrupted):
     clone = corrupted(ch04, "valid_lengths", 1, 4)
     records = ch04._records.copy()
     records["stop"][0] = 1

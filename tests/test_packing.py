@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 import seqpack as sp
 from seqpack import _reference
-from seqpack.batch import BatchLayout
 from seqpack.packing import check_occurrence_count, packing_requirement
 
 pytestmark = pytest.mark.kernel
@@ -281,15 +280,6 @@ def test_matches_reference_and_verifies(binding, case):
     assert sum(b.token_valid.sum() for b in epoch.batches) == sum(len(s) - 1 for s in sources)
 
 
-def corrupt(batch, field, index, value):
-    clone = BatchLayout.__new__(type(batch))
-    clone.__dict__.update(batch.__dict__)
-    array = getattr(batch, field).copy()
-    array[index] = value
-    setattr(clone, field, array)
-    return clone
-
-
 @pytest.mark.parametrize(
     "field, index, value, message",
     [
@@ -303,6 +293,6 @@ def corrupt(batch, field, index, value):
         ("loss_mask", (1, 5), True, "row 1, column 5"),
     ],
 )
-def test_verify_catches_packer_bugs(ch05, field, index, value, message):
+def test_verify_catches_packer_bugs(ch05, corrupted, field, index, value, message):
     with pytest.raises(sp.VerificationError, match=message):
-        corrupt(ch05.batches[0], field, index, value).verify()
+        corrupted(ch05.batches[0], field, index, value).verify()

@@ -17,6 +17,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from . import _layout
+from ._checks import check_int
 from .binding import BatchBinding, Partition
 from .errors import BindingError, CapacityError, InvalidInputError, VerificationError
 from .examples import SequenceExample
@@ -45,13 +46,6 @@ class Occurrence(NamedTuple):
     segment: int
 
 
-def positive_int(name: str, value) -> int:
-    """``value`` as an int, or an error naming ``name`` when it is not a positive integer."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise InvalidInputError(f"{name} must be a positive integer, not {value!r}")
-    return int(value)
-
-
 @dataclass(frozen=True)
 class VariableBatchConfig:
     """Rows per batch, the cell limit of one batch, and an optional prediction width limit."""
@@ -61,10 +55,10 @@ class VariableBatchConfig:
     max_width: int | None = None
 
     def __post_init__(self):
-        positive_int("batch_size", self.batch_size)
-        positive_int("max_cells", self.max_cells)
+        check_int("batch_size", self.batch_size)
+        check_int("max_cells", self.max_cells)
         if self.max_width is not None:
-            positive_int("max_width", self.max_width)
+            check_int("max_width", self.max_width)
 
 
 def check_examples(
@@ -407,48 +401,58 @@ class VariableBatch(BatchLayout):
         config: VariableBatchConfig,
     ) -> "VariableBatch":
         """Validate ``examples`` against ``partition``, ``binding`` and ``config``, then pad them."""
-        if not isinstance(config, VariableBatchConfig):
-            raise InvalidInputError(f"config must be a VariableBatchConfig, not {type(config).__name__}")
-        lengths = check_examples(partition, examples, binding)
-        if len(examples) > config.batch_size:
+        examples, lengths, bounds = _padded_plan(partition, examples, binding, config)
+        if len(bounds) > 1:
             raise InvalidInputError(
                 f"{len(examples)} examples do not fit a batch of {config.batch_size} rows"
             )
-        examples = tuple(examples)
-        _check_widths(examples, lengths, 0, config)
-        return cls._build_checked(partition, binding, examples, lengths, 0, len(examples), config)
+        return cls._from_span(partition, binding, examples, lengths, 0, len(examples))
 
     @classmethod
-    def _build_checked(cls, partition, binding, examples, lengths, first, end, config) -> "VariableBatch":
+    def _from_span(cls, partition, binding, examples, lengths: np.ndarray, first: int, end: int) -> "VariableBatch":
         rows = end - first
-        width = int(lengths[first:end].max())
-        cells = rows * width
-        if cells > config.max_cells:
-            raise CapacityError(
-                f"a batch of {rows} rows x {width} columns has {cells} cells; max_cells is {config.max_cells}",
-                cells=cells,
-                maximum=config.max_cells,
-            )
         records = np.zeros(rows, dtype=OCCURRENCE_DTYPE)
         records["ordinal"] = np.arange(first, end)
         records["row"] = np.arange(rows)
         records["stop"] = lengths[first:end]
         records["segment"] = np.arange(rows)
-        return cls(partition, binding, examples, records, (rows, width))
+        return cls(partition, binding, examples, records, (rows, int(lengths[first:end].max())))
 
 
-def _check_widths(examples, lengths: np.ndarray, first: int, config: VariableBatchConfig) -> None:
-    if config.max_width is None:
-        return
-    too_wide = np.flatnonzero(lengths > config.max_width)
-    if too_wide.size:
-        index = int(too_wide[0])
+def reject_longer(examples, lengths: np.ndarray, limit: int, limit_name: str) -> None:
+    """Raise CapacityError naming the first example with more than ``limit`` predictions."""
+    too_long = np.flatnonzero(lengths > limit)
+    if too_long.size:
+        index = int(too_long[0])
         raise CapacityError(
-            f"example {examples[index].id!r} (index {first + index}) has {lengths[index]} "
-            f"predictions; max_width is {config.max_width}",
+            f"example {examples[index].id!r} (index {index}) has {lengths[index]} "
+            f"predictions; {limit_name} is {limit}",
             cells=int(lengths[index]),
-            maximum=config.max_width,
+            maximum=limit,
         )
+
+
+def _padded_plan(partition, examples, binding, config):
+    """Validate everything; return the examples tuple, their lengths and each batch's span."""
+    if not isinstance(config, VariableBatchConfig):
+        raise InvalidInputError(f"config must be a VariableBatchConfig, not {type(config).__name__}")
+    lengths = check_examples(partition, examples, binding)
+    examples = tuple(examples)
+    if config.max_width is not None:
+        reject_longer(examples, lengths, config.max_width, "max_width")
+    bounds = [(first, min(first + config.batch_size, len(examples)))
+              for first in range(0, len(examples), config.batch_size)]
+    for number, (first, end) in enumerate(bounds):
+        width = int(lengths[first:end].max())
+        cells = (end - first) * width
+        if cells > config.max_cells:
+            raise CapacityError(
+                f"batch {number} (examples {first}..{end - 1}) has {end - first} rows x {width} "
+                f"columns = {cells} cells; max_cells is {config.max_cells}",
+                cells=cells,
+                maximum=config.max_cells,
+            )
+    return examples, lengths, bounds
 
 
 class VariableBatchEpoch:
@@ -469,25 +473,9 @@ class VariableBatchEpoch:
         binding: BatchBinding,
         config: VariableBatchConfig,
     ) -> "VariableBatchEpoch":
-        if not isinstance(config, VariableBatchConfig):
-            raise InvalidInputError(f"config must be a VariableBatchConfig, not {type(config).__name__}")
-        lengths = check_examples(partition, examples, binding)
-        examples = tuple(examples)
-        _check_widths(examples, lengths, 0, config)
-        bounds = [(first, min(first + config.batch_size, len(examples)))
-                  for first in range(0, len(examples), config.batch_size)]
-        for number, (first, end) in enumerate(bounds):
-            width = int(lengths[first:end].max())
-            cells = (end - first) * width
-            if cells > config.max_cells:
-                raise CapacityError(
-                    f"batch {number} (examples {first}..{end - 1}) has {end - first} rows x {width} "
-                    f"columns = {cells} cells; max_cells is {config.max_cells}",
-                    cells=cells,
-                    maximum=config.max_cells,
-                )
+        examples, lengths, bounds = _padded_plan(partition, examples, binding, config)
         return cls([
-            VariableBatch._build_checked(partition, binding, examples, lengths, first, end, config)
+            VariableBatch._from_span(partition, binding, examples, lengths, first, end)
             for first, end in bounds
         ])
 

@@ -21,8 +21,9 @@ from .batch import (
     ROW_BYTES,
     BatchLayout,
     check_examples,
-    positive_int,
+    reject_longer,
 )
+from ._checks import check_int
 from .binding import BatchBinding, Partition
 from .errors import CapacityError, InvalidInputError, MetadataBudgetError
 from .examples import SequenceExample
@@ -49,7 +50,7 @@ class PackConfig:
 
     def __post_init__(self):
         for name in ("capacity", "max_rows_per_batch", "max_cells", "max_metadata_bytes"):
-            positive_int(name, getattr(self, name))
+            check_int(name, getattr(self, name))
         if self.capacity > INT32_MAX:
             raise InvalidInputError(
                 f"capacity {self.capacity} exceeds {INT32_MAX}: positions and columns are int32"
@@ -162,15 +163,7 @@ def pack_examples(
     check_occurrence_count(len(examples))
     enforce_metadata(planner_bytes(len(examples)), config.max_metadata_bytes)
     lengths = check_examples(partition, examples, binding)
-    too_long = np.flatnonzero(lengths > config.capacity)
-    if too_long.size:
-        index = int(too_long[0])
-        raise CapacityError(
-            f"example {examples[index].id!r} (index {index}) has {lengths[index]} predictions; "
-            f"capacity is {config.capacity}",
-            cells=int(lengths[index]),
-            maximum=config.capacity,
-        )
+    reject_longer(examples, lengths, config.capacity, "capacity")
     placement = place(lengths, config.capacity)
     rows_per_call = call_rows(placement.row_count, config.max_rows_per_batch)
     cells = rows_per_call[0] * config.capacity

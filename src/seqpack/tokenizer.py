@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._checks import check_int, is_int
 from .errors import DecodeLimitError, InvalidInputError, TokenizerError
 
 BOS_ID = 0
@@ -30,23 +31,6 @@ MAX_VOCABULARY_SIZE = 2**31  # token IDs are int32
 MAX_MERGES = 0x110000 - 256
 
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
-
-
-def is_int(value: object) -> bool:
-    """True for Python and numpy integers, False for bool and everything else."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def check_int(name: str, value: object, minimum: int = 1, maximum: int | None = None) -> int:
-    """``value`` as an int in ``[minimum, maximum]``, else :class:`InvalidInputError`."""
-    if not is_int(value):
-        raise InvalidInputError(f"{name} must be an int, got {type(value).__name__}")
-    value = int(value)
-    if value < minimum:
-        raise InvalidInputError(f"{name} must be at least {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise InvalidInputError(f"{name} is {value}; the maximum is {maximum}")
-    return value
 
 
 def canonical_json(payload: object) -> bytes:

@@ -17,7 +17,7 @@ import numpy as np
 from .binding import Partition
 from .documents import BatchDocument, as_int32_tokens
 from .errors import InvalidInputError
-from .tokenizer import check_int
+from ._checks import check_int
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
