@@ -207,10 +207,11 @@ def test_size_arithmetic_near_integer_limits():
     with pytest.raises(sp.InvalidInputError, match="2147483649 occurrences exceed the int32 segment namespace"):
         check_occurrence_count(2**31 + 1)
     # Exact integers, no wraparound: a requirement past 2**63 is reported as such.
-    huge = packing_requirement(64, [2**37] * 64, [1] * 64, [3] * 64, 2**21)
-    assert huge > 2**63
+    huge = packing_requirement(1, 2**44, 2**41, 8, 0, 2**21)
+    assert huge > 2**63 and huge == 2**44 * (2**21 * 23 + 8) + 2**41 * (3 * 1024 + 128) + 69 + 8 * 1024
     with pytest.raises(sp.InvalidInputError, match="cannot be indexed"):
-        packing_requirement(1, [2**62], [1], [3], 2**21)
+        packing_requirement(1, 2**41, 1, 2**41, 0, 2**21)
+    packing_requirement(1, 1, 1, 1, 0, (2**63 - 1) // 23)
 
 
 def test_budget_is_honest_under_tracemalloc(binding):

@@ -32,11 +32,13 @@ from .placement import place
 INT64_MAX = 2**63 - 1
 
 # Python-object allowances, counted so the budget stays honest (measured with
-# tracemalloc, rounded up): one batch's object, dict and nine array headers; the
-# per-occurrence view objects and list slots that gather a batch's source tokens.
+# tracemalloc, rounded up): one batch's object, dict and nine array headers; a
+# call's plan entries (first row, bounds, counts, list slot); the per-occurrence
+# view objects and list slots that gather a call's source tokens.
 BATCH_OBJECT_BYTES = 3 * 1024
 GATHER_BYTES_PER_OCCURRENCE = 256
 CALL_OVERHEAD_BYTES = 8 * 1024
+PLAN_BYTES_PER_CALL = 128
 
 
 @dataclass(frozen=True)
@@ -110,36 +112,31 @@ def planner_bytes(count: int) -> int:
     return count * (3 * 8 + 1)
 
 
-def call_rows(row_count: int, max_rows_per_batch: int) -> list[int]:
-    """Rows of each model call: full calls, then the final one with the rest."""
-    full, rest = divmod(row_count, max_rows_per_batch)
-    return [max_rows_per_batch] * full + ([rest] if rest else [])
-
-
 def packing_requirement(
-    count: int, batch_rows: Sequence[int], batch_occurrences: Sequence[int],
-    batch_tokens: Sequence[int], capacity: int,
+    count: int, row_count: int, call_count: int, largest_call_rows: int, largest_gather: int, capacity: int
 ) -> int:
     """Exact-integer bytes the packer holds at its peak.
 
-    Planner arrays, the examples tuple, occurrence records, every call's field
-    arrays and objects, the batch list, and the largest call's gathering
-    temporaries (source tokens, offsets, record copies, views). Raises
-    ``InvalidInputError`` when a call's shape cannot be indexed with int64.
+    The planner arrays, the examples tuple and occurrence records (per
+    occurrence); every row's field arrays; every call's objects and plan
+    entries; and the largest call's gathering temporaries (``largest_gather``,
+    from :func:`gather_bytes`). Raises ``InvalidInputError`` when a call's
+    field arrays could not be indexed with int64.
     """
-    held = planner_bytes(count) + 8 * count + OCCURRENCE_DTYPE.itemsize * count + CALL_OVERHEAD_BYTES
-    gathering = 0
-    for rows, occurrences, tokens in zip(batch_rows, batch_occurrences, batch_tokens):
-        cells = rows * capacity
-        if cells > INT64_MAX // CELL_BYTES:
-            raise InvalidInputError(f"a call of {rows} rows x {capacity} columns cannot be indexed")
-        held += cells * CELL_BYTES + rows * ROW_BYTES + BATCH_OBJECT_BYTES + 8
-        gathering = max(
-            gathering,
-            4 * tokens + 8 * (occurrences + 1) + 20 * occurrences
-            + GATHER_BYTES_PER_OCCURRENCE * occurrences,
+    if largest_call_rows * capacity > INT64_MAX // CELL_BYTES:
+        raise InvalidInputError(
+            f"a call of {largest_call_rows} rows x {capacity} columns cannot be indexed"
         )
-    return held + gathering
+    per_occurrence = planner_bytes(1) + 8 + OCCURRENCE_DTYPE.itemsize
+    per_row = capacity * CELL_BYTES + ROW_BYTES
+    per_call = BATCH_OBJECT_BYTES + PLAN_BYTES_PER_CALL
+    return (count * per_occurrence + row_count * per_row + call_count * per_call
+            + largest_gather + CALL_OVERHEAD_BYTES)
+
+
+def gather_bytes(source_tokens: np.ndarray, occurrences: np.ndarray) -> np.ndarray:
+    """Temporaries of gathering each call's examples: flat tokens, offsets, record copies, views."""
+    return 4 * source_tokens + (8 + 20 + GATHER_BYTES_PER_OCCURRENCE) * occurrences + 8
 
 
 def pack_examples(
@@ -165,22 +162,24 @@ def pack_examples(
     lengths = check_examples(partition, examples, binding)
     reject_longer(examples, lengths, config.capacity, "capacity")
     placement = place(lengths, config.capacity)
-    rows_per_call = call_rows(placement.row_count, config.max_rows_per_batch)
-    cells = rows_per_call[0] * config.capacity
+    call_count = -(-placement.row_count // config.max_rows_per_batch)
+    largest_call_rows = min(config.max_rows_per_batch, placement.row_count)
+    cells = largest_call_rows * config.capacity
     if cells > config.max_cells:
         raise CapacityError(
-            f"a model call of {rows_per_call[0]} rows x {config.capacity} columns has {cells} cells; "
+            f"a model call of {largest_call_rows} rows x {config.capacity} columns has {cells} cells; "
             f"max_cells is {config.max_cells}",
             cells=cells,
             maximum=config.max_cells,
         )
     # Next-fit rows are non-decreasing in input order, so each call owns a contiguous span.
-    first_rows = np.arange(len(rows_per_call), dtype=np.int64) * config.max_rows_per_batch
-    bounds = np.searchsorted(placement.rows, np.append(first_rows, placement.row_count)).tolist()
+    first_rows = np.arange(call_count, dtype=np.int64) * config.max_rows_per_batch
+    bounds = np.append(np.searchsorted(placement.rows, first_rows), len(examples))
     occurrences = np.diff(bounds)
     source_tokens = np.add.reduceat(lengths, bounds[:-1]) + occurrences
     required = packing_requirement(
-        len(examples), rows_per_call, occurrences.tolist(), source_tokens.tolist(), config.capacity
+        len(examples), placement.row_count, call_count, largest_call_rows,
+        int(gather_bytes(source_tokens, occurrences).max()), config.capacity,
     )
     enforce_metadata(required, config.max_metadata_bytes)
 
@@ -192,8 +191,9 @@ def pack_examples(
     records["stop"] = placement.starts + lengths
     records["segment"] = records["ordinal"]
     batches = []
-    for call, rows in enumerate(rows_per_call):
-        span = records[bounds[call] : bounds[call + 1]]
+    for call, (first, end) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
+        span = records[first:end]
         span["row"] -= first_rows[call]
+        rows = min(config.max_rows_per_batch, placement.row_count - int(first_rows[call]))
         batches.append(PackedBatch(partition, binding, examples, span, (rows, config.capacity)))
     return PackedBatchEpoch(batches, placement.row_count, len(examples), required)
