@@ -36,12 +36,20 @@ class OptionalOpenMPBuild(build_ext):
     """Compile with OpenMP where the compiler supports it, else warn and drop it."""
 
     def build_extensions(self):
+        # A switch between debug and optimized builds must recompile: the old
+        # .so files are newer than the other mode's C sources.
+        marker = Path(self.build_temp) / "seqpack-build-mode"
+        mode = "debug" if DEBUG else "optimized"
+        if not marker.exists() or marker.read_text() != mode:
+            self.force = True
         if not self._compiler_accepts_openmp():
             warnings.warn("OpenMP is unavailable: seqpack kernels will run single-threaded")
             for ext in self.extensions:
                 ext.extra_compile_args = [a for a in ext.extra_compile_args if a != OPENMP_FLAG]
                 ext.extra_link_args = [a for a in ext.extra_link_args if a != OPENMP_FLAG]
         super().build_extensions()
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(mode)
 
     def _compiler_accepts_openmp(self):
         if sys.platform == "win32":

@@ -1,7 +1,7 @@
 """Row-array kernels shared by padded and packed batches.
 
 ``fill_rows`` writes every field of a batch from placements (row, start column,
-segment) and the placed examples' flat source tokens; ``first_row_violation`` and
+segment) and the placed examples' source tokens, given as ``tokens[begins[i]:ends[i]]``; ``first_row_violation`` and
 ``first_occurrence_violation`` scan finished arrays for the first broken invariant.
 The kernels trust their arguments: ``seqpack.batch`` validates them first.
 """
@@ -31,8 +31,9 @@ cpdef enum Violation:
 
 
 def fill_rows(
-    const cell_t[::1] tokens not None,          # [sum(lengths + 1)] placed examples' source tokens
-    const int64_t[::1] offsets not None,        # [n + 1] example i owns tokens[offsets[i]:offsets[i + 1]]
+    const cell_t[::1] tokens not None,          # source tokens of the placed examples
+    const int64_t[::1] begins not None,         # [n] example i owns tokens[begins[i]:ends[i]]
+    const int64_t[::1] ends not None,           # [n]
     const int64_t[::1] rows not None,           # [n] batch-local row of example i
     const int64_t[::1] starts not None,         # [n] first column of example i
     const cell_t[::1] segments not None,        # [n] segment ID of example i
@@ -71,8 +72,8 @@ def fill_rows(
                 loss_mask[r, c] = 0
                 segment_starts[r, c] = 0
         for i in range(n):
-            first = offsets[i]
-            length = offsets[i + 1] - first - 1
+            first = begins[i]
+            length = ends[i] - first - 1
             r = rows[i]
             c = starts[i]
             segment = segments[i]
@@ -176,8 +177,9 @@ def first_row_violation(
 
 
 def first_occurrence_violation(
-    const cell_t[::1] tokens not None,          # flat source tokens, as for fill_rows
-    const int64_t[::1] offsets not None,        # [n + 1]
+    const cell_t[::1] tokens not None,          # source tokens, as for fill_rows
+    const int64_t[::1] begins not None,         # [n]
+    const int64_t[::1] ends not None,           # [n]
     const int64_t[::1] rows not None,           # [n]
     const int64_t[::1] starts not None,         # [n]
     const cell_t[::1] segments not None,        # [n]
@@ -200,13 +202,14 @@ def first_occurrence_violation(
     cdef Py_ssize_t index = -1, column = -1
     cdef Violation code
     with nogil:
-        code = occurrence_violation(tokens, offsets, rows, starts, segments, inputs, targets,
+        code = occurrence_violation(tokens, begins, ends, rows, starts, segments, inputs, targets,
                                     positions, segment_ids, valid_lengths, covered, &index, &column)
     return code, index, column
 
 
 cdef Violation occurrence_violation(
-    const cell_t[::1] tokens, const int64_t[::1] offsets, const int64_t[::1] rows,
+    const cell_t[::1] tokens, const int64_t[::1] begins, const int64_t[::1] ends,
+    const int64_t[::1] rows,
     const int64_t[::1] starts, const cell_t[::1] segments, const cell_t[:, ::1] inputs,
     const cell_t[:, ::1] targets, const cell_t[:, ::1] positions,
     const cell_t[:, ::1] segment_ids, const int64_t[::1] valid_lengths, int64_t[::1] covered,
@@ -217,8 +220,8 @@ cdef Violation occurrence_violation(
     cdef Py_ssize_t i, j, r, c, first, length
     for i in range(n):
         index[0] = i
-        first = offsets[i]
-        length = offsets[i + 1] - first - 1
+        first = begins[i]
+        length = ends[i] - first - 1
         r = rows[i]
         c = starts[i]
         if r < 0 or r >= row_count or c < 0 or length < 1 or c + length > valid_lengths[r]:

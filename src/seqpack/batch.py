@@ -90,14 +90,42 @@ def check_examples(
     return np.fromiter((len(example) for example in examples), dtype=np.int64, count=len(examples))
 
 
-def source_arrays(examples: Sequence[SequenceExample], ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Flat int32 source tokens of ``examples[ordinals]`` and their int64 offsets ``[n + 1]``."""
-    selected = [examples[i].source_tokens for i in ordinals.tolist()]
-    offsets = np.zeros(len(selected) + 1, dtype=np.int64)
-    np.cumsum([len(tokens) for tokens in selected], out=offsets[1:])
-    if not selected:
-        return np.empty(0, dtype=np.int32), offsets
-    return np.concatenate(selected).astype(np.int32, copy=False), offsets
+class ExampleList:
+    """SequenceExample objects as the token source of batches.
+
+    Sources give batches, by occurrence ordinal: each example, its id, and the
+    example source tokens as ``tokens[begins[i]:ends[i]]`` for the fill kernel.
+    """
+
+    __slots__ = ("_examples",)
+
+    #: Bytes held per occurrence beyond the planner arrays (the tuple slot).
+    held_bytes_per_occurrence = 8
+
+    def __init__(self, examples: Sequence[SequenceExample]):
+        self._examples = tuple(examples)
+
+    def __len__(self) -> int:
+        return len(self._examples)
+
+    def example(self, ordinal: int) -> SequenceExample:
+        return self._examples[ordinal]
+
+    def example_id(self, ordinal: int) -> str:
+        return self._examples[ordinal].id
+
+    def gather(self, ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Flat int32 source tokens of ``ordinals``' examples with their int64 begins and ends."""
+        selected = [self._examples[i].source_tokens for i in ordinals.tolist()]
+        ends = np.cumsum([len(tokens) for tokens in selected], dtype=np.int64)
+        begins = np.concatenate(([0], ends[:-1])).astype(np.int64) if selected else ends.copy()
+        tokens = np.concatenate(selected).astype(np.int32, copy=False) if selected else np.empty(0, np.int32)
+        return tokens, begins, ends
+
+    @staticmethod
+    def gather_bytes(source_tokens: np.ndarray, occurrences: np.ndarray) -> np.ndarray:
+        """Temporaries of one ``gather`` plus the fill's record copies: tokens, bounds, views."""
+        return 4 * source_tokens + (16 + 20 + 256) * occurrences + 64
 
 
 def _violation_message(code: int, row: int, column: int, batch: "BatchLayout") -> str:
@@ -144,8 +172,8 @@ def _occurrence_message(code: int, index: int, column: int, batch: "BatchLayout"
             f"{batch.valid_lengths[index]} cells"
         )
     record = batch._records[index]
-    example = batch._examples[record["ordinal"]]
-    name = f"occurrence {record['ordinal']} (example {example.id!r}, row {record['row']})"
+    name = (f"occurrence {record['ordinal']} (example {batch._source.example_id(record['ordinal'])!r}, "
+            f"row {record['row']})")
     if code == V.OCCURRENCE_BOUNDS:
         return f"{name}: columns [{record['start']}, {record['stop']}) lie outside the row's valid prefix"
     what = {
@@ -208,15 +236,16 @@ class BatchLayout:
         self,
         partition: Partition,
         binding: BatchBinding,
-        examples: Sequence[SequenceExample],
+        source,
         records: np.ndarray,
         shape: tuple[int, int],
     ):
         # Internal: callers (VariableBatch.build, pack_examples) validated everything.
+        # ``source`` (an ExampleList or ExampleTable) supplies the examples by ordinal.
         rows, width = shape
         self.partition = partition
         self.binding = binding
-        self._examples = examples
+        self._source = source
         self._records = records
         self._records.flags.writeable = False
         self.inputs = np.empty(shape, dtype=np.int32)
@@ -228,9 +257,9 @@ class BatchLayout:
         self.target_valid = np.empty(shape, dtype=np.bool_)
         self.loss_mask = np.empty(shape, dtype=np.bool_)
         self.valid_lengths = np.empty(rows, dtype=np.int64)
-        tokens, offsets = source_arrays(examples, records["ordinal"])
+        tokens, begins, ends = source.gather(records["ordinal"])
         _layout.fill_rows(
-            tokens, offsets,
+            tokens, begins, ends,
             np.ascontiguousarray(records["row"]), np.ascontiguousarray(records["start"]),
             np.ascontiguousarray(records["segment"]),
             self.inputs, self.targets, self.positions, self.segments,
@@ -271,7 +300,7 @@ class BatchLayout:
     @property
     def examples(self) -> list[SequenceExample]:
         """The example of each occurrence, in record order."""
-        return [self._examples[i] for i in self._records["ordinal"].tolist()]
+        return [self._source.example(i) for i in self._records["ordinal"].tolist()]
 
     def counts(self) -> LayoutCounts:
         """Storage cells, valid targets, dense score positions and permitted edges of this batch."""
@@ -362,19 +391,20 @@ class BatchLayout:
             duplicate = int(segments[1:][segments[1:] == segments[:-1]][0])
             raise VerificationError(f"segment {duplicate} is claimed by more than one occurrence")
         ordinals = records["ordinal"]
-        if ordinals.size and (ordinals.min() < 0 or ordinals.max() >= len(self._examples)):
+        if ordinals.size and (ordinals.min() < 0 or ordinals.max() >= len(self._source)):
             raise VerificationError("an occurrence record names an example outside this batch's examples")
-        tokens, offsets = source_arrays(self._examples, ordinals)
-        wrong = np.flatnonzero(records["stop"] - records["start"] != np.diff(offsets) - 1)
+        tokens, begins, ends = self._source.gather(ordinals)
+        predictions = ends - begins - 1
+        wrong = np.flatnonzero(records["stop"] - records["start"] != predictions)
         if wrong.size:
             record = records[wrong[0]]
             raise VerificationError(
                 f"occurrence {record['ordinal']}: columns [{record['start']}, {record['stop']}) "
-                f"differ from its example's {np.diff(offsets)[wrong[0]] - 1} predictions",
+                f"differ from its example's {predictions[wrong[0]]} predictions",
                 int(record["row"]),
             )
         code, index, column = _layout.first_occurrence_violation(
-            tokens, offsets, c(records["row"]), c(records["start"]), c(records["segment"]),
+            tokens, begins, ends, c(records["row"]), c(records["start"]), c(records["segment"]),
             c(self.inputs), c(self.targets), c(self.positions), c(self.segments),
             c(self.valid_lengths), np.zeros(rows, dtype=np.int64),
         )
@@ -401,31 +431,31 @@ class VariableBatch(BatchLayout):
         config: VariableBatchConfig,
     ) -> "VariableBatch":
         """Validate ``examples`` against ``partition``, ``binding`` and ``config``, then pad them."""
-        examples, lengths, bounds = _padded_plan(partition, examples, binding, config)
+        source, lengths, bounds = _padded_plan(partition, examples, binding, config)
         if len(bounds) > 1:
             raise InvalidInputError(
-                f"{len(examples)} examples do not fit a batch of {config.batch_size} rows"
+                f"{len(source)} examples do not fit a batch of {config.batch_size} rows"
             )
-        return cls._from_span(partition, binding, examples, lengths, 0, len(examples))
+        return cls._from_span(partition, binding, source, lengths, 0, len(source))
 
     @classmethod
-    def _from_span(cls, partition, binding, examples, lengths: np.ndarray, first: int, end: int) -> "VariableBatch":
+    def _from_span(cls, partition, binding, source, lengths: np.ndarray, first: int, end: int) -> "VariableBatch":
         rows = end - first
         records = np.zeros(rows, dtype=OCCURRENCE_DTYPE)
         records["ordinal"] = np.arange(first, end)
         records["row"] = np.arange(rows)
         records["stop"] = lengths[first:end]
         records["segment"] = np.arange(rows)
-        return cls(partition, binding, examples, records, (rows, int(lengths[first:end].max())))
+        return cls(partition, binding, source, records, (rows, int(lengths[first:end].max())))
 
 
-def reject_longer(examples, lengths: np.ndarray, limit: int, limit_name: str) -> None:
+def reject_longer(source, lengths: np.ndarray, limit: int, limit_name: str) -> None:
     """Raise CapacityError naming the first example with more than ``limit`` predictions."""
     too_long = np.flatnonzero(lengths > limit)
     if too_long.size:
         index = int(too_long[0])
         raise CapacityError(
-            f"example {examples[index].id!r} (index {index}) has {lengths[index]} "
+            f"example {source.example_id(index)!r} (index {index}) has {lengths[index]} "
             f"predictions; {limit_name} is {limit}",
             cells=int(lengths[index]),
             maximum=limit,
@@ -433,15 +463,15 @@ def reject_longer(examples, lengths: np.ndarray, limit: int, limit_name: str) ->
 
 
 def _padded_plan(partition, examples, binding, config):
-    """Validate everything; return the examples tuple, their lengths and each batch's span."""
+    """Validate everything; return the examples' source, their lengths and each batch's span."""
     if not isinstance(config, VariableBatchConfig):
         raise InvalidInputError(f"config must be a VariableBatchConfig, not {type(config).__name__}")
     lengths = check_examples(partition, examples, binding)
-    examples = tuple(examples)
+    source = ExampleList(examples)
     if config.max_width is not None:
-        reject_longer(examples, lengths, config.max_width, "max_width")
-    bounds = [(first, min(first + config.batch_size, len(examples)))
-              for first in range(0, len(examples), config.batch_size)]
+        reject_longer(source, lengths, config.max_width, "max_width")
+    bounds = [(first, min(first + config.batch_size, len(source)))
+              for first in range(0, len(source), config.batch_size)]
     for number, (first, end) in enumerate(bounds):
         width = int(lengths[first:end].max())
         cells = (end - first) * width
@@ -452,7 +482,7 @@ def _padded_plan(partition, examples, binding, config):
                 cells=cells,
                 maximum=config.max_cells,
             )
-    return examples, lengths, bounds
+    return source, lengths, bounds
 
 
 class VariableBatchEpoch:
@@ -473,9 +503,9 @@ class VariableBatchEpoch:
         binding: BatchBinding,
         config: VariableBatchConfig,
     ) -> "VariableBatchEpoch":
-        examples, lengths, bounds = _padded_plan(partition, examples, binding, config)
+        source, lengths, bounds = _padded_plan(partition, examples, binding, config)
         return cls([
-            VariableBatch._from_span(partition, binding, examples, lengths, first, end)
+            VariableBatch._from_span(partition, binding, source, lengths, first, end)
             for first, end in bounds
         ])
 

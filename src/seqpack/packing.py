@@ -20,6 +20,7 @@ from .batch import (
     OCCURRENCE_DTYPE,
     ROW_BYTES,
     BatchLayout,
+    ExampleList,
     check_examples,
     reject_longer,
 )
@@ -33,10 +34,8 @@ INT64_MAX = 2**63 - 1
 
 # Python-object allowances, counted so the budget stays honest (measured with
 # tracemalloc, rounded up): one batch's object, dict and nine array headers; a
-# call's plan entries (first row, bounds, counts, list slot); the per-occurrence
-# view objects and list slots that gather a call's source tokens.
+# call's plan entries (first row, bounds, counts, list slot).
 BATCH_OBJECT_BYTES = 3 * 1024
-GATHER_BYTES_PER_OCCURRENCE = 256
 CALL_OVERHEAD_BYTES = 8 * 1024
 PLAN_BYTES_PER_CALL = 128
 
@@ -127,16 +126,11 @@ def packing_requirement(
         raise InvalidInputError(
             f"a call of {largest_call_rows} rows x {capacity} columns cannot be indexed"
         )
-    per_occurrence = planner_bytes(1) + 8 + OCCURRENCE_DTYPE.itemsize
+    per_occurrence = planner_bytes(1) + ExampleList.held_bytes_per_occurrence + OCCURRENCE_DTYPE.itemsize
     per_row = capacity * CELL_BYTES + ROW_BYTES
     per_call = BATCH_OBJECT_BYTES + PLAN_BYTES_PER_CALL
     return (count * per_occurrence + row_count * per_row + call_count * per_call
             + largest_gather + CALL_OVERHEAD_BYTES)
-
-
-def gather_bytes(source_tokens: np.ndarray, occurrences: np.ndarray) -> np.ndarray:
-    """Temporaries of gathering each call's examples: flat tokens, offsets, record copies, views."""
-    return 4 * source_tokens + (8 + 20 + GATHER_BYTES_PER_OCCURRENCE) * occurrences + 8
 
 
 def pack_examples(
@@ -160,7 +154,8 @@ def pack_examples(
     check_occurrence_count(len(examples))
     enforce_metadata(planner_bytes(len(examples)), config.max_metadata_bytes)
     lengths = check_examples(partition, examples, binding)
-    reject_longer(examples, lengths, config.capacity, "capacity")
+    source = ExampleList(examples)
+    reject_longer(source, lengths, config.capacity, "capacity")
     placement = place(lengths, config.capacity)
     call_count = -(-placement.row_count // config.max_rows_per_batch)
     largest_call_rows = min(config.max_rows_per_batch, placement.row_count)
@@ -179,11 +174,10 @@ def pack_examples(
     source_tokens = np.add.reduceat(lengths, bounds[:-1]) + occurrences
     required = packing_requirement(
         len(examples), placement.row_count, call_count, largest_call_rows,
-        int(gather_bytes(source_tokens, occurrences).max()), config.capacity,
+        int(source.gather_bytes(source_tokens, occurrences).max()), config.capacity,
     )
     enforce_metadata(required, config.max_metadata_bytes)
 
-    examples = tuple(examples)
     records = np.empty(len(examples), dtype=OCCURRENCE_DTYPE)
     records["ordinal"] = np.arange(len(examples))
     records["row"] = placement.rows
@@ -195,5 +189,5 @@ def pack_examples(
         span = records[first:end]
         span["row"] -= first_rows[call]
         rows = min(config.max_rows_per_batch, placement.row_count - int(first_rows[call]))
-        batches.append(PackedBatch(partition, binding, examples, span, (rows, config.capacity)))
+        batches.append(PackedBatch(partition, binding, source, span, (rows, config.capacity)))
     return PackedBatchEpoch(batches, placement.row_count, len(examples), required)
