@@ -16,15 +16,19 @@ def next_fit(
     int64_t capacity,
     int64_t[::1] rows not None,
     int64_t[::1] starts not None,
+    int64_t open_used=-1,
 ):
     """Place examples in input order into the current row; open a new row when one does not fit.
 
     Earlier rows are never revisited, and an exact fill opens no empty row (the next
-    row is opened by the next example). Zero examples give zero rows.
+    row is opened by the next example). ``open_used >= 0`` continues a row already
+    open with that many cells used (it is row 0); by default no row is open. Returns
+    ``(rows touched, cells used in the last row)``; zero examples and no open row give
+    ``(0, capacity)``.
     """
     cdef Py_ssize_t i
-    cdef int64_t row = -1
-    cdef int64_t used = capacity  # no row is open yet: the first example opens row 0
+    cdef int64_t row = -1 if open_used < 0 else 0
+    cdef int64_t used = capacity if open_used < 0 else open_used
     cdef int64_t length
     with nogil:
         for i in range(lengths.shape[0]):
@@ -35,7 +39,7 @@ def next_fit(
             rows[i] = row
             starts[i] = used
             used += length
-    return row + 1
+    return row + 1, used
 
 
 def order_longest_first(

@@ -186,7 +186,8 @@ def test_budget_equal_to_requirement_passes_one_less_fails(abc, binding):
 def test_planner_budget_checked_before_placement(abc, binding):
     with pytest.raises(sp.MetadataBudgetError) as caught:
         sp.pack_examples(TRAIN, abc, binding, sp.PackConfig(6, 2, 12, 10))
-    assert caught.value.required == 3 * 25
+    # Per occurrence: its length and tuple slot (16), a scan byte, next-fit's row and start (16).
+    assert caught.value.required == 3 * 33 + 8 * 1024
 
 
 def test_huge_requirement_raises_before_allocating(binding):
@@ -207,11 +208,11 @@ def test_size_arithmetic_near_integer_limits():
     with pytest.raises(sp.InvalidInputError, match="2147483649 occurrences exceed the int32 segment namespace"):
         check_occurrence_count(2**31 + 1)
     # Exact integers, no wraparound: a requirement past 2**63 is reported as such.
-    huge = packing_requirement(1, 2**44, 2**41, 8, 0, 2**21)
-    assert huge > 2**63 and huge == 2**44 * (2**21 * 23 + 8) + 2**41 * (3 * 1024 + 128) + 69 + 8 * 1024
+    huge = packing_requirement(0, 1, 2**44, 2**41, 8, 0, 2**21)
+    assert huge > 2**63 and huge == 2**44 * (2**21 * 23 + 8) + 36 + 2**41 * (3 * 1024 + 8)
     with pytest.raises(sp.InvalidInputError, match="cannot be indexed"):
-        packing_requirement(1, 2**41, 1, 2**41, 0, 2**21)
-    packing_requirement(1, 1, 1, 1, 0, (2**63 - 1) // 23)
+        packing_requirement(0, 1, 2**41, 1, 2**41, 0, 2**21)
+    packing_requirement(0, 1, 1, 1, 1, 0, (2**63 - 1) // 23)
 
 
 def test_budget_is_honest_under_tracemalloc(binding):

@@ -55,4 +55,16 @@ from .batch import (
 )
 
 # --- packing ---
-from .packing import PackConfig, PackedBatch, PackedBatchEpoch, pack_examples
+from .packing import (
+    EfficiencyReport,
+    PackConfig,
+    PackedBatch,
+    PackedBatchEpoch,
+    PackingPlan,
+    efficiency_report,
+    pack_examples,
+    plan_packing,
+)
+
+# --- table ---
+from .table import ExampleTable

@@ -97,26 +97,28 @@ class ExampleList:
     example source tokens as ``tokens[begins[i]:ends[i]]`` for the fill kernel.
     """
 
-    __slots__ = ("_examples",)
+    __slots__ = ("_examples", "first_ordinal")
 
-    #: Bytes held per occurrence beyond the planner arrays (the tuple slot).
-    held_bytes_per_occurrence = 8
+    #: Bytes held per occurrence beyond the placement arrays: its length and tuple slot.
+    held_bytes_per_occurrence = 16
 
-    def __init__(self, examples: Sequence[SequenceExample]):
+    def __init__(self, examples: Sequence[SequenceExample], first_ordinal: int = 0):
         self._examples = tuple(examples)
+        self.first_ordinal = first_ordinal
 
     def __len__(self) -> int:
         return len(self._examples)
 
     def example(self, ordinal: int) -> SequenceExample:
-        return self._examples[ordinal]
+        return self._examples[ordinal - self.first_ordinal]
 
     def example_id(self, ordinal: int) -> str:
-        return self._examples[ordinal].id
+        return self._examples[ordinal - self.first_ordinal].id
 
     def gather(self, ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Flat int32 source tokens of ``ordinals``' examples with their int64 begins and ends."""
-        selected = [self._examples[i].source_tokens for i in ordinals.tolist()]
+        base = self.first_ordinal
+        selected = [self._examples[i - base].source_tokens for i in ordinals.tolist()]
         ends = np.cumsum([len(tokens) for tokens in selected], dtype=np.int64)
         begins = np.concatenate(([0], ends[:-1])).astype(np.int64) if selected else ends.copy()
         tokens = np.concatenate(selected).astype(np.int32, copy=False) if selected else np.empty(0, np.int32)
@@ -391,7 +393,8 @@ class BatchLayout:
             duplicate = int(segments[1:][segments[1:] == segments[:-1]][0])
             raise VerificationError(f"segment {duplicate} is claimed by more than one occurrence")
         ordinals = records["ordinal"]
-        if ordinals.size and (ordinals.min() < 0 or ordinals.max() >= len(self._source)):
+        first = self._source.first_ordinal
+        if ordinals.size and (ordinals.min() < first or ordinals.max() >= first + len(self._source)):
             raise VerificationError("an occurrence record names an example outside this batch's examples")
         tokens, begins, ends = self._source.gather(ordinals)
         predictions = ends - begins - 1

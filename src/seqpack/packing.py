@@ -1,16 +1,19 @@
-"""Sequence packing: whole examples placed into shared rows by next-fit in input order.
+"""Sequence packing: whole examples placed into shared rows, by next-fit in input order by default.
 
-Each placed occurrence keeps its own segment (its global ordinal) and local
-positions restarting at zero; a query may use only keys of its own segment at
-earlier-or-equal positions. Nothing is sorted, split, truncated or joined: an
-example longer than the capacity is an error, and every limit (cells per model
-call, metadata bytes) is checked before anything large is allocated.
+Each placed occurrence keeps its own segment (its global ordinal, which follows
+the input order under every policy) and local positions restarting at zero; a
+query may use only keys of its own segment at earlier-or-equal positions.
+Nothing is split, truncated or joined: an example longer than the capacity is an
+error, and every limit (cells per model call, metadata bytes) is checked before
+anything large is allocated. Packing can be eager (``pack_examples``), planned
+and materialized one call at a time (``plan_packing``), or streamed
+(``stream_packed_batches``); all three give identical batches.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence, Union
 
 import numpy as np
 
@@ -26,18 +29,22 @@ from .batch import (
 )
 from ._checks import check_int
 from .binding import BatchBinding, Partition
-from .errors import CapacityError, InvalidInputError, MetadataBudgetError
+from .errors import BindingError, CapacityError, InvalidInputError, MetadataBudgetError
 from .examples import SequenceExample
-from .placement import place
+from . import _placement
+from .placement import POLICIES, place, placement_bytes
+from .table import ExampleTable
 
 INT64_MAX = 2**63 - 1
 
 # Python-object allowances, counted so the budget stays honest (measured with
 # tracemalloc, rounded up): one batch's object, dict and nine array headers; a
-# call's plan entries (first row, bounds, counts, list slot).
+# call's plan entries (first row, bounds, list slots); the fixed objects of a call.
 BATCH_OBJECT_BYTES = 3 * 1024
-CALL_OVERHEAD_BYTES = 8 * 1024
 PLAN_BYTES_PER_CALL = 128
+CALL_OVERHEAD_BYTES = 8 * 1024
+
+Examples = Union[Sequence[SequenceExample], ExampleTable]
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,7 @@ class PackedBatchEpoch:
     row_count: int
     occurrence_count: int
     metadata_peak: int
+    policy: str = "next-fit"
 
     @property
     def target_count(self) -> int:
@@ -106,88 +114,381 @@ def enforce_metadata(required: int, maximum: int) -> None:
         )
 
 
-def planner_bytes(count: int) -> int:
-    """Bytes of the planner arrays: lengths, rows and starts (int64) plus a bool scan temporary."""
-    return count * (3 * 8 + 1)
-
-
-def packing_requirement(
-    count: int, row_count: int, call_count: int, largest_call_rows: int, largest_gather: int, capacity: int
-) -> int:
-    """Exact-integer bytes the packer holds at its peak.
-
-    The planner arrays, the examples tuple and occurrence records (per
-    occurrence); every row's field arrays; every call's objects and plan
-    entries; and the largest call's gathering temporaries (``largest_gather``,
-    from :func:`gather_bytes`). Raises ``InvalidInputError`` when a call's
-    field arrays could not be indexed with int64.
-    """
-    if largest_call_rows * capacity > INT64_MAX // CELL_BYTES:
-        raise InvalidInputError(
-            f"a call of {largest_call_rows} rows x {capacity} columns cannot be indexed"
-        )
-    per_occurrence = planner_bytes(1) + ExampleList.held_bytes_per_occurrence + OCCURRENCE_DTYPE.itemsize
-    per_row = capacity * CELL_BYTES + ROW_BYTES
-    per_call = BATCH_OBJECT_BYTES + PLAN_BYTES_PER_CALL
-    return (count * per_occurrence + row_count * per_row + call_count * per_call
-            + largest_gather + CALL_OVERHEAD_BYTES)
-
-
-def pack_examples(
-    partition: Partition,
-    examples: Sequence[SequenceExample],
-    binding: BatchBinding,
-    config: PackConfig,
-) -> PackedBatchEpoch:
-    """Pack ``examples`` by next-fit in input order into calls of at most ``max_rows_per_batch`` rows.
-
-    An example that does not fit the current row's remaining cells starts a new
-    row; earlier rows are never revisited and an exact fill opens no empty row.
-    Occurrence ``i`` (the ``i``-th supplied example, duplicates included) gets
-    segment ``i``. Errors: an example longer than ``capacity``; a call whose
-    ``rows * capacity`` exceeds ``max_cells`` (``CapacityError``); a metadata
-    requirement over ``max_metadata_bytes`` (``MetadataBudgetError``), checked
-    before the planner arrays and again before any batch array is allocated.
-    """
-    if not isinstance(config, PackConfig):
-        raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
-    check_occurrence_count(len(examples))
-    enforce_metadata(planner_bytes(len(examples)), config.max_metadata_bytes)
-    lengths = check_examples(partition, examples, binding)
-    source = ExampleList(examples)
-    reject_longer(source, lengths, config.capacity, "capacity")
-    placement = place(lengths, config.capacity)
-    call_count = -(-placement.row_count // config.max_rows_per_batch)
-    largest_call_rows = min(config.max_rows_per_batch, placement.row_count)
-    cells = largest_call_rows * config.capacity
+def check_call_cells(rows: int, config: PackConfig) -> None:
+    """A model call of ``rows`` rows must hold at most ``max_cells`` cells."""
+    cells = rows * config.capacity
     if cells > config.max_cells:
         raise CapacityError(
-            f"a model call of {largest_call_rows} rows x {config.capacity} columns has {cells} cells; "
+            f"a model call of {rows} rows x {config.capacity} columns has {cells} cells; "
             f"max_cells is {config.max_cells}",
             cells=cells,
             maximum=config.max_cells,
         )
-    # Next-fit rows are non-decreasing in input order, so each call owns a contiguous span.
-    first_rows = np.arange(call_count, dtype=np.int64) * config.max_rows_per_batch
-    bounds = np.append(np.searchsorted(placement.rows, first_rows), len(examples))
-    occurrences = np.diff(bounds)
-    source_tokens = np.add.reduceat(lengths, bounds[:-1]) + occurrences
-    required = packing_requirement(
-        len(examples), placement.row_count, call_count, largest_call_rows,
-        int(source.gather_bytes(source_tokens, occurrences).max()), config.capacity,
-    )
-    enforce_metadata(required, config.max_metadata_bytes)
 
-    records = np.empty(len(examples), dtype=OCCURRENCE_DTYPE)
-    records["ordinal"] = np.arange(len(examples))
-    records["row"] = placement.rows
-    records["start"] = placement.starts
-    records["stop"] = placement.starts + lengths
-    records["segment"] = records["ordinal"]
-    batches = []
-    for call, (first, end) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
-        span = records[first:end]
-        span["row"] -= first_rows[call]
-        rows = min(config.max_rows_per_batch, placement.row_count - int(first_rows[call]))
-        batches.append(PackedBatch(partition, binding, source, span, (rows, config.capacity)))
-    return PackedBatchEpoch(batches, placement.row_count, len(examples), required)
+
+def call_bytes(rows: int, occurrences: int, capacity: int) -> int:
+    """Bytes one materialized call holds: field arrays, occurrence records, objects.
+
+    Raises ``InvalidInputError`` when its field arrays could not be indexed with int64.
+    """
+    if rows * capacity > INT64_MAX // CELL_BYTES:
+        raise InvalidInputError(f"a call of {rows} rows x {capacity} columns cannot be indexed")
+    return rows * (capacity * CELL_BYTES + ROW_BYTES) + occurrences * OCCURRENCE_DTYPE.itemsize + BATCH_OBJECT_BYTES
+
+
+def packing_requirement(
+    plan_bytes: int, count: int, row_count: int, call_count: int, largest_call_rows: int,
+    largest_gather: int, capacity: int,
+) -> int:
+    """Exact-integer bytes an eager epoch holds at its peak.
+
+    The plan, every call (fields, records, objects, a list slot) and the
+    largest call's gathering temporaries.
+    """
+    call_bytes(largest_call_rows, 0, capacity)  # every call is at most this wide
+    return (plan_bytes + row_count * (capacity * CELL_BYTES + ROW_BYTES)
+            + count * OCCURRENCE_DTYPE.itemsize + call_count * (BATCH_OBJECT_BYTES + 8) + largest_gather)
+
+
+def _source(partition, examples, binding) -> tuple[object, np.ndarray]:
+    """The examples' source and prediction lengths, validated against partition and binding."""
+    if isinstance(examples, ExampleTable):
+        if not isinstance(partition, Partition):
+            raise InvalidInputError(f"partition must be a Partition, not {partition!r}")
+        if examples.binding is not binding and examples.binding != binding:
+            raise BindingError("the example table was built under a different binding")
+        if examples.partition is not partition:
+            raise BindingError(
+                f"the example table belongs to partition {examples.partition.value!r}, not {partition.value!r}"
+            )
+        return examples, examples.lengths
+    lengths = check_examples(partition, examples, binding)
+    return ExampleList(examples), lengths
+
+
+def call_batch(partition, binding, source, ordinals, rows, starts, lengths, shape) -> PackedBatch:
+    """A packed call from its occurrences' global ordinals, call-local rows, starts and lengths."""
+    records = np.empty(len(ordinals), dtype=OCCURRENCE_DTYPE)
+    records["ordinal"] = ordinals
+    records["row"] = rows
+    records["start"] = starts
+    records["stop"] = records["start"] + lengths
+    records["segment"] = ordinals
+    return PackedBatch(partition, binding, source, records, shape)
+
+
+class PackingPlan:
+    """Where every example goes, with its model calls materialized on demand.
+
+    The plan holds O(examples) arrays (lengths, rows, starts, the visiting order
+    for the decreasing policies); ``batch(i)`` builds call ``i`` and iterating
+    builds them one at a time, so an epoch never needs to sit in memory at once.
+    ``metadata_peak`` covers the plan plus one materialized call (the largest).
+    """
+
+    def __init__(self, partition, binding, config, policy, source, lengths, placement, plan_bytes):
+        # Internal: plan_packing validates.
+        self.partition = partition
+        self.binding = binding
+        self.config = config
+        self.policy = policy
+        self._source = source
+        self._lengths = lengths
+        self.row_count = placement.row_count
+        self.occurrence_count = lengths.shape[0]
+        capacity, per_call = config.capacity, config.max_rows_per_batch
+        self.call_count = -(-self.row_count // per_call)
+        if policy == "next-fit":
+            # Next-fit rows never decrease in input order: sorted order is input order.
+            self._order = None
+            self._rows, self._starts = placement.rows, placement.starts
+        else:
+            order = np.argsort(placement.rows * capacity + placement.starts, kind="stable")
+            self._order = order
+            self._rows, self._starts = placement.rows[order], placement.starts[order]
+        first_rows = np.arange(self.call_count, dtype=np.int64) * per_call
+        self._bounds = np.append(np.searchsorted(self._rows, first_rows), self.occurrence_count)
+        occurrences = np.diff(self._bounds)
+        sorted_lengths = lengths if self._order is None else lengths[self._order]
+        tokens = np.add.reduceat(sorted_lengths, self._bounds[:-1]) + occurrences
+        self.largest_gather = int(source.gather_bytes(tokens, occurrences).max())
+        self.largest_call_occurrences = int(occurrences.max())
+        self.largest_call_rows = min(per_call, self.row_count)
+        self.plan_bytes = plan_bytes + self.call_count * PLAN_BYTES_PER_CALL
+        self.metadata_peak = (self.plan_bytes + self.largest_gather
+                              + call_bytes(self.largest_call_rows, self.largest_call_occurrences, capacity))
+
+    def __len__(self) -> int:
+        return self.call_count
+
+    def call_rows(self, call: int) -> int:
+        """Rows of model call ``call``: ``max_rows_per_batch`` except for a smaller final call."""
+        per_call = self.config.max_rows_per_batch
+        return min(per_call, self.row_count - call * per_call)
+
+    def batch(self, call: int) -> PackedBatch:
+        """Materialize model call ``call`` (rows local to it, ordinals and segments global)."""
+        if isinstance(call, bool) or not isinstance(call, (int, np.integer)) or not 0 <= call < self.call_count:
+            raise InvalidInputError(f"call {call!r} is outside this plan's {self.call_count} calls")
+        first, end = int(self._bounds[call]), int(self._bounds[call + 1])
+        local = np.arange(first, end) if self._order is None else self._order[first:end]
+        return call_batch(
+            self.partition, self.binding, self._source, local + self._source.first_ordinal,
+            self._rows[first:end] - call * self.config.max_rows_per_batch, self._starts[first:end],
+            self._lengths[local], (self.call_rows(call), self.config.capacity),
+        )
+
+    def __iter__(self) -> Iterator[PackedBatch]:
+        for call in range(self.call_count):
+            yield self.batch(call)
+
+    def call_targets(self) -> np.ndarray:
+        """Valid targets of every call (the loss denominators), without materializing any."""
+        ordered = self._lengths if self._order is None else self._lengths[self._order]
+        return np.add.reduceat(ordered, self._bounds[:-1]) if self.call_count else np.zeros(0, np.int64)
+
+    def report(self) -> "EfficiencyReport":
+        """Storage and attention efficiency of the planned epoch."""
+        lengths = self._lengths
+        return EfficiencyReport(
+            policy=self.policy,
+            capacity=self.config.capacity,
+            rows=self.row_count,
+            calls=self.call_count,
+            cells=self.row_count * self.config.capacity,
+            valid_targets=int(lengths.sum()),
+            permitted_edges=int((lengths * (lengths + 1) // 2).sum()),
+            dense_score_positions=self.row_count * self.config.capacity**2,
+            call_targets=tuple(self.call_targets().tolist()),
+        )
+
+
+@dataclass(frozen=True)
+class EfficiencyReport:
+    """What packing stores and computes: rows, cells, real targets, padding, attention edges.
+
+    ``call_targets`` are the valid-target counts of each model call, the
+    denominators a trainer needs before the forward pass. Attention counts are per head.
+    """
+
+    policy: str
+    capacity: int
+    rows: int
+    calls: int
+    cells: int
+    valid_targets: int
+    permitted_edges: int
+    dense_score_positions: int
+    call_targets: tuple
+
+    @property
+    def real_target_fraction(self) -> float:
+        return self.valid_targets / self.cells if self.cells else 0.0
+
+    @property
+    def padding_cells(self) -> int:
+        return self.cells - self.valid_targets
+
+    @property
+    def permitted_fraction(self) -> float:
+        return self.permitted_edges / self.dense_score_positions if self.dense_score_positions else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "policy": self.policy, "capacity": self.capacity, "rows": self.rows, "calls": self.calls,
+            "cells": self.cells, "valid_targets": self.valid_targets,
+            "real_target_fraction": self.real_target_fraction, "padding_cells": self.padding_cells,
+            "permitted_edges": self.permitted_edges, "dense_score_positions": self.dense_score_positions,
+            "permitted_fraction": self.permitted_fraction,
+        }
+
+
+def efficiency_report(packed: Union[PackingPlan, PackedBatchEpoch]) -> EfficiencyReport:
+    """The efficiency report of a plan or an eager epoch."""
+    if isinstance(packed, PackingPlan):
+        return packed.report()
+    if not isinstance(packed, PackedBatchEpoch):
+        raise InvalidInputError(f"expected a PackingPlan or PackedBatchEpoch, not {type(packed).__name__}")
+    counts = [batch.counts() for batch in packed.batches]
+    capacity = packed.batches[0].shape[1]
+    return EfficiencyReport(
+        policy=packed.policy,
+        capacity=capacity,
+        rows=packed.row_count,
+        calls=len(packed.batches),
+        cells=sum(c.storage_cells for c in counts),
+        valid_targets=sum(c.valid_targets for c in counts),
+        permitted_edges=sum(c.permitted_edges for c in counts),
+        dense_score_positions=sum(c.dense_score_positions for c in counts),
+        call_targets=tuple(c.valid_targets for c in counts),
+    )
+
+
+def plan_packing(
+    partition: Partition, examples: Examples, binding: BatchBinding, config: PackConfig,
+    policy: str = "next-fit",
+) -> PackingPlan:
+    """Place every example and check every limit; materialize nothing yet.
+
+    ``examples`` is a sequence of SequenceExample or an ExampleTable. Errors: an
+    example longer than ``capacity``; a call over ``max_cells`` (``CapacityError``);
+    the plan plus its largest call over ``max_metadata_bytes``
+    (``MetadataBudgetError``, checked before placement and again after it).
+    """
+    return _plan(partition, examples, binding, config, policy, eager=False)
+
+
+def _plan(partition, examples, binding, config, policy, eager: bool) -> PackingPlan:
+    if not isinstance(config, PackConfig):
+        raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
+    if policy not in POLICIES:
+        raise InvalidInputError(f"unknown packing policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    source, lengths = _source(partition, examples, binding)
+    count = lengths.shape[0]
+    check_occurrence_count(count)
+    reject_longer(source, lengths, config.capacity, "capacity")
+    # Lengths (list path), the source's references, placement outputs and workspaces,
+    # the decreasing policies' visiting order and sorted rows and starts, a bool scan.
+    plan_bytes = (count * (source.held_bytes_per_occurrence + 1 + (24 if policy != "next-fit" else 0))
+                  + placement_bytes(lengths, config.capacity, policy) + CALL_OVERHEAD_BYTES)
+    enforce_metadata(plan_bytes, config.max_metadata_bytes)
+    placement = place(lengths, config.capacity, policy)
+    check_call_cells(min(config.max_rows_per_batch, placement.row_count), config)
+    plan = PackingPlan(partition, binding, config, policy, source, lengths, placement, plan_bytes)
+    if eager:
+        plan.metadata_peak = packing_requirement(
+            plan.plan_bytes, count, plan.row_count, plan.call_count, plan.largest_call_rows,
+            plan.largest_gather, config.capacity,
+        )
+    enforce_metadata(plan.metadata_peak, config.max_metadata_bytes)
+    return plan
+
+
+def pack_examples(
+    partition: Partition,
+    examples: Examples,
+    binding: BatchBinding,
+    config: PackConfig,
+    policy: str = "next-fit",
+) -> PackedBatchEpoch:
+    """Pack ``examples`` into model calls of at most ``max_rows_per_batch`` rows of ``capacity`` columns.
+
+    ``policy="next-fit"`` (the default, the chapter's policy): in input order, an
+    example that does not fit the current row's remaining cells starts a new row;
+    earlier rows are never revisited and an exact fill opens no empty row.
+    ``"first-fit-decreasing"`` and ``"best-fit-decreasing"`` place longest first
+    (see ``seqpack.place``) and usually need fewer rows. Under every policy,
+    occurrence ``i`` (the ``i``-th supplied example, duplicates included) gets
+    segment ``i``. ``examples`` is a sequence of SequenceExample or an
+    ExampleTable. Errors: an example longer than ``capacity``; a call over
+    ``max_cells`` (``CapacityError``); a metadata requirement over
+    ``max_metadata_bytes`` (``MetadataBudgetError``), checked before placement and
+    again before any batch array is allocated.
+    """
+    plan = _plan(partition, examples, binding, config, policy, eager=True)
+    return PackedBatchEpoch(list(plan), plan.row_count, plan.occurrence_count, plan.metadata_peak, policy)
+
+
+class _StreamSource:
+    """Several sources whose ordinal ranges follow each other, seen as one."""
+
+    def __init__(self, sources):
+        self._sources = sources
+        self._firsts = np.array([source.first_ordinal for source in sources], dtype=np.int64)
+        self.first_ordinal = sources[0].first_ordinal
+        self.held_bytes_per_occurrence = max(source.held_bytes_per_occurrence for source in sources)
+
+    def __len__(self) -> int:
+        return sum(len(source) for source in self._sources)
+
+    def _source_of(self, ordinal: int):
+        return self._sources[int(np.searchsorted(self._firsts, ordinal, side="right")) - 1]
+
+    def example(self, ordinal: int) -> SequenceExample:
+        return self._source_of(ordinal).example(ordinal)
+
+    def example_id(self, ordinal: int) -> str:
+        return self._source_of(ordinal).example_id(ordinal)
+
+    @staticmethod
+    def gather_bytes(source_tokens: np.ndarray, occurrences: np.ndarray) -> np.ndarray:
+        """Joining the parts may copy every token: the list path's bound applies."""
+        return ExampleList.gather_bytes(source_tokens, occurrences)
+
+    def gather(self, ordinals: np.ndarray):
+        """Each source's part, with token arrays joined (once, when the sources differ)."""
+        which = np.searchsorted(self._firsts, ordinals, side="right") - 1
+        parts = [self._sources[i].gather(ordinals[which == i]) for i in np.unique(which).tolist()]
+        if all(tokens is parts[0][0] for tokens, _, _ in parts):
+            return parts[0][0], np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+        shift = np.cumsum([0] + [len(tokens) for tokens, _, _ in parts[:-1]])
+        return (
+            np.concatenate([tokens for tokens, _, _ in parts]),
+            np.concatenate([b + k for (_, b, _), k in zip(parts, shift)]),
+            np.concatenate([e + k for (_, _, e), k in zip(parts, shift)]),
+        )
+
+
+def stream_packed_batches(
+    partition: Partition,
+    examples: Iterable[Union[SequenceExample, ExampleTable]],
+    binding: BatchBinding,
+    config: PackConfig,
+) -> Iterator[PackedBatch]:
+    """Next-fit over a stream of SequenceExample objects and/or ExampleTable chunks.
+
+    Yields each model call once no later example can join it, so memory is bounded
+    by one call plus the open row; ordinals count across the whole stream. The
+    batches equal ``pack_examples`` on the concatenated input. Each call's bytes
+    (fields, records, gathering) are checked against ``max_metadata_bytes`` before
+    it is built.
+    """
+    if not isinstance(config, PackConfig):
+        raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
+    capacity, per_call = config.capacity, config.max_rows_per_batch
+    pending = []  # (source, ordinals, global rows, starts, lengths) of the current call
+    call, open_row, used, ordinal = 0, -1, -1, 0
+
+    def flush(last_row: int) -> PackedBatch:
+        sources = list({id(p[0]): p[0] for p in pending}.values())
+        source = sources[0] if len(sources) == 1 else _StreamSource(sources)
+        ordinals, rows, starts, lengths = (np.concatenate([p[k] for p in pending]) for k in range(1, 5))
+        call_rows = last_row + 1 - call * per_call
+        check_call_cells(call_rows, config)
+        tokens = np.array([int(lengths.sum()) + len(lengths)])
+        required = call_bytes(call_rows, len(lengths), capacity) + int(
+            source.gather_bytes(tokens, np.array([len(lengths)]))[0])
+        if required > config.max_metadata_bytes:
+            raise MetadataBudgetError(
+                f"model call {call} needs {required} metadata bytes; max_metadata_bytes is "
+                f"{config.max_metadata_bytes}", required=required, maximum=config.max_metadata_bytes)
+        return call_batch(partition, binding, source, ordinals, rows - call * per_call, starts, lengths,
+                          (call_rows, capacity))
+
+    for item in examples:
+        if isinstance(item, ExampleTable):
+            source, lengths = _source(partition, item.chunk(0, len(item)), binding)
+            source.first_ordinal = ordinal
+        else:
+            lengths = check_examples(partition, [item], binding)
+            source = ExampleList([item], first_ordinal=ordinal)
+        check_occurrence_count(ordinal + len(lengths))
+        reject_longer(source, lengths, capacity, "capacity")
+        rows = np.empty(len(lengths), dtype=np.int64)
+        starts = np.empty(len(lengths), dtype=np.int64)
+        touched, used = _placement.next_fit(lengths, capacity, rows, starts, used)
+        rows += max(open_row, 0)  # the kernel numbers the open row (or the first new one) 0
+        ordinals = np.arange(ordinal, ordinal + len(lengths), dtype=np.int64)
+        ordinal += len(lengths)
+        # Calls that this piece completes: every call before the one holding its last row.
+        calls = rows // per_call
+        for finished in range(call, int(calls[-1])):
+            mask = calls == finished
+            pending.append((source, ordinals[mask], rows[mask], starts[mask], lengths[mask]))
+            yield flush((finished + 1) * per_call - 1)
+            pending, call = [], finished + 1
+        mask = calls == call
+        pending.append((source, ordinals[mask], rows[mask], starts[mask], lengths[mask]))
+        open_row = int(rows[-1])
+    if pending:
+        yield flush(open_row)

@@ -55,7 +55,7 @@ def place(lengths, capacity: int, policy: str = "next-fit") -> Placement:
     rows = np.empty(count, dtype=np.int64)
     starts = np.empty(count, dtype=np.int64)
     if policy == "next-fit":
-        row_count = _placement.next_fit(lengths, capacity, rows, starts)
+        row_count, _ = _placement.next_fit(lengths, capacity, rows, starts)
     else:
         order, visit_lengths = _longest_first(lengths, capacity)
         visit_rows = np.empty(count, dtype=np.int64)

@@ -282,6 +282,13 @@ class ByteTokenizer:
     def __repr__(self) -> str:
         return f"ByteTokenizer(vocabulary_size={self.vocabulary_size}, merges={len(self._merges)})"
 
+    @property
+    def piece_lengths(self) -> np.ndarray:
+        """Decoded bytes of every ID (controls decode to nothing), a read-only int64 array."""
+        lengths = self._piece_length.astype(np.int64)
+        lengths.flags.writeable = False
+        return lengths
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a content token stands for (empty for BOS and EOS)."""
         if not 0 <= token_id < self.vocabulary_size:

@@ -1,0 +1,228 @@
+"""Columnar examples: one flat token array, document offsets, optional per-example ranges.
+
+An ``ExampleTable`` holds millions of examples without one Python object each.
+Documents are validated in bulk by a kernel (framing, control IDs, vocabulary,
+decode limits, content); ranges with numpy. Every error names the example, and
+packing a table gives exactly what packing the equivalent ``SequenceExample`` list
+gives.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from . import _validate
+from ._checks import is_int
+from .binding import BatchBinding, Partition
+from .documents import BatchDocument
+from .errors import InvalidInputError, SeqpackError
+from .examples import SequenceExample
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _int_array(name: str, values, dtype, ndim: int) -> np.ndarray:
+    """A read-only C-contiguous copy of integer ``values`` (the table owns its arrays)."""
+    array = np.asarray(values)
+    if array.ndim != ndim:
+        raise InvalidInputError(f"{name} must be {ndim}-dimensional, got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise InvalidInputError(f"{name} must hold integers, got dtype {array.dtype}")
+    if array.size and dtype == np.int32 and (array.min() < INT32_MIN or array.max() > INT32_MAX):
+        raise InvalidInputError(f"{name} holds values outside the int32 range")
+    result = np.array(array, dtype=dtype, order="C", copy=True)
+    result.flags.writeable = False
+    return result
+
+
+class ExampleTable:
+    """Examples as arrays: document ``d`` is ``token_ids[offsets[d]:offsets[d + 1]]``.
+
+    Every document must be valid under the binding and have content. Without
+    ``ranges`` every document is one full-document example. With ``ranges``
+    (``[n, 2]`` start/stop pairs inside their documents) example ``i`` is the range of
+    document ``documents[i]`` (default: document ``i``). ``ids`` names the examples
+    (default ``"#i"``). All examples share one partition and binding.
+    """
+
+    #: Bytes the packer holds per occurrence for this source beyond its planner arrays.
+    held_bytes_per_occurrence = 0
+
+    def __init__(self, tokens, doc_offsets, begins, ends, binding, partition, ids, first_ordinal=0):
+        # Internal: use from_arrays, which validates.
+        self.binding = binding
+        self.partition = partition
+        self._tokens = tokens
+        self._doc_offsets = doc_offsets
+        self._begins = begins
+        self._ends = ends
+        self._ids = ids
+        self.first_ordinal = first_ordinal
+        lengths = ends - begins - 1
+        lengths.flags.writeable = False
+        self.lengths = lengths
+
+    @classmethod
+    def from_arrays(
+        cls,
+        token_ids,
+        offsets,
+        binding: BatchBinding,
+        *,
+        partition: Partition = Partition.TRAIN,
+        ranges=None,
+        documents=None,
+        ids: Sequence[str] | None = None,
+    ) -> "ExampleTable":
+        """Validate the documents and ranges in bulk and build the table (arrays are copied)."""
+        if not isinstance(binding, BatchBinding):
+            raise InvalidInputError(f"binding must be a BatchBinding, not {type(binding).__name__}")
+        if not isinstance(partition, Partition):
+            raise InvalidInputError(f"partition must be a Partition, not {partition!r}")
+        tokens = _int_array("token_ids", token_ids, np.int32, 1)
+        doc_offsets = _int_array("offsets", offsets, np.int64, 1)
+        _check_offsets(doc_offsets, tokens.shape[0])
+        doc_count = doc_offsets.shape[0] - 1
+        if ranges is None:
+            if documents is not None:
+                raise InvalidInputError("documents selects ranges; give ranges too")
+            begins, ends = doc_offsets[:-1].copy(), doc_offsets[1:].copy()
+            example_docs = np.arange(doc_count, dtype=np.int64)
+        else:
+            spans = _int_array("ranges", ranges, np.int64, 2)
+            if spans.shape[1:] != (2,):
+                raise InvalidInputError(f"ranges must have shape [n, 2], got {spans.shape}")
+            if documents is None:
+                if spans.shape[0] != doc_count:
+                    raise InvalidInputError(
+                        f"{spans.shape[0]} ranges for {doc_count} documents: give documents= to map them"
+                    )
+                example_docs = np.arange(doc_count, dtype=np.int64)
+            else:
+                example_docs = _int_array("documents", documents, np.int64, 1)
+                if example_docs.shape[0] != spans.shape[0]:
+                    raise InvalidInputError(
+                        f"documents has {example_docs.shape[0]} entries for {spans.shape[0]} ranges"
+                    )
+            begins, ends = _check_ranges(spans, example_docs, doc_offsets, ids)
+        if ids is not None:
+            ids = _check_ids(ids, begins.shape[0])
+        if begins.shape[0] == 0:
+            raise InvalidInputError("an example table needs at least one example")
+        table = cls(tokens, doc_offsets, begins, ends, binding, partition, ids)
+        table._check_documents(example_docs)
+        return table
+
+    def _check_documents(self, example_docs: np.ndarray) -> None:
+        """Validate every document in bulk; raise naming the first example that uses a bad one."""
+        binding = self.binding
+        tokenizer = binding.tokenizer
+        pieces = tokenizer.piece_lengths if tokenizer is not None else np.empty(0, dtype=np.int64)
+        document, fault = _validate.first_bad_document(
+            self._tokens, self._doc_offsets, binding.vocabulary_size, binding.bos_id, binding.eos_id,
+            binding.limits.max_tokens, pieces, binding.limits.max_bytes,
+        )
+        if document < 0:
+            return
+        users = np.flatnonzero(example_docs == document)
+        name = f"example {self.example_id(int(users[0]))!r} (index {users[0]}), " if users.size else ""
+        if fault == _validate.DocumentFault.EMPTY_CONTENT:
+            raise InvalidInputError(f"{name}document {document} has empty content and supplies no example")
+        tokens = self._tokens[self._doc_offsets[document] : self._doc_offsets[document + 1]]
+        try:
+            binding.validate_document(tokens)
+        except SeqpackError as error:
+            error.args = (f"{name}document {document}: {error}",)
+            raise
+        raise AssertionError(f"document {document} failed the bulk check but passed the per-document one")
+
+    def __len__(self) -> int:
+        return self._begins.shape[0]
+
+    @property
+    def document_count(self) -> int:
+        return self._doc_offsets.shape[0] - 1
+
+    def example_id(self, ordinal: int) -> str:
+        index = ordinal - self.first_ordinal
+        return self._ids[index] if self._ids is not None else f"#{index}"
+
+    def example(self, ordinal: int) -> SequenceExample:
+        """Example ``ordinal`` as a SequenceExample over a copy of its document."""
+        index = ordinal - self.first_ordinal
+        document = int(np.searchsorted(self._doc_offsets, self._begins[index], side="right")) - 1
+        start = int(self._doc_offsets[document])
+        doc = BatchDocument(f"document {document}", self._tokens[start : self._doc_offsets[document + 1]],
+                            self.partition)
+        source_range = (int(self._begins[index]) - start, int(self._ends[index]) - start)
+        return SequenceExample(self.example_id(ordinal), doc, range(*source_range), self.binding)
+
+    def gather(self, ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The whole token array, with the begins and ends of ``ordinals``' source tokens."""
+        index = np.asarray(ordinals) - self.first_ordinal
+        return self._tokens, self._begins[index], self._ends[index]
+
+    @staticmethod
+    def gather_bytes(source_tokens: np.ndarray, occurrences: np.ndarray) -> np.ndarray:
+        """Temporaries of one ``gather`` plus the fill's record copies (no token copy)."""
+        return (8 + 16 + 20) * occurrences + 64
+
+    def chunk(self, start: int, stop: int) -> "ExampleTable":
+        """Examples ``[start, stop)`` as a table sharing this one's arrays, ordinals continuing."""
+        ids = None if self._ids is None else self._ids[start:stop]
+        return ExampleTable(self._tokens, self._doc_offsets, self._begins[start:stop], self._ends[start:stop],
+                            self.binding, self.partition, ids, self.first_ordinal + start)
+
+
+def _check_offsets(offsets: np.ndarray, token_count: int) -> None:
+    if offsets.shape[0] < 2:
+        raise InvalidInputError("offsets needs at least two entries (one document)")
+    if offsets[0] != 0 or offsets[-1] != token_count:
+        raise InvalidInputError(
+            f"offsets must start at 0 and end at the token count {token_count}; "
+            f"got {offsets[0]} and {offsets[-1]}"
+        )
+    step = np.diff(offsets)
+    if (step < 0).any():
+        document = int(np.argmax(step < 0))
+        raise InvalidInputError(f"offsets decrease at document {document}")
+
+
+def _check_ranges(spans, example_docs, doc_offsets, ids):
+    doc_count = doc_offsets.shape[0] - 1
+
+    def fail(mask, why):
+        index = int(np.argmax(mask))
+        name = ids[index] if ids is not None and index < len(ids) else f"#{index}"
+        raise InvalidInputError(f"example {name!r} (index {index}): {why(index)}")
+
+    bad = (example_docs < 0) | (example_docs >= doc_count)
+    if bad.any():
+        fail(bad, lambda i: f"document {example_docs[i]} is outside [0, {doc_count})")
+    lengths = doc_offsets[example_docs + 1] - doc_offsets[example_docs]
+    starts, stops = spans[:, 0], spans[:, 1]
+    bad = (starts < 0) | (stops < 0)
+    if bad.any():
+        fail(bad, lambda i: f"source range [{starts[i]}, {stops[i]}) has a negative bound")
+    bad = (starts > stops) | (stops > lengths)
+    if bad.any():
+        fail(bad, lambda i: f"source range [{starts[i]}, {stops[i]}) must lie inside its document of "
+                            f"{lengths[i]} tokens")
+    bad = stops - starts < 2
+    if bad.any():
+        fail(bad, lambda i: f"source range [{starts[i]}, {stops[i]}) has {stops[i] - starts[i]} tokens; "
+                            f"a prediction needs at least 2")
+    first = doc_offsets[example_docs]
+    return first + starts, first + stops
+
+
+def _check_ids(ids, count: int) -> tuple[str, ...]:
+    ids = tuple(ids)
+    if len(ids) != count:
+        raise InvalidInputError(f"{len(ids)} ids for {count} examples")
+    for index, name in enumerate(ids):
+        if not isinstance(name, str) or not name:
+            raise InvalidInputError(f"example id at index {index} must be a non-empty string, not {name!r}")
+    return ids
