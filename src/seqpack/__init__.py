@@ -68,3 +68,6 @@ from .packing import (
 
 # --- table ---
 from .table import ExampleTable
+
+# --- attention ---
+from .attention import range_attention_backward, range_attention_forward, segment_spans

@@ -1,0 +1,631 @@
+"""Fused range attention: forward and backward over permitted edges only.
+
+A work item is one (row, head, segment). Inside a segment the queries and keys are cut
+into tiles aligned at the segment start; a query tile meets the key tiles at or before
+it, and only the diagonal tile needs the causal mask, so no score outside the segment's
+causal block is ever computed, and nothing of size T*T is allocated. The forward keeps
+an online softmax (running max and sum per query) and saves the per-query log-sum-exp;
+the backward recomputes the probabilities from it and ``D = rowsum(dout * out)``.
+
+Tile products go to BLAS (``scipy.linalg.cython_blas``), always in the no-transpose
+form that OpenBLAS runs fastest on small tiles, so K and V are transposed once per
+segment and the probability tiles once per tile. Every product has at most 64**3
+multiply-adds (tiles shrink for head_dim > 64; this holds up to head_dim 4096), the
+size at which OpenBLAS never starts its own threads, so BLAS stays single-threaded
+inside the OpenMP region. Each work item writes only its own segment's output rows and
+sums in a fixed order, so results are bitwise identical for any thread count. The
+exponentials use a vectorizable polynomial exp (below); the rest of the per-edge work
+is a few vector passes over each tile.
+"""
+
+from cython.parallel cimport parallel, prange, threadid
+from libc.math cimport exp, expf, log, logf, sqrt
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
+from scipy.linalg.cython_blas cimport dgemm, sgemm
+
+from _kernel_types cimport real
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <stddef.h>
+
+    /* Comparisons here never trap (no signalling NaN reaches them); telling gcc so lets it
+       turn the selects into vector blends. Results and NaN semantics are unchanged. */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC push_options
+    #pragma GCC optimize("no-trapping-math")
+    #endif
+
+    /* The exp loops carry most of the non-BLAS work. On x86-64 Linux with gcc they are
+       also compiled for AVX2 and AVX-512 and picked at load time by the CPU (function
+       multiversioning), so the wheel stays portable; elsewhere the baseline build runs. */
+    #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+    #define SEQPACK_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+    #else
+    #define SEQPACK_CLONES
+    #endif
+
+    /* exp(x - shift) over a row, branch-free so that gcc vectorizes it on plain SSE2.
+       Range reduction x = n ln2 + r with n rounded by the 1.5 * 2**mantissa trick,
+       Taylor polynomial on |r| <= ln2 / 2 (truncation below 1 ulp), 2**n built in the
+       exponent bits. Arguments below `lo` (including -inf) give exactly 0. */
+    SEQPACK_CLONES static void seqpack_exp_shift_f(float *restrict dst, const float *restrict src,
+                                    ptrdiff_t n, float shift)
+    {
+        for (ptrdiff_t j = 0; j < n; j++) {
+            float x = src[j] - shift;
+            float xc = x < -87.0f ? -87.0f : x;
+            xc = xc > 88.0f ? 88.0f : xc;
+            union { float f; int32_t i; } t, s;
+            t.f = xc * 1.44269504088896341f + 12582912.0f;
+            float nf = t.f - 12582912.0f;
+            int32_t e = t.i - 0x4B400000;
+            float r = xc - nf * 0.693359375f;
+            r = r - nf * -2.12194440e-4f;
+            float p = 1.0f / 5040.0f;
+            p = p * r + 1.0f / 720.0f;
+            p = p * r + 1.0f / 120.0f;
+            p = p * r + 1.0f / 24.0f;
+            p = p * r + 1.0f / 6.0f;
+            p = p * r + 0.5f;
+            p = p * r + 1.0f;
+            p = p * r + 1.0f;
+            s.i = (e + 127) << 23;
+            float y = p * s.f;
+            dst[j] = x < -87.0f ? 0.0f : y;
+        }
+    }
+
+    SEQPACK_CLONES static void seqpack_exp_shift_d(double *restrict dst, const double *restrict src,
+                                    ptrdiff_t n, double shift)
+    {
+        for (ptrdiff_t j = 0; j < n; j++) {
+            double x = src[j] - shift;
+            double xc = x < -708.0 ? -708.0 : x;
+            xc = xc > 709.0 ? 709.0 : xc;
+            union { double f; int64_t i; } t, s;
+            t.f = xc * 1.4426950408889634074 + 6755399441055744.0;
+            double nf = t.f - 6755399441055744.0;
+            int64_t e = t.i - INT64_C(0x4338000000000000);
+            double r = xc - nf * 6.93147180369123816490e-01;
+            r = r - nf * 1.90821492927058770002e-10;
+            double p = 1.0 / 479001600.0;
+            p = p * r + 1.0 / 39916800.0;
+            p = p * r + 1.0 / 3628800.0;
+            p = p * r + 1.0 / 362880.0;
+            p = p * r + 1.0 / 40320.0;
+            p = p * r + 1.0 / 5040.0;
+            p = p * r + 1.0 / 720.0;
+            p = p * r + 1.0 / 120.0;
+            p = p * r + 1.0 / 24.0;
+            p = p * r + 1.0 / 6.0;
+            p = p * r + 0.5;
+            p = p * r + 1.0;
+            p = p * r + 1.0;
+            s.i = (e + 1023) << 52;
+            double y = p * s.f;
+            dst[j] = x < -708.0 ? 0.0 : y;
+        }
+    }
+
+    /* Sums and maxima in eight fixed lanes: a vectorizable order that never depends on
+       the thread or the call, so results stay bitwise reproducible. */
+    #define SEQPACK_LANE_REDUCTIONS(T, SUFFIX)                                          \\
+    static T seqpack_sum_##SUFFIX(const T *restrict x, ptrdiff_t n)                    \\
+    {                                                                                  \\
+        T lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                          \\
+        ptrdiff_t j = 0;                                                               \\
+        for (; j + 8 <= n; j += 8)                                                     \\
+            for (int u = 0; u < 8; u++) lane[u] += x[j + u];                           \\
+        T total = ((lane[0] + lane[4]) + (lane[1] + lane[5]))                          \\
+                + ((lane[2] + lane[6]) + (lane[3] + lane[7]));                         \\
+        for (; j < n; j++) total += x[j];                                              \\
+        return total;                                                                  \\
+    }                                                                                  \\
+    static T seqpack_dot_##SUFFIX(const T *restrict x, const T *restrict y, ptrdiff_t n) \\
+    {                                                                                  \\
+        T lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                          \\
+        ptrdiff_t j = 0;                                                               \\
+        for (; j + 8 <= n; j += 8)                                                     \\
+            for (int u = 0; u < 8; u++) lane[u] += x[j + u] * y[j + u];                \\
+        T total = ((lane[0] + lane[4]) + (lane[1] + lane[5]))                          \\
+                + ((lane[2] + lane[6]) + (lane[3] + lane[7]));                         \\
+        for (; j < n; j++) total += x[j] * y[j];                                       \\
+        return total;                                                                  \\
+    }                                                                                  \\
+    static T seqpack_max_##SUFFIX(const T *restrict x, ptrdiff_t n)                    \\
+    {                                                                                  \\
+        T best = x[0];                                                                 \\
+        ptrdiff_t j = 1;                                                               \\
+        if (n >= 8) {                                                                  \\
+            T lane[8];                                                                 \\
+            for (int u = 0; u < 8; u++) lane[u] = x[u];                                \\
+            for (j = 8; j + 8 <= n; j += 8)                                            \\
+                for (int u = 0; u < 8; u++)                                            \\
+                    lane[u] = x[j + u] > lane[u] ? x[j + u] : lane[u];                 \\
+            for (int u = 0; u < 8; u++) best = lane[u] > best ? lane[u] : best;        \\
+        }                                                                              \\
+        for (; j < n; j++) best = x[j] > best ? x[j] : best;                           \\
+        return best;                                                                   \\
+    }
+    SEQPACK_LANE_REDUCTIONS(float, f)
+    SEQPACK_LANE_REDUCTIONS(double, d)
+
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC pop_options
+    #endif
+    """
+    void seqpack_exp_shift_f(float *dst, const float *src, Py_ssize_t n, float shift) noexcept nogil
+    void seqpack_exp_shift_d(double *dst, const double *src, Py_ssize_t n,
+                             double shift) noexcept nogil
+    float seqpack_sum_f(const float *x, Py_ssize_t n) noexcept nogil
+    double seqpack_sum_d(const double *x, Py_ssize_t n) noexcept nogil
+    float seqpack_dot_f(const float *x, const float *y, Py_ssize_t n) noexcept nogil
+    double seqpack_dot_d(const double *x, const double *y, Py_ssize_t n) noexcept nogil
+    float seqpack_max_f(const float *x, Py_ssize_t n) noexcept nogil
+    double seqpack_max_d(const double *x, Py_ssize_t n) noexcept nogil
+
+
+cdef enum:
+    # Tile edge: 64 queries x 64 keys. With head_dim <= 64 every product is <= 64**3.
+    MAX_TILE = 64
+    # OpenBLAS stays on one thread for m*n*k at or below this many multiply-adds.
+    SINGLE_THREAD_MNK = 262144
+    # Below this many multiply-adds per thread, waking a second thread costs more than
+    # it saves (the thread count never changes the results, only the speed).
+    WORK_PER_THREAD = 1048576
+
+cdef enum:
+    # Kernel status codes; the Python layer turns them into errors.
+    LAYOUT_OK = 0
+    BAD_LENGTH = 1        # valid_lengths[row] outside [0, T]
+    BAD_START = 2         # segment_starts[row, column] outside [0, column]
+    BROKEN_SEGMENT = 3    # neither a new segment at column nor the previous one's start
+    OUT_OF_MEMORY = 4
+
+
+cdef struct Plan:
+    Py_ssize_t *spans       # [segments, 3]: row, start, end (exclusive), in row order
+    Py_ssize_t *order       # [segments]: span indices, longest first, ties in row order
+    Py_ssize_t segments
+    Py_ssize_t longest      # longest segment length
+    Py_ssize_t edges        # permitted (query, key) pairs of one head
+    Py_ssize_t bad_row
+    Py_ssize_t bad_column
+
+
+cdef Py_ssize_t tile_edge(Py_ssize_t head_dim) noexcept nogil:
+    """64, halved until a tile product has at most 64**3 multiply-adds."""
+    cdef Py_ssize_t tile = MAX_TILE
+    while tile > 8 and tile * tile * head_dim > SINGLE_THREAD_MNK:
+        tile //= 2
+    return tile
+
+
+cdef int find_segments(const Py_ssize_t[::1] valid_lengths,
+                       const Py_ssize_t[:, ::1] segment_starts, Plan *plan) noexcept nogil:
+    """Check the layout cell by cell and list its segments in row order."""
+    cdef Py_ssize_t rows = segment_starts.shape[0], width = segment_starts.shape[1]
+    cdef Py_ssize_t r, t, s, n = 0
+    cdef Py_ssize_t *spans = plan.spans
+    for r in range(rows):
+        if valid_lengths[r] < 0 or valid_lengths[r] > width:
+            plan.bad_row = r
+            return BAD_LENGTH
+    for r in range(rows):
+        for t in range(valid_lengths[r]):
+            s = segment_starts[r, t]
+            if s < 0 or s > t or (s != t and s != segment_starts[r, t - 1]):
+                plan.bad_row = r
+                plan.bad_column = t
+                return BAD_START if s < 0 or s > t else BROKEN_SEGMENT
+            if s == t:
+                if n > 0 and spans[3 * (n - 1)] == r:
+                    spans[3 * (n - 1) + 2] = t
+                spans[3 * n] = r
+                spans[3 * n + 1] = t
+                n += 1
+        if n > 0 and spans[3 * (n - 1)] == r:
+            spans[3 * (n - 1) + 2] = valid_lengths[r]
+    plan.segments = n
+    return LAYOUT_OK
+
+
+cdef void order_longest_first(Plan *plan, Py_ssize_t width, Py_ssize_t *counts) noexcept nogil:
+    """Counting sort of the spans by length (stable); also the longest length and edges."""
+    cdef Py_ssize_t k, length, cursor = 0, count
+    memset(counts, 0, (width + 1) * sizeof(Py_ssize_t))
+    plan.longest = 0
+    plan.edges = 0
+    for k in range(plan.segments):
+        length = plan.spans[3 * k + 2] - plan.spans[3 * k + 1]
+        counts[length] += 1
+        plan.edges += length * (length + 1) // 2
+        if length > plan.longest:
+            plan.longest = length
+    for length in range(width, -1, -1):
+        count = counts[length]
+        counts[length] = cursor
+        cursor += count
+    for k in range(plan.segments):
+        length = plan.spans[3 * k + 2] - plan.spans[3 * k + 1]
+        plan.order[counts[length]] = k
+        counts[length] += 1
+
+
+cdef void free_plan(Plan *plan) noexcept nogil:
+    free(plan.spans)
+    free(plan.order)
+    plan.spans = NULL
+    plan.order = NULL
+
+
+cdef int make_plan(const Py_ssize_t[::1] valid_lengths, const Py_ssize_t[:, ::1] segment_starts,
+                   Plan *plan) noexcept nogil:
+    """Validate a layout and build its work plan; the caller frees it with ``free_plan``."""
+    cdef Py_ssize_t width = segment_starts.shape[1]
+    cdef Py_ssize_t cells = segment_starts.shape[0] * width + 1
+    cdef Py_ssize_t *counts
+    cdef int status
+    plan.segments = 0
+    plan.bad_row = 0
+    plan.bad_column = 0
+    plan.spans = <Py_ssize_t *>malloc(3 * cells * sizeof(Py_ssize_t))
+    plan.order = <Py_ssize_t *>malloc(cells * sizeof(Py_ssize_t))
+    counts = <Py_ssize_t *>malloc((width + 1) * sizeof(Py_ssize_t))
+    if plan.spans == NULL or plan.order == NULL or counts == NULL:
+        status = OUT_OF_MEMORY
+    else:
+        status = find_segments(valid_lengths, segment_starts, plan)
+        if status == LAYOUT_OK:
+            order_longest_first(plan, width, counts)
+    free(counts)
+    if status != LAYOUT_OK:
+        free_plan(plan)
+    return status
+
+
+def plan_layout(const Py_ssize_t[::1] valid_lengths not None,
+                const Py_ssize_t[:, ::1] segment_starts not None,
+                Py_ssize_t[:, ::1] spans not None):
+    """Check a layout and copy its segments into ``spans`` ([rows * T, 3], row order).
+
+    Returns ``(status, row, column, segments)``: status 0 and the segment count, or a
+    nonzero status (1: bad length, 2: start outside [0, column], 3: broken segment,
+    4: out of memory) with the first offending row and column.
+    """
+    cdef Plan plan
+    cdef int status
+    with nogil:
+        status = make_plan(valid_lengths, segment_starts, &plan)
+        if status == LAYOUT_OK:
+            if plan.segments > 0:
+                memcpy(&spans[0, 0], plan.spans, 3 * plan.segments * sizeof(Py_ssize_t))
+            free_plan(&plan)
+    return status, plan.bad_row, plan.bad_column, plan.segments
+
+
+cdef inline void gemm(Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t inner, real alpha,
+                      const real *a, Py_ssize_t lda, const real *b, Py_ssize_t ldb,
+                      real beta, real *c, Py_ssize_t ldc) noexcept nogil:
+    """Row-major ``c[rows, cols] = alpha * a[rows, inner] @ b[inner, cols] + beta * c``."""
+    # A row-major product is the column-major product of the transposes: c^T = b^T a^T.
+    cdef char no = b'N'
+    cdef int m = <int>cols, n = <int>rows, k = <int>inner
+    cdef int la = <int>lda, lb = <int>ldb, lc = <int>ldc
+    if real is float:
+        sgemm(&no, &no, &m, &n, &k, &alpha, <float *>b, &lb, <float *>a, &la, &beta, c, &lc)
+    else:
+        dgemm(&no, &no, &m, &n, &k, &alpha, <double *>b, &lb, <double *>a, &la, &beta, c, &lc)
+
+
+cdef inline void exp_shift(real *dst, const real *src, Py_ssize_t n, real shift) noexcept nogil:
+    if real is float:
+        seqpack_exp_shift_f(dst, src, n, shift)
+    else:
+        seqpack_exp_shift_d(dst, src, n, shift)
+
+
+cdef inline real row_sum(const real *x, Py_ssize_t n) noexcept nogil:
+    if real is float:
+        return seqpack_sum_f(x, n)
+    else:
+        return seqpack_sum_d(x, n)
+
+
+cdef inline real row_dot(const real *x, const real *y, Py_ssize_t n) noexcept nogil:
+    if real is float:
+        return seqpack_dot_f(x, y, n)
+    else:
+        return seqpack_dot_d(x, y, n)
+
+
+cdef inline real row_max(const real *x, Py_ssize_t n) noexcept nogil:
+    if real is float:
+        return seqpack_max_f(x, n)
+    else:
+        return seqpack_max_d(x, n)
+
+
+cdef inline real scalar_exp(real x) noexcept nogil:
+    if real is float:
+        return expf(x)
+    else:
+        return exp(x)
+
+
+cdef inline real scalar_log(real x) noexcept nogil:
+    if real is float:
+        return logf(x)
+    else:
+        return log(x)
+
+
+cdef inline void transpose(const real *src, Py_ssize_t rows, Py_ssize_t cols,
+                           Py_ssize_t lds, real *dst, Py_ssize_t ldd) noexcept nogil:
+    """``dst[j, i] = src[i, j]`` for a row-major ``src[rows, cols]``."""
+    cdef Py_ssize_t i, j
+    for i in range(rows):
+        for j in range(cols):
+            dst[j * ldd + i] = src[i * lds + j]
+
+
+cdef void forward_segment(const real *q, const real *k, const real *v, Py_ssize_t start,
+                          Py_ssize_t end, Py_ssize_t d, Py_ssize_t tile, real scale,
+                          real *out, real *lse, real *scratch) noexcept nogil:
+    """One (row, head, segment): ``q, k, v, out`` point at the head's [T, d] block."""
+    cdef Py_ssize_t length = end - start
+    cdef real *kt = scratch                    # [d, length]: K of the segment, transposed
+    cdef real *p = kt + d * length             # [tile, tile]: scores, then probabilities
+    cdef real *running_max = p + tile * tile   # [tile]: running max per query
+    cdef real *running_total = running_max + tile  # [tile]: running sum of exp per query
+    cdef Py_ssize_t a, b, qa, ka, nq, nk, i, j, visible
+    cdef real *pi
+    cdef real *oi
+    cdef real new_max, rescale
+    transpose(k + start * d, length, d, d, kt, length)
+    for a in range((length + tile - 1) // tile):
+        qa = start + a * tile
+        nq = min(tile, end - qa)
+        for b in range(a + 1):
+            ka = start + b * tile
+            nk = min(tile, end - ka)
+            gemm(nq, nk, d, scale, q + qa * d, d, kt + (ka - start), length, <real>0, p, tile)
+            for i in range(nq):
+                pi = p + i * tile
+                visible = min(nk, qa + i - ka + 1)
+                new_max = row_max(pi, visible)
+                if ka == start:
+                    running_max[i] = new_max
+                    exp_shift(pi, pi, visible, new_max)
+                    running_total[i] = row_sum(pi, visible)
+                else:
+                    if new_max < running_max[i]:
+                        new_max = running_max[i]
+                    rescale = scalar_exp(running_max[i] - new_max)
+                    running_max[i] = new_max
+                    exp_shift(pi, pi, visible, new_max)
+                    running_total[i] = running_total[i] * rescale + row_sum(pi, visible)
+                    oi = out + (qa + i) * d
+                    for j in range(d):
+                        oi[j] = oi[j] * rescale
+                for j in range(visible, nk):
+                    pi[j] = 0
+            gemm(nq, d, nk, <real>1, p, tile, v + ka * d, d,
+                 <real>(0 if ka == start else 1), out + qa * d, d)
+        for i in range(nq):
+            oi = out + (qa + i) * d
+            for j in range(d):
+                oi[j] = oi[j] / running_total[i]
+            lse[qa + i] = running_max[i] + scalar_log(running_total[i])
+
+
+cdef void backward_segment(const real *q, const real *k, const real *v, const real *out,
+                           const real *lse, const real *dout, Py_ssize_t start,
+                           Py_ssize_t end, Py_ssize_t d, Py_ssize_t tile, real scale,
+                           real *dq, real *dk, real *dv, real *scratch) noexcept nogil:
+    """One (row, head, segment) of the backward; every pointer is the head's block."""
+    cdef Py_ssize_t length = end - start
+    cdef real *kt = scratch                    # [d, length]: K of the segment, transposed
+    cdef real *vt = kt + d * length            # [d, length]: V of the segment, transposed
+    cdef real *p = vt + d * length             # [tile, tile]: scores, then probabilities
+    cdef real *ds = p + tile * tile            # [tile, tile]: dP, then dS
+    cdef real *pt = ds + tile * tile           # [tile, tile]: probabilities transposed
+    cdef real *dst = pt + tile * tile          # [tile, tile]: dS transposed
+    cdef real *delta = dst + tile * tile       # [tile]: rowsum(dout * out) per query
+    cdef Py_ssize_t a, b, qa, ka, nq, nk, i, j, visible
+    cdef real *pi
+    cdef real *dsi
+    cdef real di
+    transpose(k + start * d, length, d, d, kt, length)
+    transpose(v + start * d, length, d, d, vt, length)
+    for a in range((length + tile - 1) // tile):
+        qa = start + a * tile
+        nq = min(tile, end - qa)
+        for i in range(nq):
+            delta[i] = row_dot(dout + (qa + i) * d, out + (qa + i) * d, d)
+        for b in range(a + 1):
+            ka = start + b * tile
+            nk = min(tile, end - ka)
+            gemm(nq, nk, d, scale, q + qa * d, d, kt + (ka - start), length, <real>0, p, tile)
+            gemm(nq, nk, d, <real>1, dout + qa * d, d, vt + (ka - start), length, <real>0, ds, tile)
+            for i in range(nq):
+                pi = p + i * tile
+                dsi = ds + i * tile
+                visible = min(nk, qa + i - ka + 1)
+                exp_shift(pi, pi, visible, lse[qa + i])
+                di = delta[i]
+                for j in range(visible):
+                    dsi[j] = pi[j] * (dsi[j] - di)
+                for j in range(visible, nk):
+                    pi[j] = 0
+                    dsi[j] = 0
+            transpose(p, nq, nk, tile, pt, tile)
+            transpose(ds, nq, nk, tile, dst, tile)
+            gemm(nk, d, nq, <real>1, pt, tile, dout + qa * d, d,
+                 <real>(0 if ka == qa else 1), dv + ka * d, d)
+            gemm(nk, d, nq, scale, dst, tile, q + qa * d, d,
+                 <real>(0 if ka == qa else 1), dk + ka * d, d)
+            gemm(nq, d, nk, scale, ds, tile, k + ka * d, d,
+                 <real>(0 if ka == start else 1), dq + qa * d, d)
+
+
+cdef void zero_padding(real *x, const Py_ssize_t[::1] valid_lengths, Py_ssize_t heads,
+                       Py_ssize_t width, Py_ssize_t cell) noexcept nogil:
+    """Zero cells ``[valid_length, T)`` of every (row, head) block, ``cell`` elements each."""
+    cdef Py_ssize_t r, h, base
+    for r in range(valid_lengths.shape[0]):
+        if valid_lengths[r] < width:
+            for h in range(heads):
+                base = ((r * heads + h) * width + valid_lengths[r]) * cell
+                memset(x + base, 0, (width - valid_lengths[r]) * cell * sizeof(real))
+
+
+cdef int thread_count(int threads, Py_ssize_t items, Py_ssize_t work) noexcept nogil:
+    """The caller's thread count, capped by the number of items and by the work."""
+    cdef Py_ssize_t count = threads
+    if count > items:
+        count = items
+    if count > work // WORK_PER_THREAD:
+        count = work // WORK_PER_THREAD
+    return <int>count if count > 1 else 1
+
+
+cdef inline void forward_item(Py_ssize_t item, const Plan *plan, Py_ssize_t heads,
+                              Py_ssize_t width, Py_ssize_t d, Py_ssize_t tile, real scale,
+                              const real *q, const real *k, const real *v, real *out,
+                              real *lse, real *scratch) noexcept nogil:
+    """Work item ``item`` of the plan: (segment order[item // heads], head item % heads)."""
+    cdef Py_ssize_t span = plan.order[item // heads]
+    cdef Py_ssize_t block = plan.spans[3 * span] * heads + item % heads
+    cdef Py_ssize_t offset = block * width * d
+    forward_segment(q + offset, k + offset, v + offset, plan.spans[3 * span + 1],
+                    plan.spans[3 * span + 2], d, tile, scale, out + offset,
+                    lse + block * width, scratch)
+
+
+cdef inline void backward_item(Py_ssize_t item, const Plan *plan, Py_ssize_t heads,
+                               Py_ssize_t width, Py_ssize_t d, Py_ssize_t tile, real scale,
+                               const real *q, const real *k, const real *v, const real *out,
+                               const real *lse, const real *dout, real *dq, real *dk,
+                               real *dv, real *scratch) noexcept nogil:
+    """Backward of work item ``item``, laid out as in ``forward_item``."""
+    cdef Py_ssize_t span = plan.order[item // heads]
+    cdef Py_ssize_t block = plan.spans[3 * span] * heads + item % heads
+    cdef Py_ssize_t offset = block * width * d
+    backward_segment(q + offset, k + offset, v + offset, out + offset, lse + block * width,
+                     dout + offset, plan.spans[3 * span + 1], plan.spans[3 * span + 2], d,
+                     tile, scale, dq + offset, dk + offset, dv + offset, scratch)
+
+
+cdef int forward_impl(const real[:, :, :, ::1] q, const real[:, :, :, ::1] k,
+                      const real[:, :, :, ::1] v, const Py_ssize_t[::1] valid_lengths,
+                      const Py_ssize_t[:, ::1] segment_starts, real[:, :, :, ::1] out,
+                      real[:, :, ::1] lse, int threads, Plan *plan) noexcept nogil:
+    cdef Py_ssize_t heads = q.shape[1], width = q.shape[2], d = q.shape[3]
+    cdef Py_ssize_t tile = tile_edge(d), item, items, size
+    cdef real scale = <real>(1.0 / sqrt(<double>d))
+    cdef real *scratch
+    cdef int status = make_plan(valid_lengths, segment_starts, plan)
+    if status != LAYOUT_OK:
+        return status
+    items = plan.segments * heads
+    threads = thread_count(threads, items, plan.edges * heads * d * 2)
+    # Per thread: K of the segment transposed [d, longest], a score tile, max and sum.
+    size = d * plan.longest + tile * tile + 2 * tile
+    scratch = <real *>malloc(threads * size * sizeof(real))
+    if scratch == NULL:
+        free_plan(plan)
+        return OUT_OF_MEMORY
+    zero_padding(&out[0, 0, 0, 0], valid_lengths, heads, width, d)
+    zero_padding(&lse[0, 0, 0], valid_lengths, heads, width, 1)
+    if threads == 1:
+        for item in range(items):
+            forward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
+                         &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0], &lse[0, 0, 0],
+                         scratch)
+    else:
+        with parallel(num_threads=threads):
+            for item in prange(items, schedule='dynamic'):
+                forward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
+                             &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0],
+                             &lse[0, 0, 0], scratch + threadid() * size)
+    free(scratch)
+    free_plan(plan)
+    return LAYOUT_OK
+
+
+cdef int backward_impl(const real[:, :, :, ::1] q, const real[:, :, :, ::1] k,
+                       const real[:, :, :, ::1] v, const real[:, :, :, ::1] out,
+                       const real[:, :, ::1] lse, const real[:, :, :, ::1] dout,
+                       const Py_ssize_t[::1] valid_lengths,
+                       const Py_ssize_t[:, ::1] segment_starts, real[:, :, :, ::1] dq,
+                       real[:, :, :, ::1] dk, real[:, :, :, ::1] dv, int threads,
+                       Plan *plan) noexcept nogil:
+    cdef Py_ssize_t heads = q.shape[1], width = q.shape[2], d = q.shape[3]
+    cdef Py_ssize_t tile = tile_edge(d), item, items, size
+    cdef real scale = <real>(1.0 / sqrt(<double>d))
+    cdef real *scratch
+    cdef int status = make_plan(valid_lengths, segment_starts, plan)
+    if status != LAYOUT_OK:
+        return status
+    items = plan.segments * heads
+    threads = thread_count(threads, items, plan.edges * heads * d * 4)
+    # Per thread: K and V of the segment transposed, four tiles and D of a query tile.
+    size = 2 * d * plan.longest + 4 * tile * tile + tile
+    scratch = <real *>malloc(threads * size * sizeof(real))
+    if scratch == NULL:
+        free_plan(plan)
+        return OUT_OF_MEMORY
+    zero_padding(&dq[0, 0, 0, 0], valid_lengths, heads, width, d)
+    zero_padding(&dk[0, 0, 0, 0], valid_lengths, heads, width, d)
+    zero_padding(&dv[0, 0, 0, 0], valid_lengths, heads, width, d)
+    if threads == 1:
+        for item in range(items):
+            backward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
+                          &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0], &lse[0, 0, 0],
+                          &dout[0, 0, 0, 0], &dq[0, 0, 0, 0], &dk[0, 0, 0, 0],
+                          &dv[0, 0, 0, 0], scratch)
+    else:
+        with parallel(num_threads=threads):
+            for item in prange(items, schedule='dynamic'):
+                backward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
+                              &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0],
+                              &lse[0, 0, 0], &dout[0, 0, 0, 0], &dq[0, 0, 0, 0],
+                              &dk[0, 0, 0, 0], &dv[0, 0, 0, 0], scratch + threadid() * size)
+    free(scratch)
+    free_plan(plan)
+    return LAYOUT_OK
+
+
+def forward(const real[:, :, :, ::1] q not None, const real[:, :, :, ::1] k not None,
+            const real[:, :, :, ::1] v not None, const Py_ssize_t[::1] valid_lengths not None,
+            const Py_ssize_t[:, ::1] segment_starts not None, real[:, :, :, ::1] out not None,
+            real[:, :, ::1] lse not None, int threads):
+    """Range attention forward into ``out`` and ``lse`` (float32 or float64 throughout).
+
+    Returns ``(status, row, column)``: 0 when done, else the layout status (see
+    ``plan_layout``) and the first offending cell, with the outputs untouched.
+    """
+    cdef Plan plan
+    cdef int status
+    with nogil:
+        status = forward_impl(q, k, v, valid_lengths, segment_starts, out, lse, threads, &plan)
+    return status, plan.bad_row, plan.bad_column
+
+
+def backward(const real[:, :, :, ::1] q not None, const real[:, :, :, ::1] k not None,
+             const real[:, :, :, ::1] v not None, const real[:, :, :, ::1] out not None,
+             const real[:, :, ::1] lse not None, const real[:, :, :, ::1] dout not None,
+             const Py_ssize_t[::1] valid_lengths not None,
+             const Py_ssize_t[:, ::1] segment_starts not None, real[:, :, :, ::1] dq not None,
+             real[:, :, :, ::1] dk not None, real[:, :, :, ::1] dv not None, int threads):
+    """Range attention backward into ``dq, dk, dv``; returns like ``forward``."""
+    cdef Plan plan
+    cdef int status
+    with nogil:
+        status = backward_impl(q, k, v, out, lse, dout, valid_lengths, segment_starts,
+                               dq, dk, dv, threads, &plan)
+    return status, plan.bad_row, plan.bad_column
