@@ -69,5 +69,23 @@ from .packing import (
 # --- table ---
 from .table import ExampleTable
 
+# --- autograd ---
+from .autograd import Tensor
+
+# --- functional ---
+from .functional import (
+    causal_attention,
+    causal_attention_with_lengths,
+    causal_attention_with_ranges,
+    range_softmax_backward,
+    range_softmax_forward,
+)
+
+# --- loss ---
+from .loss import MaskedLoss, constructed_logits, loss_probe, masked_loss
+
+# --- decoder ---
+from .decoder import Decoder, DecoderConfig, DecoderForward
+
 # --- attention ---
 from .attention import range_attention_backward, range_attention_forward, segment_spans

@@ -6,30 +6,20 @@ from the library's own objects, so they show what a user would get.
 
 from __future__ import annotations
 
-from .batch import BatchLayout, LayoutCounts, VariableBatch, VariableBatchConfig
+from .batch import BatchLayout, LayoutCounts
 from .binding import BatchBinding, Partition
-from .documents import BatchDocument
-from .examples import SequenceExample
+from .chapters import (
+    DENSITY_DOCUMENTS,
+    DOCUMENTS,
+    PACKED_CAPACITY,
+    chapter_batch,
+    chapter_examples,
+    examples_of,
+    padded_batch,
+)
+from .decoder_trace import decoder_section, loss_probe_section
 from .packing import PackConfig, pack_examples
 from .windows import CausalWindowConfig, MiniBatchConfig, MiniBatchEpoch
-
-#: ch04's two documents: "a" and "bcd", framed by BOS 0 and EOS 1.
-PADDED_DOCUMENTS = (("short", (0, 99, 1)), ("long", (0, 100, 101, 102, 1)))
-#: ch05's three documents, with 3, 2 and 4 predictions.
-PACKED_DOCUMENTS = (("A", (0, 99, 100, 1)), ("B", (0, 101, 1)), ("C", (0, 102, 103, 104, 1)))
-#: Our data for ch05's second density example: prediction lengths 4, 4, 2, 2 at capacity 12.
-DENSITY_DOCUMENTS = (
-    ("P", (0, 99, 100, 101, 1)), ("Q", (0, 102, 103, 104, 1)), ("R", (0, 105, 1)), ("S", (0, 106, 1)),
-)
-PACKED_CAPACITY = 6
-
-
-def fixture_examples(documents, binding: BatchBinding) -> list[SequenceExample]:
-    """One full-document example per ``(source_id, token_ids)`` pair, named after it."""
-    return [
-        SequenceExample.from_document(name, BatchDocument(name, tokens), binding)
-        for name, tokens in documents
-    ]
 
 
 def example_section(examples: list[SequenceExample]) -> list[dict]:
@@ -68,10 +58,11 @@ def rows_section(batch: BatchLayout) -> list[dict]:
 
 
 def padded_trace() -> dict:
-    """ch04: two documents right-padded into one 2 x 4 batch, and the fixed-window contrast."""
+    """ch04: two documents right-padded into one 2 x 4 batch, the loss probe, the decoder
+    comparison, and the fixed-window contrast."""
     binding = BatchBinding.fixture()
-    examples = fixture_examples(PADDED_DOCUMENTS, binding)
-    batch = VariableBatch.build(Partition.TRAIN, examples, binding, VariableBatchConfig(2, 8))
+    examples = chapter_examples("padded", binding)
+    batch = chapter_batch("padded", binding)
     batch.verify()
     fixed = MiniBatchEpoch.build(
         Partition.TRAIN,
@@ -89,6 +80,8 @@ def padded_trace() -> dict:
         "rows": rows_section(batch),
         "cells": batch.cell_count,
         "valid_targets": batch.target_count,
+        "loss_probe": loss_probe_section("padded"),
+        "decoder": decoder_section("padded"),
         "fixed_window_contrast": {
             "context_length": 4,
             "stride": 4,
@@ -113,28 +106,24 @@ def edge_inventory(batch: BatchLayout, tile_width: int | None = None) -> list[li
     return edges
 
 
-def density_comparison(documents, capacity: int, binding: BatchBinding) -> dict:
+def density_comparison(documents: dict, capacity: int, binding: BatchBinding) -> dict:
     """Padded and packed counts of the same examples (one padded batch, packed calls of 8 rows)."""
-    examples = fixture_examples(documents, binding)
-    padded = VariableBatch.build(Partition.TRAIN, examples, binding, VariableBatchConfig(len(examples), 10**6))
+    examples = examples_of(documents, binding)
     packed = pack_examples(Partition.TRAIN, examples, binding, PackConfig(capacity, 8, 8 * capacity, 10**8))
     return {
         "prediction_lengths": [len(example) for example in examples],
         "capacity": capacity,
-        "padded": padded.counts().as_dict(),
+        "padded": padded_batch(examples, binding).counts().as_dict(),
         "packed": LayoutCounts.total(packed.batches).as_dict(),
     }
 
 
 def packed_trace() -> dict:
-    """ch05: three documents packed by next-fit at capacity 6, counts and the traversal check."""
+    """ch05: three documents packed by next-fit at capacity 6, counts, the traversal check,
+    the loss probe and the decoder comparison."""
     binding = BatchBinding.fixture()
-    examples = fixture_examples(PACKED_DOCUMENTS, binding)
-    epoch = pack_examples(
-        Partition.TRAIN, examples, binding,
-        PackConfig(PACKED_CAPACITY, max_rows_per_batch=2, max_cells=12, max_metadata_bytes=1 << 20),
-    )
-    (batch,) = epoch.batches
+    examples = chapter_examples("packed", binding)
+    batch = chapter_batch("packed", binding)
     batch.verify()
     query_order = edge_inventory(batch)
     tiled = edge_inventory(batch, tile_width=2)
@@ -154,9 +143,8 @@ def packed_trace() -> dict:
         ],
         "cells": batch.cell_count,
         "valid_targets": batch.target_count,
-        "metadata_peak_bytes": epoch.metadata_peak,
         "density": [
-            density_comparison(PACKED_DOCUMENTS, PACKED_CAPACITY, binding),
+            density_comparison(DOCUMENTS["packed"], PACKED_CAPACITY, binding),
             density_comparison(DENSITY_DOCUMENTS, 12, binding),
         ],
         "traversal": {
@@ -164,4 +152,6 @@ def packed_trace() -> dict:
             "tile_width": 2,
             "query_order_equals_tiled": sorted(query_order) == sorted(tiled),
         },
+        "loss_probe": loss_probe_section("packed"),
+        "decoder": decoder_section("packed"),
     }
