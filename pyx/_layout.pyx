@@ -47,12 +47,14 @@ def fill_rows(
     cell_t[:, ::1] segment_starts not None,     # [R, T]
     int64_t[::1] valid_lengths not None,        # [R]
 ):
-    """Write all batch fields: padding everywhere, then each placed example.
+    """Write all batch fields: each placed example, then padding after each row's prefix.
 
     Example ``i`` with source tokens ``s`` (``len(s) - 1`` predictions) fills row
     ``rows[i]`` from column ``starts[i]``: inputs ``s[:-1]``, targets ``s[1:]``,
     local positions from 0, its segment ID, all three validity fields true and
-    its start column as every query's first permitted key.
+    its start column as every query's first permitted key. The placements must
+    tile each row's prefix without gaps (every planner's do); every cell is
+    written exactly once.
     """
     cdef Py_ssize_t n = rows.shape[0]
     cdef Py_ssize_t row_count = inputs.shape[0]
@@ -62,15 +64,6 @@ def fill_rows(
     with nogil:
         for r in range(row_count):
             valid_lengths[r] = 0
-            for c in range(width):
-                inputs[r, c] = PAD
-                targets[r, c] = PAD
-                positions[r, c] = 0
-                segment_ids[r, c] = NO_SEGMENT
-                token_valid[r, c] = 0
-                target_valid[r, c] = 0
-                loss_mask[r, c] = 0
-                segment_starts[r, c] = 0
         for i in range(n):
             first = begins[i]
             length = ends[i] - first - 1
@@ -89,6 +82,16 @@ def fill_rows(
             end = c + length
             if end > valid_lengths[r]:
                 valid_lengths[r] = end
+        for r in range(row_count):
+            for c in range(valid_lengths[r], width):
+                inputs[r, c] = PAD
+                targets[r, c] = PAD
+                positions[r, c] = 0
+                segment_ids[r, c] = NO_SEGMENT
+                token_valid[r, c] = 0
+                target_valid[r, c] = 0
+                loss_mask[r, c] = 0
+                segment_starts[r, c] = 0
 
 
 cdef inline Violation padding_violation(

@@ -64,6 +64,7 @@ from .packing import (
     efficiency_report,
     pack_examples,
     plan_packing,
+    stream_packed_batches,
 )
 
 # --- table ---

@@ -457,8 +457,9 @@ def reject_longer(source, lengths: np.ndarray, limit: int, limit_name: str) -> N
     too_long = np.flatnonzero(lengths > limit)
     if too_long.size:
         index = int(too_long[0])
+        ordinal = source.first_ordinal + index
         raise CapacityError(
-            f"example {source.example_id(index)!r} (index {index}) has {lengths[index]} "
+            f"example {source.example_id(ordinal)!r} (index {ordinal}) has {lengths[index]} "
             f"predictions; {limit_name} is {limit}",
             cells=int(lengths[index]),
             maximum=limit,

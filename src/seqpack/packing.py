@@ -161,6 +161,8 @@ def _source(partition, examples, binding) -> tuple[object, np.ndarray]:
             raise BindingError(
                 f"the example table belongs to partition {examples.partition.value!r}, not {partition.value!r}"
             )
+        if len(examples) == 0:
+            raise InvalidInputError("a batch needs at least one example")
         return examples, examples.lengths
     lengths = check_examples(partition, examples, binding)
     return ExampleList(examples), lengths
@@ -438,7 +440,8 @@ def stream_packed_batches(
     """Next-fit over a stream of SequenceExample objects and/or ExampleTable chunks.
 
     Yields each model call once no later example can join it, so memory is bounded
-    by one call plus the open row; ordinals count across the whole stream. The
+    by one call plus the open row; ordinals count across the whole stream and empty
+    chunks are skipped. The
     batches equal ``pack_examples`` on the concatenated input. Each call's bytes
     (fields, records, gathering) are checked against ``max_metadata_bytes`` before
     it is built.
@@ -467,6 +470,8 @@ def stream_packed_batches(
 
     for item in examples:
         if isinstance(item, ExampleTable):
+            if len(item) == 0:
+                continue
             source, lengths = _source(partition, item.chunk(0, len(item)), binding)
             source.first_ordinal = ordinal
         else:
@@ -481,14 +486,14 @@ def stream_packed_batches(
         ordinals = np.arange(ordinal, ordinal + len(lengths), dtype=np.int64)
         ordinal += len(lengths)
         # Calls that this piece completes: every call before the one holding its last row.
+        # Rows never decrease, so each call's examples are one slice of the piece.
         calls = rows // per_call
-        for finished in range(call, int(calls[-1])):
-            mask = calls == finished
-            pending.append((source, ordinals[mask], rows[mask], starts[mask], lengths[mask]))
-            yield flush((finished + 1) * per_call - 1)
-            pending, call = [], finished + 1
-        mask = calls == call
-        pending.append((source, ordinals[mask], rows[mask], starts[mask], lengths[mask]))
+        cuts = np.searchsorted(calls, np.arange(call, int(calls[-1]) + 2)).tolist()
+        for finished, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]), start=call):
+            pending.append((source, ordinals[a:b], rows[a:b], starts[a:b], lengths[a:b]))
+            if finished < int(calls[-1]):
+                yield flush((finished + 1) * per_call - 1)
+                pending, call = [], finished + 1
         open_row = int(rows[-1])
     if pending:
         yield flush(open_row)

@@ -50,8 +50,10 @@ class ExampleTable:
     #: Bytes the packer holds per occurrence for this source beyond its planner arrays.
     held_bytes_per_occurrence = 0
 
-    def __init__(self, tokens, doc_offsets, begins, ends, binding, partition, ids, first_ordinal=0):
-        # Internal: use from_arrays, which validates.
+    def __init__(self, tokens, doc_offsets, begins, ends, binding, partition, ids, index_base=0):
+        # Internal: use from_arrays, which validates. ``index_base`` is the position of
+        # this table's first example in the table it was cut from (for default names);
+        # ``first_ordinal`` is the occurrence ordinal packing gives it (0 unless streamed).
         self.binding = binding
         self.partition = partition
         self._tokens = tokens
@@ -59,7 +61,8 @@ class ExampleTable:
         self._begins = begins
         self._ends = ends
         self._ids = ids
-        self.first_ordinal = first_ordinal
+        self._index_base = index_base
+        self.first_ordinal = 0
         lengths = ends - begins - 1
         lengths.flags.writeable = False
         self.lengths = lengths
@@ -147,7 +150,7 @@ class ExampleTable:
 
     def example_id(self, ordinal: int) -> str:
         index = ordinal - self.first_ordinal
-        return self._ids[index] if self._ids is not None else f"#{index}"
+        return self._ids[index] if self._ids is not None else f"#{self._index_base + index}"
 
     def example(self, ordinal: int) -> SequenceExample:
         """Example ``ordinal`` as a SequenceExample over a copy of its document."""
@@ -170,10 +173,11 @@ class ExampleTable:
         return (8 + 16 + 20) * occurrences + 64
 
     def chunk(self, start: int, stop: int) -> "ExampleTable":
-        """Examples ``[start, stop)`` as a table sharing this one's arrays, ordinals continuing."""
+        """Examples ``[start, stop)`` as a table sharing this one's arrays (and example names)."""
+        start, stop, _ = slice(start, stop).indices(len(self))
         ids = None if self._ids is None else self._ids[start:stop]
         return ExampleTable(self._tokens, self._doc_offsets, self._begins[start:stop], self._ends[start:stop],
-                            self.binding, self.partition, ids, self.first_ordinal + start)
+                            self.binding, self.partition, ids, self._index_base + start)
 
 
 def _check_offsets(offsets: np.ndarray, token_count: int) -> None:

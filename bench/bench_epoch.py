@@ -1,0 +1,221 @@
+"""A full packed epoch from a columnar table against the list-of-SequenceExample path, and policy fractions.
+
+    python bench/bench_epoch.py               # both tables below, one run
+    pytest bench/bench_epoch.py               # the same workloads under pytest-benchmark
+
+Workload: 200k examples whose token counts are lognormal (median 250, sigma 1,
+``numpy.random.default_rng(0)``), rounded and clipped to [2, 2049] tokens, so each has
+1..2048 predictions; capacity 2048, 8 rows per model call. Example ``i`` is the range
+``[0, t_i)`` of a framed document of ``t_i + 1`` tokens (random content IDs).
+
+1. Epoch build, eager ``pack_examples`` with next-fit: the columnar path times
+   ``ExampleTable.from_arrays`` plus packing; the list path times packing a prebuilt
+   list of SequenceExample, and separately building that list (each document validated).
+   Median seconds over ``--repeats`` (after one untimed build), cells/s, and the traced
+   peak memory of each (tracemalloc, in a separate untimed run). For context, also the
+   columnar packing alone (table prebuilt), the lazy epoch (``plan_packing``, each
+   call materialized and dropped in turn) and ``stream_packed_batches`` over the whole
+   table as one item and as 1000-example chunks.
+2. Real-target fraction of next-fit, first-fit-decreasing and best-fit-decreasing on those
+   lengths and on the standard-library corpus at capacity 2048, against the best possible
+   fraction: total predictions over ``ceil(total / capacity)`` rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import tracemalloc
+
+import numpy as np
+
+import seqpack as sp
+from bench_placement import median_seconds
+from seqpack.corpus import stdlib_table
+from seqpack.packing import stream_packed_batches
+from seqpack.placement import POLICIES
+
+CAPACITY = 2048
+ROWS_PER_CALL = 8
+MEDIAN_TOKENS = 250
+TRAIN = sp.Partition.TRAIN
+COUNT = int(os.environ.get("SEQPACK_BENCH_EPOCH_N", "200000"))
+
+
+def config() -> sp.PackConfig:
+    return sp.PackConfig(CAPACITY, ROWS_PER_CALL, ROWS_PER_CALL * CAPACITY, 1 << 40)
+
+
+def workload(count: int, seed: int = 0):
+    """``(token_ids, offsets, ranges)``: ``count`` documents and one range example over each."""
+    rng = np.random.default_rng(seed)
+    sizes = np.clip(np.rint(rng.lognormal(np.log(MEDIAN_TOKENS), 1.0, count)), 2, CAPACITY + 1).astype(np.int64)
+    offsets = np.concatenate(([0], np.cumsum(sizes + 1)))
+    tokens = rng.integers(2, 266, size=int(offsets[-1]), dtype=np.int32)
+    tokens[offsets[:-1]] = 0
+    tokens[offsets[1:] - 1] = 1
+    ranges = np.stack([np.zeros_like(sizes), sizes], axis=1)
+    return tokens, offsets, ranges
+
+
+def columnar_epoch(binding, tokens, offsets, ranges):
+    table = sp.ExampleTable.from_arrays(tokens, offsets, binding, ranges=ranges)
+    return sp.pack_examples(TRAIN, table, binding, config())
+
+
+def columnar_pack(binding, table):
+    return sp.pack_examples(TRAIN, table, binding, config())
+
+
+def columnar_stream_of_calls(binding, table):
+    """Plan, then materialize each call and drop it: the lazy epoch's whole cost."""
+    plan = sp.plan_packing(TRAIN, table, binding, config())
+    return sum(batch.target_count for batch in plan)
+
+
+def columnar_stream(binding, items):
+    """Streaming next-fit over ``items`` (tables or chunks), each call dropped once counted."""
+    return sum(batch.target_count for batch in stream_packed_batches(TRAIN, items, binding, config()))
+
+
+def example_objects(binding, tokens, offsets, ranges):
+    """The same examples as SequenceExample objects over their own BatchDocument."""
+    bounds = offsets.tolist()
+    stops = ranges[:, 1].tolist()
+    return [
+        sp.SequenceExample.from_range(f"#{i}", sp.BatchDocument(f"d{i}", tokens[bounds[i]:bounds[i + 1]]),
+                                      (0, stops[i]), binding)
+        for i in range(len(stops))
+    ]
+
+
+def list_epoch(binding, examples):
+    return sp.pack_examples(TRAIN, examples, binding, config())
+
+
+def traced_peak(function) -> int:
+    """Peak bytes traced while ``function`` runs (its result released before returning)."""
+    tracemalloc.start()
+    function()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak
+
+
+def epoch_rows(count: int, repeats: int) -> list[dict]:
+    binding = sp.BatchBinding.fixture()
+    arrays = workload(count)
+    cells = columnar_epoch(binding, *arrays).row_count * CAPACITY  # untimed warm-up and the cell count
+    columnar = median_seconds(lambda: columnar_epoch(binding, *arrays), repeats)
+    table = sp.ExampleTable.from_arrays(*arrays[:2], binding, ranges=arrays[2])
+    packing = median_seconds(lambda: columnar_pack(binding, table), repeats)
+    lazy = median_seconds(lambda: columnar_stream_of_calls(binding, table), repeats)
+    chunks = [table.chunk(i, min(i + 1000, count)) for i in range(0, count, 1000)]
+    streamed = median_seconds(lambda: columnar_stream(binding, [table]), repeats)
+    streamed_chunks = median_seconds(lambda: columnar_stream(binding, chunks), repeats)
+    started = time.perf_counter()
+    examples = example_objects(binding, *arrays)
+    objects = time.perf_counter() - started
+    list_epoch(binding, examples)  # warm-up
+    listed = median_seconds(lambda: list_epoch(binding, examples), repeats)
+    peaks = {
+        "columnar": traced_peak(lambda: columnar_epoch(binding, *arrays)),
+        "packing": traced_peak(lambda: columnar_pack(binding, table)),
+        "lazy": traced_peak(lambda: columnar_stream_of_calls(binding, table)),
+        "list": traced_peak(lambda: list_epoch(binding, examples)),
+    }
+    del examples
+    peaks["objects"] = traced_peak(lambda: example_objects(binding, *arrays))
+    return [
+        {"path": "columnar: from_arrays + pack", "seconds": columnar, "cells": cells, "peak": peaks["columnar"],
+         "ratio": 1.0},
+        {"path": "columnar: pack (table built)", "seconds": packing, "cells": cells, "peak": peaks["packing"],
+         "ratio": packing / columnar},
+        {"path": "columnar: plan + lazy calls", "seconds": lazy, "cells": cells, "peak": peaks["lazy"],
+         "ratio": lazy / columnar},
+        {"path": "columnar: stream, one table", "seconds": streamed, "cells": cells,
+         "peak": traced_peak(lambda: columnar_stream(binding, [table])), "ratio": streamed / columnar},
+        {"path": "columnar: stream, 1k chunks", "seconds": streamed_chunks, "cells": cells,
+         "peak": traced_peak(lambda: columnar_stream(binding, chunks)), "ratio": streamed_chunks / columnar},
+        {"path": "list: pack_examples", "seconds": listed, "cells": cells, "peak": peaks["list"],
+         "ratio": listed / columnar},
+        {"path": "list: build objects + pack", "seconds": objects + listed, "cells": cells,
+         "peak": peaks["objects"] + peaks["list"], "ratio": (objects + listed) / columnar},
+    ]
+
+
+def fraction_rows(name: str, lengths: np.ndarray) -> list[dict]:
+    """Rows and real-target fraction of each policy on ``lengths``, against the lower bound."""
+    total = int(lengths.sum())
+    bound = sp.lower_bound_rows(lengths, CAPACITY)
+    best = total / (bound * CAPACITY)
+    rows = []
+    for policy in POLICIES:
+        placement = sp.place(lengths, CAPACITY, policy)
+        fraction = sp.real_target_fraction(lengths, placement.row_count, CAPACITY)
+        rows.append({"workload": name, "policy": policy, "rows": placement.row_count, "bound": bound,
+                     "fraction": fraction, "best": best, "of_best": fraction / best})
+    return rows
+
+
+def workload_lengths(count: int) -> np.ndarray:
+    _, _, ranges = workload(count)
+    return ranges[:, 1] - 1
+
+
+def stdlib_lengths() -> np.ndarray:
+    return stdlib_table(sp.BatchBinding.fixture(), CAPACITY).lengths
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=COUNT, help="examples in the epoch workload")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(f"epoch build: {args.count} examples, capacity {CAPACITY}, {ROWS_PER_CALL} rows per call")
+    print(f"{'path':<30} {'median s':>9} {'cells/s':>14} {'traced peak MiB':>17} {'s / columnar':>13}")
+    for row in epoch_rows(args.count, args.repeats):
+        print(f"{row['path']:<30} {row['seconds']:>9.3f} {row['cells'] / row['seconds']:>14.4g} "
+              f"{row['peak'] / 2**20:>17.1f} {row['ratio']:>12.2f}x")
+    print(f"\nreal-target fraction at capacity {CAPACITY} (best: total / (ceil(total / capacity) * capacity))")
+    print(f"{'workload':<18} {'policy':<22} {'rows':>8} {'bound':>8} {'fraction':>9} {'best':>9} {'of best':>8}")
+    for name, lengths in ((f"lognormal {args.count // 1000}k", workload_lengths(args.count)),
+                          ("stdlib corpus", stdlib_lengths())):
+        for row in fraction_rows(name, lengths):
+            print(f"{row['workload']:<18} {row['policy']:<22} {row['rows']:>8} {row['bound']:>8} "
+                  f"{row['fraction']:>9.5f} {row['best']:>9.5f} {row['of_best']:>8.5f}")
+    return 0
+
+
+def test_columnar_epoch(benchmark):
+    binding = sp.BatchBinding.fixture()
+    arrays = workload(COUNT)
+    epoch = benchmark.pedantic(columnar_epoch, args=(binding, *arrays), rounds=3, iterations=1, warmup_rounds=1)
+    cells = epoch.row_count * CAPACITY
+    benchmark.extra_info.update(examples=COUNT, cells_per_second=cells / benchmark.stats.stats.median)
+    assert epoch.occurrence_count == COUNT
+
+
+def test_list_epoch(benchmark):
+    binding = sp.BatchBinding.fixture()
+    examples = example_objects(binding, *workload(COUNT))
+    epoch = benchmark.pedantic(list_epoch, args=(binding, examples), rounds=3, iterations=1, warmup_rounds=1)
+    cells = epoch.row_count * CAPACITY
+    benchmark.extra_info.update(examples=COUNT, cells_per_second=cells / benchmark.stats.stats.median)
+    assert epoch.occurrence_count == COUNT
+
+
+def test_policy_fractions(benchmark):
+    rows = benchmark.pedantic(
+        lambda: fraction_rows("lognormal", workload_lengths(COUNT)) + fraction_rows("stdlib", stdlib_lengths()),
+        rounds=1, iterations=1,
+    )
+    benchmark.extra_info.update({f"{r['workload']} {r['policy']}": r["fraction"] for r in rows})
+    for row in rows:
+        if row["policy"] == "best-fit-decreasing":
+            assert row["of_best"] >= 0.99, row
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
