@@ -44,6 +44,15 @@ def test_demo_padded_json():
     assert trace["fixed_window_contrast"]["admitted_targets"] == 4
     assert trace["fixed_window_contrast"]["variable_example_targets"] == 6
     assert [e["document"] for e in trace["examples"]] == [[0, 99, 1], [0, 100, 101, 102, 1]]
+    probe = trace["loss_probe"]
+    assert round(probe["loss_sum"], 6) == 5.545177 and round(probe["mean"], 6) == 0.924196
+    assert round(probe["wrong_per_cell_mean"], 6) == 0.693147
+    assert round(probe["wrong_document_mean"], 6) == 0.953077
+    decoder = trace["decoder"]
+    assert decoder["seed"] == 42 and decoder["parameter_count"] == 3448
+    assert decoder["logit_comparisons"] == 1596 and decoder["comparisons_outside_tolerance"] == 0
+    assert isinstance(decoder["loss_sum"]["separate"], float)
+    assert abs(decoder["loss_sum"]["separate"] - decoder["loss_sum"]["padded"]) <= 1e-9 * decoder["loss_sum"]["separate"]
 
 
 def test_module_entry_point_matches_script():
@@ -88,3 +97,12 @@ def test_demo_packed_json():
     assert second["packed"]["dense_score_positions"] == 144
     assert second["padded"]["permitted_edges"] == second["packed"]["permitted_edges"] == 26
     assert trace["traversal"]["query_order_equals_tiled"] is True
+    probe = trace["loss_probe"]
+    assert round(probe["loss_sum"], 6) == 7.624619 and round(probe["mean"], 6) == 0.847180
+    assert round(probe["wrong_row_mean"], 6) == 0.831777
+    assert round(probe["wrong_document_mean"], 6) == 0.924196
+    decoder = trace["decoder"]
+    assert (decoder["logit_comparisons"], decoder["gradient_comparisons"]) == (4788, 6896)
+    assert decoder["comparisons_outside_tolerance"] == 0
+    sums = decoder["loss_sum"]
+    assert max(sums.values()) - min(sums.values()) <= 1e-9 * sums["separate"]
