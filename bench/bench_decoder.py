@@ -20,9 +20,9 @@ for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import statistics
 import sys
-import time
 
 import numpy as np
+from timing import timings
 
 from seqpack import (
     BatchBinding,
@@ -147,11 +147,7 @@ def decoder_epoch(decoder, batches):
 
 
 def median_ms(function, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
+    times = timings(function, repeats)
     return 1e3 * statistics.median(times), 1e3 * min(times), 1e3 * max(times)
 
 

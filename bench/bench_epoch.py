@@ -31,7 +31,7 @@ import tracemalloc
 import numpy as np
 
 import seqpack as sp
-from bench_placement import median_seconds
+from timing import median_seconds
 from seqpack.corpus import stdlib_table
 from seqpack.packing import stream_packed_batches
 from seqpack.placement import POLICIES

@@ -10,10 +10,9 @@ Lengths are lognormal (median 40 predictions, sigma 0.6, seed 0) at capacity 512
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
+from timing import median_seconds
 
 import seqpack as sp
 from seqpack import _reference
@@ -45,15 +44,6 @@ def reference(examples):
     return _reference.packed_rows([e.source_tokens.tolist() for e in examples], CAPACITY, ROWS_PER_CALL)
 
 
-def seconds(function, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--counts", default="30000,200000", help="example counts, comma-separated")
@@ -63,8 +53,8 @@ def main(argv=None) -> int:
     for count in (int(c) for c in args.counts.split(",")):
         binding, examples = workload(count)
         cells = sum(b.cell_count for b in pack(binding, examples).batches)
-        fast = seconds(lambda: pack(binding, examples), args.repeats)
-        slow = seconds(lambda: reference(examples), 1)
+        fast = median_seconds(lambda: pack(binding, examples), args.repeats)
+        slow = median_seconds(lambda: reference(examples), 1)
         for name, value in (("seqpack pack_examples", fast), ("plain-Python reference", slow)):
             print(f"{count:>9} {name:<22} {value:>9.4f} {count / value:>12.0f} {cells / value:>12.0f} {slow / value:>12.1f}x")
     return 0

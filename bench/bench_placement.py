@@ -11,10 +11,9 @@ run under pytest-benchmark with ``pytest bench/test_bench_placement.py``.
 """
 
 import argparse
-import statistics
-import time
 
 import numpy as np
+from timing import median_seconds
 
 from seqpack import lower_bound_rows, place, real_target_fraction
 from seqpack._reference import next_fit_placements
@@ -29,15 +28,6 @@ def lognormal_lengths(count, capacity=CAPACITY, seed=0):
     rng = np.random.default_rng(seed)
     draws = rng.lognormal(mean=np.log(MEDIAN_LENGTH), sigma=1.0, size=count)
     return np.clip(np.rint(draws), 1, capacity).astype(np.int64)
-
-
-def median_seconds(call, repeat):
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def measure(count, reference_count, repeat, capacity=CAPACITY):

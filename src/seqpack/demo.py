@@ -18,6 +18,7 @@ from .chapters import (
     padded_batch,
 )
 from .decoder_trace import decoder_section, loss_probe_section
+from .examples import SequenceExample
 from .packing import PackConfig, pack_examples
 from .windows import CausalWindowConfig, MiniBatchConfig, MiniBatchEpoch
 

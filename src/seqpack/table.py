@@ -14,7 +14,6 @@ from typing import Sequence
 import numpy as np
 
 from . import _validate
-from ._checks import is_int
 from .binding import BatchBinding, Partition
 from .documents import BatchDocument
 from .errors import InvalidInputError, SeqpackError
