@@ -116,7 +116,7 @@ def numpy_softmax_step(scores, upstream, mask):
     return numpy_softmax_backward(numpy_softmax_forward(scores, mask), upstream)
 
 
-def decoder_workload(count=96, max_positions=256, seed=0):
+def decoder_workload(count=96, max_positions=256, seed=0, attention="fused"):
     """Examples with lognormal prediction counts (median 40, sigma 0.8, at most 128) and a small decoder."""
     rng = np.random.default_rng(seed)
     examples = []
@@ -126,7 +126,7 @@ def decoder_workload(count=96, max_positions=256, seed=0):
         examples.append(SequenceExample.from_document(f"e{index}", document, BINDING))
     config = DecoderConfig(BINDING.vocabulary_size, width=64, heads=4, ffn_width=256, layers=2,
                            max_positions=max_positions)
-    return Decoder(config, seed), examples
+    return Decoder(config, seed, attention=attention), examples
 
 
 def padded_batches(examples, rows=8):
@@ -171,26 +171,29 @@ def main() -> int:
         print(f"| {rows} x {heads} | {capacity} | {mask.mean():.1%} | {_ms(fast)} | {_ms(reused)} | {_ms(slow)} "
               f"| {slow[0] / fast[0]:.1f}x | {slow[0] / reused[0]:.1f}x |")
 
-    decoder, examples = decoder_workload()
+    _, examples = decoder_workload()
     targets = sum(len(example) for example in examples)
     print()
     print(f"decoder step (loss forward+backward), {len(examples)} examples, {targets} real targets, "
-          "D 64, 4 heads, F 256, 2 layers, reference attention (median of 3)")
-    print("| layout | calls | cells | real-target fraction | ms per epoch | us per real target | vs packed |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "D 64, 4 heads, F 256, 2 layers (median of 3)")
+    print("| attention | layout | calls | cells | real-target fraction | ms per epoch | us per real target "
+          "| vs packed 256 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     layouts = {
         "padded, 8 rows per call": padded_batches(examples, 8),
         "packed, capacity 256, 4 rows": packed_batches(examples, 256, 4),
         "packed, capacity 128, 8 rows": packed_batches(examples, 128, 8),
     }
-    results = {}
-    for name, batches in layouts.items():
-        cells = sum(batch.shape[0] * batch.shape[1] for batch in batches)
-        results[name] = (median_ms(lambda: decoder_epoch(decoder, batches), 3)[0], len(batches), cells)
-    packed_ms = results["packed, capacity 256, 4 rows"][0]
-    for name, (ms, calls, cells) in results.items():
-        print(f"| {name} | {calls} | {cells} | {targets / cells:.1%} | {ms:.1f} | {1e3 * ms / targets:.1f} "
-              f"| {ms / packed_ms:.2f}x |")
+    for attention in ("reference", "fused"):
+        decoder, _ = decoder_workload(attention=attention)
+        results = {}
+        for name, batches in layouts.items():
+            cells = sum(batch.shape[0] * batch.shape[1] for batch in batches)
+            results[name] = (median_ms(lambda: decoder_epoch(decoder, batches), 3)[0], len(batches), cells)
+        packed_ms = results["packed, capacity 256, 4 rows"][0]
+        for name, (ms, calls, cells) in results.items():
+            print(f"| {attention} | {name} | {calls} | {cells} | {targets / cells:.1%} | {ms:.1f} "
+                  f"| {1e3 * ms / targets:.1f} | {ms / packed_ms:.2f}x |")
     return 0
 
 
