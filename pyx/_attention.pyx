@@ -2,10 +2,12 @@
 
 A work item is one (row, head, segment). Inside a segment the queries and keys are cut
 into tiles aligned at the segment start; a query tile meets the key tiles at or before
-it, and only the diagonal tile needs the causal mask, so no score outside the segment's
-causal block is ever computed, and nothing of size T*T is allocated. The forward keeps
-an online softmax (running max and sum per query) and saves the per-query log-sum-exp;
-the backward recomputes the probabilities from it and ``D = rowsum(dout * out)``.
+it, and only the diagonal tile needs the causal mask (its quarter above the diagonal is
+skipped). No score outside the segment is ever computed (about 95% of the computed ones
+are permitted edges on ~250-token segments) and nothing of size T*T is allocated. The
+forward keeps an online softmax (running max and sum per query) and saves the per-query
+log-sum-exp; the backward recomputes the probabilities from it and
+``D = rowsum(dout * out)``.
 
 Tile products go to BLAS (``scipy.linalg.cython_blas``), always in the no-transpose
 form that OpenBLAS runs fastest on small tiles, so K and V are transposed once per
@@ -48,67 +50,43 @@ cdef extern from *:
     #endif
 
     /* exp(x - shift) over a row, branch-free so that gcc vectorizes it on plain SSE2.
-       Range reduction x = n ln2 + r with n rounded by the 1.5 * 2**mantissa trick,
-       Taylor polynomial on |r| <= ln2 / 2 (truncation below 1 ulp), 2**n built in the
-       exponent bits. Arguments below `lo` (including -inf) give exactly 0. */
-    SEQPACK_CLONES static void seqpack_exp_shift_f(float *restrict dst, const float *restrict src,
-                                    ptrdiff_t n, float shift)
-    {
-        for (ptrdiff_t j = 0; j < n; j++) {
-            float x = src[j] - shift;
-            float xc = x < -87.0f ? -87.0f : x;
-            xc = xc > 88.0f ? 88.0f : xc;
-            union { float f; int32_t i; } t, s;
-            t.f = xc * 1.44269504088896341f + 12582912.0f;
-            float nf = t.f - 12582912.0f;
-            int32_t e = t.i - 0x4B400000;
-            float r = xc - nf * 0.693359375f;
-            r = r - nf * -2.12194440e-4f;
-            float p = 1.0f / 5040.0f;
-            p = p * r + 1.0f / 720.0f;
-            p = p * r + 1.0f / 120.0f;
-            p = p * r + 1.0f / 24.0f;
-            p = p * r + 1.0f / 6.0f;
-            p = p * r + 0.5f;
-            p = p * r + 1.0f;
-            p = p * r + 1.0f;
-            s.i = (e + 127) << 23;
-            float y = p * s.f;
-            dst[j] = x < -87.0f ? 0.0f : y;
-        }
+       Range reduction x = n ln2 + r with n rounded by the 1.5 * 2**mantissa trick (MAGIC)
+       and ln2 split in two, Taylor polynomial of DEGREE on |r| <= ln2 / 2 by Horner's rule
+       (coefficients 1/k! folded at compile time from LAST = 1/DEGREE!; truncation below
+       1 ulp), 2**n built in the exponent bits.
+       Arguments below LO (including -inf) give exactly 0; above HI they saturate. */
+    #define SEQPACK_EXP_SHIFT(T, I, SUFFIX, DEGREE, LAST, LO, HI, MAGIC, MANTISSA, BIAS, LN2_HI, \\
+                              LN2_LO)                                                         \\
+    SEQPACK_CLONES static void seqpack_exp_shift_##SUFFIX(T *restrict dst, const T *restrict src, \\
+                                                          ptrdiff_t n, T shift)                 \\
+    {                                                                                         \\
+        for (ptrdiff_t j = 0; j < n; j++) {                                                   \\
+            T x = src[j] - shift;                                                             \\
+            T xc = x < (T)(LO) ? (T)(LO) : x;                                                 \\
+            xc = xc > (T)(HI) ? (T)(HI) : xc;                                                 \\
+            union { T f; I i; } t, s, magic;                                                  \\
+            magic.f = (T)(MAGIC);                                                             \\
+            t.f = xc * (T)1.4426950408889634074 + magic.f;                                    \\
+            T nf = t.f - magic.f;                                                             \\
+            I e = t.i - magic.i;                                                              \\
+            T r = xc - nf * (T)(LN2_HI);                                                      \\
+            r = r - nf * (T)(LN2_LO);                                                         \\
+            T c = (T)(LAST), p = c;                                                           \\
+            _Pragma("GCC unroll 16")                                                          \\
+            for (int k = DEGREE; k > 0; k--) {                                                \\
+                c = c * (T)k;                                                                 \\
+                p = p * r + c;                                                                \\
+            }                                                                                 \\
+            s.i = (e + BIAS) << MANTISSA;                                                     \\
+            T y = p * s.f;                                                                    \\
+            dst[j] = x < (T)(LO) ? 0 : y;                                                     \\
+        }                                                                                     \\
     }
-
-    SEQPACK_CLONES static void seqpack_exp_shift_d(double *restrict dst, const double *restrict src,
-                                    ptrdiff_t n, double shift)
-    {
-        for (ptrdiff_t j = 0; j < n; j++) {
-            double x = src[j] - shift;
-            double xc = x < -708.0 ? -708.0 : x;
-            xc = xc > 709.0 ? 709.0 : xc;
-            union { double f; int64_t i; } t, s;
-            t.f = xc * 1.4426950408889634074 + 6755399441055744.0;
-            double nf = t.f - 6755399441055744.0;
-            int64_t e = t.i - INT64_C(0x4338000000000000);
-            double r = xc - nf * 6.93147180369123816490e-01;
-            r = r - nf * 1.90821492927058770002e-10;
-            double p = 1.0 / 479001600.0;
-            p = p * r + 1.0 / 39916800.0;
-            p = p * r + 1.0 / 3628800.0;
-            p = p * r + 1.0 / 362880.0;
-            p = p * r + 1.0 / 40320.0;
-            p = p * r + 1.0 / 5040.0;
-            p = p * r + 1.0 / 720.0;
-            p = p * r + 1.0 / 120.0;
-            p = p * r + 1.0 / 24.0;
-            p = p * r + 1.0 / 6.0;
-            p = p * r + 0.5;
-            p = p * r + 1.0;
-            p = p * r + 1.0;
-            s.i = (e + 1023) << 52;
-            double y = p * s.f;
-            dst[j] = x < -708.0 ? 0.0 : y;
-        }
-    }
+    SEQPACK_EXP_SHIFT(float, int32_t, f, 7, 1.0 / 5040.0, -87.0, 88.0, 12582912.0, 23, 127,
+                      0.693359375, -2.12194440e-4)
+    SEQPACK_EXP_SHIFT(double, int64_t, d, 12, 1.0 / 479001600.0, -708.0, 709.0,
+                      6755399441055744.0, 52, 1023,
+                      6.93147180369123816490e-01, 1.90821492927058770002e-10)
 
     /* Sums and maxima in eight fixed lanes: a vectorizable order that never depends on
        the thread or the call, so results stay bitwise reproducible. */
@@ -173,9 +151,10 @@ cdef enum:
     MAX_TILE = 64
     # OpenBLAS stays on one thread for m*n*k at or below this many multiply-adds.
     SINGLE_THREAD_MNK = 262144
-    # Below this many multiply-adds per thread, waking a second thread costs more than
-    # it saves (the thread count never changes the results, only the speed).
-    WORK_PER_THREAD = 1048576
+    # Each thread gets at least this many multiply-adds (a few tenths of a millisecond):
+    # below it a parallel region gains little, and on a busy machine one descheduled
+    # thread stalls the whole region. The thread count never changes the results.
+    WORK_PER_THREAD = 4194304
 
 cdef enum:
     # Kernel status codes; the Python layer turns them into errors.
@@ -321,6 +300,35 @@ cdef inline void gemm(Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t inner, real a
         dgemm(&no, &no, &m, &n, &k, &alpha, <double *>b, &lb, <double *>a, &la, &beta, c, &lc)
 
 
+cdef enum:
+    # Which part of a tile product a diagonal tile needs (see ``tile_gemm``).
+    FULL = 0
+    LOWER_OUTPUT = 1    # scores: the output's top-right quarter is masked anyway
+    LOWER_A = 2         # probabilities times something: a's top-right quarter is zero
+    UPPER_A = 3         # transposed probabilities: a's bottom-left quarter is zero
+
+
+cdef inline void tile_gemm(int shape, Py_ssize_t half, Py_ssize_t rows, Py_ssize_t cols,
+                           Py_ssize_t inner, real alpha, const real *a, Py_ssize_t lda,
+                           const real *b, Py_ssize_t ldb, real beta, real *c,
+                           Py_ssize_t ldc) noexcept nogil:
+    """``gemm`` that skips the quarter of a diagonal tile lying above the diagonal.
+
+    The top ``half`` rows and the rest are two products; a quarter of the work is saved.
+    """
+    if shape == FULL or rows <= half:
+        gemm(rows, cols, inner, alpha, a, lda, b, ldb, beta, c, ldc)
+        return
+    gemm(half, half if shape == LOWER_OUTPUT else cols, half if shape == LOWER_A else inner,
+         alpha, a, lda, b, ldb, beta, c, ldc)
+    if shape == UPPER_A:
+        gemm(rows - half, cols, inner - half, alpha, a + half * lda + half, lda, b + half * ldb,
+             ldb, beta, c + half * ldc, ldc)
+    else:
+        gemm(rows - half, cols, inner, alpha, a + half * lda, lda, b, ldb, beta,
+             c + half * ldc, ldc)
+
+
 cdef inline void exp_shift(real *dst, const real *src, Py_ssize_t n, real shift) noexcept nogil:
     if real is float:
         seqpack_exp_shift_f(dst, src, n, shift)
@@ -363,6 +371,11 @@ cdef inline real scalar_log(real x) noexcept nogil:
         return log(x)
 
 
+cdef inline Py_ssize_t padded(Py_ssize_t length) noexcept nogil:
+    """Row stride of a transposed K or V: ``length`` rounded up to 16 elements."""
+    return (length + 15) // 16 * 16
+
+
 cdef inline void transpose(const real *src, Py_ssize_t rows, Py_ssize_t cols,
                            Py_ssize_t lds, real *dst, Py_ssize_t ldd) noexcept nogil:
     """``dst[j, i] = src[i, j]`` for a row-major ``src[rows, cols]``."""
@@ -377,22 +390,26 @@ cdef void forward_segment(const real *q, const real *k, const real *v, Py_ssize_
                           real *out, real *lse, real *scratch) noexcept nogil:
     """One (row, head, segment): ``q, k, v, out`` point at the head's [T, d] block."""
     cdef Py_ssize_t length = end - start
-    cdef real *kt = scratch                    # [d, length]: K of the segment, transposed
-    cdef real *p = kt + d * length             # [tile, tile]: scores, then probabilities
+    cdef Py_ssize_t ld = padded(length)
+    cdef real *kt = scratch                    # [d, ld]: K of the segment, transposed
+    cdef real *p = kt + d * ld                 # [tile, tile]: scores, then probabilities
     cdef real *running_max = p + tile * tile   # [tile]: running max per query
     cdef real *running_total = running_max + tile  # [tile]: running sum of exp per query
     cdef Py_ssize_t a, b, qa, ka, nq, nk, i, j, visible
     cdef real *pi
     cdef real *oi
     cdef real new_max, rescale
-    transpose(k + start * d, length, d, d, kt, length)
+    cdef bint diagonal
+    transpose(k + start * d, length, d, d, kt, ld)
     for a in range((length + tile - 1) // tile):
         qa = start + a * tile
         nq = min(tile, end - qa)
         for b in range(a + 1):
             ka = start + b * tile
             nk = min(tile, end - ka)
-            gemm(nq, nk, d, scale, q + qa * d, d, kt + (ka - start), length, <real>0, p, tile)
+            diagonal = ka == qa
+            tile_gemm(LOWER_OUTPUT if diagonal else FULL, tile // 2, nq, nk, d, scale,
+                      q + qa * d, d, kt + (ka - start), ld, <real>0, p, tile)
             for i in range(nq):
                 pi = p + i * tile
                 visible = min(nk, qa + i - ka + 1)
@@ -413,8 +430,8 @@ cdef void forward_segment(const real *q, const real *k, const real *v, Py_ssize_
                         oi[j] = oi[j] * rescale
                 for j in range(visible, nk):
                     pi[j] = 0
-            gemm(nq, d, nk, <real>1, p, tile, v + ka * d, d,
-                 <real>(0 if ka == start else 1), out + qa * d, d)
+            tile_gemm(LOWER_A if diagonal else FULL, tile // 2, nq, d, nk, <real>1, p, tile,
+                      v + ka * d, d, <real>(0 if ka == start else 1), out + qa * d, d)
         for i in range(nq):
             oi = out + (qa + i) * d
             for j in range(d):
@@ -428,9 +445,10 @@ cdef void backward_segment(const real *q, const real *k, const real *v, const re
                            real *dq, real *dk, real *dv, real *scratch) noexcept nogil:
     """One (row, head, segment) of the backward; every pointer is the head's block."""
     cdef Py_ssize_t length = end - start
-    cdef real *kt = scratch                    # [d, length]: K of the segment, transposed
-    cdef real *vt = kt + d * length            # [d, length]: V of the segment, transposed
-    cdef real *p = vt + d * length             # [tile, tile]: scores, then probabilities
+    cdef Py_ssize_t ld = padded(length)
+    cdef real *kt = scratch                    # [d, ld]: K of the segment, transposed
+    cdef real *vt = kt + d * ld                # [d, ld]: V of the segment, transposed
+    cdef real *p = vt + d * ld                 # [tile, tile]: scores, then probabilities
     cdef real *ds = p + tile * tile            # [tile, tile]: dP, then dS
     cdef real *pt = ds + tile * tile           # [tile, tile]: probabilities transposed
     cdef real *dst = pt + tile * tile          # [tile, tile]: dS transposed
@@ -439,8 +457,10 @@ cdef void backward_segment(const real *q, const real *k, const real *v, const re
     cdef real *pi
     cdef real *dsi
     cdef real di
-    transpose(k + start * d, length, d, d, kt, length)
-    transpose(v + start * d, length, d, d, vt, length)
+    cdef bint diagonal
+    cdef int lower, upper
+    transpose(k + start * d, length, d, d, kt, ld)
+    transpose(v + start * d, length, d, d, vt, ld)
     for a in range((length + tile - 1) // tile):
         qa = start + a * tile
         nq = min(tile, end - qa)
@@ -449,8 +469,12 @@ cdef void backward_segment(const real *q, const real *k, const real *v, const re
         for b in range(a + 1):
             ka = start + b * tile
             nk = min(tile, end - ka)
-            gemm(nq, nk, d, scale, q + qa * d, d, kt + (ka - start), length, <real>0, p, tile)
-            gemm(nq, nk, d, <real>1, dout + qa * d, d, vt + (ka - start), length, <real>0, ds, tile)
+            diagonal = ka == qa
+            lower = LOWER_OUTPUT if diagonal else FULL
+            tile_gemm(lower, tile // 2, nq, nk, d, scale, q + qa * d, d, kt + (ka - start), ld,
+                      <real>0, p, tile)
+            tile_gemm(lower, tile // 2, nq, nk, d, <real>1, dout + qa * d, d,
+                      vt + (ka - start), ld, <real>0, ds, tile)
             for i in range(nq):
                 pi = p + i * tile
                 dsi = ds + i * tile
@@ -464,12 +488,13 @@ cdef void backward_segment(const real *q, const real *k, const real *v, const re
                     dsi[j] = 0
             transpose(p, nq, nk, tile, pt, tile)
             transpose(ds, nq, nk, tile, dst, tile)
-            gemm(nk, d, nq, <real>1, pt, tile, dout + qa * d, d,
-                 <real>(0 if ka == qa else 1), dv + ka * d, d)
-            gemm(nk, d, nq, scale, dst, tile, q + qa * d, d,
-                 <real>(0 if ka == qa else 1), dk + ka * d, d)
-            gemm(nq, d, nk, scale, ds, tile, k + ka * d, d,
-                 <real>(0 if ka == start else 1), dq + qa * d, d)
+            upper = UPPER_A if diagonal else FULL
+            tile_gemm(upper, tile // 2, nk, d, nq, <real>1, pt, tile, dout + qa * d, d,
+                      <real>(0 if diagonal else 1), dv + ka * d, d)
+            tile_gemm(upper, tile // 2, nk, d, nq, scale, dst, tile, q + qa * d, d,
+                      <real>(0 if diagonal else 1), dk + ka * d, d)
+            tile_gemm(LOWER_A if diagonal else FULL, tile // 2, nq, d, nk, scale, ds, tile,
+                      k + ka * d, d, <real>(0 if ka == start else 1), dq + qa * d, d)
 
 
 cdef void zero_padding(real *x, const Py_ssize_t[::1] valid_lengths, Py_ssize_t heads,
@@ -520,6 +545,30 @@ cdef inline void backward_item(Py_ssize_t item, const Plan *plan, Py_ssize_t hea
                      tile, scale, dq + offset, dk + offset, dv + offset, scratch)
 
 
+cdef int start_run(const Py_ssize_t[::1] valid_lengths, const Py_ssize_t[:, ::1] segment_starts,
+                   Py_ssize_t heads, Py_ssize_t d, Py_ssize_t tile, Py_ssize_t transposed,
+                   Py_ssize_t tiles, Py_ssize_t vectors, Py_ssize_t work_per_edge,
+                   size_t itemsize, Plan *plan, int *threads, Py_ssize_t *items,
+                   Py_ssize_t *size, void **scratch) noexcept nogil:
+    """Plan the layout, cap the thread count by the work, allocate each thread's scratch.
+
+    A thread's scratch holds ``transposed`` segment-long [d, padded] matrices, ``tiles``
+    tiles and ``vectors`` tile-long vectors; the work is ``work_per_edge * d``
+    multiply-adds per permitted edge. On success the caller frees ``scratch`` and the plan.
+    """
+    cdef int status = make_plan(valid_lengths, segment_starts, plan)
+    if status != LAYOUT_OK:
+        return status
+    items[0] = plan.segments * heads
+    threads[0] = thread_count(threads[0], items[0], plan.edges * heads * d * work_per_edge)
+    size[0] = transposed * d * padded(plan.longest) + tiles * tile * tile + vectors * tile
+    scratch[0] = malloc(threads[0] * size[0] * itemsize)
+    if scratch[0] == NULL:
+        free_plan(plan)
+        return OUT_OF_MEMORY
+    return LAYOUT_OK
+
+
 cdef int forward_impl(const real[:, :, :, ::1] q, const real[:, :, :, ::1] k,
                       const real[:, :, :, ::1] v, const Py_ssize_t[::1] valid_lengths,
                       const Py_ssize_t[:, ::1] segment_starts, real[:, :, :, ::1] out,
@@ -528,17 +577,12 @@ cdef int forward_impl(const real[:, :, :, ::1] q, const real[:, :, :, ::1] k,
     cdef Py_ssize_t tile = tile_edge(d), item, items, size
     cdef real scale = <real>(1.0 / sqrt(<double>d))
     cdef real *scratch
-    cdef int status = make_plan(valid_lengths, segment_starts, plan)
+    # Per thread: K of the segment transposed [d, longest], a score tile, max and sum.
+    cdef int status = start_run(valid_lengths, segment_starts, heads, d, tile, 1, 1, 2, 2,
+                                sizeof(real), plan, &threads, &items, &size,
+                                <void **>&scratch)
     if status != LAYOUT_OK:
         return status
-    items = plan.segments * heads
-    threads = thread_count(threads, items, plan.edges * heads * d * 2)
-    # Per thread: K of the segment transposed [d, longest], a score tile, max and sum.
-    size = d * plan.longest + tile * tile + 2 * tile
-    scratch = <real *>malloc(threads * size * sizeof(real))
-    if scratch == NULL:
-        free_plan(plan)
-        return OUT_OF_MEMORY
     zero_padding(&out[0, 0, 0, 0], valid_lengths, heads, width, d)
     zero_padding(&lse[0, 0, 0], valid_lengths, heads, width, 1)
     if threads == 1:
@@ -568,17 +612,12 @@ cdef int backward_impl(const real[:, :, :, ::1] q, const real[:, :, :, ::1] k,
     cdef Py_ssize_t tile = tile_edge(d), item, items, size
     cdef real scale = <real>(1.0 / sqrt(<double>d))
     cdef real *scratch
-    cdef int status = make_plan(valid_lengths, segment_starts, plan)
+    # Per thread: K and V of the segment transposed, four tiles and D of a query tile.
+    cdef int status = start_run(valid_lengths, segment_starts, heads, d, tile, 2, 4, 1, 4,
+                                sizeof(real), plan, &threads, &items, &size,
+                                <void **>&scratch)
     if status != LAYOUT_OK:
         return status
-    items = plan.segments * heads
-    threads = thread_count(threads, items, plan.edges * heads * d * 4)
-    # Per thread: K and V of the segment transposed, four tiles and D of a query tile.
-    size = 2 * d * plan.longest + 4 * tile * tile + tile
-    scratch = <real *>malloc(threads * size * sizeof(real))
-    if scratch == NULL:
-        free_plan(plan)
-        return OUT_OF_MEMORY
     zero_padding(&dq[0, 0, 0, 0], valid_lengths, heads, width, d)
     zero_padding(&dk[0, 0, 0, 0], valid_lengths, heads, width, d)
     zero_padding(&dv[0, 0, 0, 0], valid_lengths, heads, width, d)
