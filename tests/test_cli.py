@@ -106,3 +106,21 @@ def test_demo_packed_json():
     assert decoder["comparisons_outside_tolerance"] == 0
     sums = decoder["loss_sum"]
     assert max(sums.values()) - min(sums.values()) <= 1e-9 * sums["separate"]
+
+
+def test_bench_attention_json_on_the_fixture_shape():
+    result = run("bench", "attention", "--workload", "c", "--dtype", "float64", "--repeats", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    records = json.loads(result.stdout)
+    methods = {r["method"] for r in records}
+    assert {"seqpack fused", "numpy dense masked"} <= methods
+    for record in records:
+        assert (record["workload"], record["dtype"]) == ("c", "float64")
+        if record["method"] == "seqpack fused":
+            assert record["forward_ms"] > 0 and record["forward_backward_ms"] >= record["forward_ms"] * 0.5
+            assert record["edges"] < record["dense_cells"]
+
+
+def test_bench_needs_a_suite():
+    result = run("bench", "nonsense")
+    assert result.returncode == 2 and "invalid choice" in result.stderr

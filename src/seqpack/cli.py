@@ -1,4 +1,4 @@
-"""The ``seqpack`` command line: ``seqpack --version``, ``seqpack demo padded|packed``."""
+"""The ``seqpack`` command line: ``--version``, ``demo padded|packed``, ``bench attention``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo_parser = commands.add_parser("demo", help="print a chapter fixture's JSON trace")
     demo_parser.add_argument("trace", choices=sorted(TRACES), help="which trace to print")
+    bench_parser = commands.add_parser(
+        "bench", help="benchmarks (run 'seqpack bench attention --help' for options)", add_help=False
+    )
+    bench_parser.add_argument("suite", choices=["attention"], help="which benchmark to run")
+    bench_parser.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
     return parser
 
 
@@ -34,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             json.dump(TRACES[args.trace](), sys.stdout, indent=2)
             sys.stdout.write("\n")
+        elif args.command == "bench":
+            from . import attention_bench
+
+            return attention_bench.main(args.options)
     except SeqpackError as error:
         print(f"seqpack: error: {error}", file=sys.stderr)
         return 1
