@@ -7,10 +7,11 @@ The kernels trust their arguments: ``seqpack.batch`` validates them first.
 """
 
 from libc.stdint cimport int64_t
+from libc.string cimport memcpy, memset
 
 from _kernel_types cimport cell_t, flag_t
 
-# Sentinels (mirrored in seqpack.batch).
+# Sentinels (mirrored in seqpack.batch); fill_rows writes them as 0xFF bytes.
 cdef cell_t PAD = -1
 cdef cell_t NO_SEGMENT = -1
 
@@ -28,6 +29,12 @@ cpdef enum Violation:
     OCCURRENCE_POSITION = 9
     OCCURRENCE_TOKEN = 10
     ROW_COVERAGE = 11
+
+
+cdef inline void fill_constant(cell_t* cells, cell_t value, Py_ssize_t count) noexcept nogil:
+    cdef Py_ssize_t j
+    for j in range(count):
+        cells[j] = value
 
 
 def fill_rows(
@@ -54,13 +61,12 @@ def fill_rows(
     local positions from 0, its segment ID, all three validity fields true and
     its start column as every query's first permitted key. The placements must
     tile each row's prefix without gaps (every planner's do); every cell is
-    written exactly once.
+    written exactly once, in contiguous runs (copies and fills, not cell by cell).
     """
     cdef Py_ssize_t n = rows.shape[0]
     cdef Py_ssize_t row_count = inputs.shape[0]
     cdef Py_ssize_t width = inputs.shape[1]
-    cdef Py_ssize_t i, j, r, c, first, length, end
-    cdef cell_t segment
+    cdef Py_ssize_t i, j, r, c, first, length, end, rest
     with nogil:
         for r in range(row_count):
             valid_lengths[r] = 0
@@ -69,29 +75,32 @@ def fill_rows(
             length = ends[i] - first - 1
             r = rows[i]
             c = starts[i]
-            segment = segments[i]
+            memcpy(&inputs[r, c], &tokens[first], length * sizeof(cell_t))
+            memcpy(&targets[r, c], &tokens[first + 1], length * sizeof(cell_t))
             for j in range(length):
-                inputs[r, c + j] = tokens[first + j]
-                targets[r, c + j] = tokens[first + j + 1]
                 positions[r, c + j] = <cell_t>j
-                segment_ids[r, c + j] = segment
-                token_valid[r, c + j] = 1
-                target_valid[r, c + j] = 1
-                loss_mask[r, c + j] = 1
-                segment_starts[r, c + j] = <cell_t>c
+            fill_constant(&segment_ids[r, c], segments[i], length)
+            fill_constant(&segment_starts[r, c], <cell_t>c, length)
+            memset(&token_valid[r, c], 1, length)
+            memset(&target_valid[r, c], 1, length)
+            memset(&loss_mask[r, c], 1, length)
             end = c + length
             if end > valid_lengths[r]:
                 valid_lengths[r] = end
         for r in range(row_count):
-            for c in range(valid_lengths[r], width):
-                inputs[r, c] = PAD
-                targets[r, c] = PAD
-                positions[r, c] = 0
-                segment_ids[r, c] = NO_SEGMENT
-                token_valid[r, c] = 0
-                target_valid[r, c] = 0
-                loss_mask[r, c] = 0
-                segment_starts[r, c] = 0
+            c = valid_lengths[r]
+            rest = width - c
+            if rest == 0:
+                continue
+            # PAD_CELL and NO_SEGMENT are -1: every byte 0xFF.
+            memset(&inputs[r, c], 0xFF, rest * sizeof(cell_t))
+            memset(&targets[r, c], 0xFF, rest * sizeof(cell_t))
+            memset(&segment_ids[r, c], 0xFF, rest * sizeof(cell_t))
+            memset(&positions[r, c], 0, rest * sizeof(cell_t))
+            memset(&segment_starts[r, c], 0, rest * sizeof(cell_t))
+            memset(&token_valid[r, c], 0, rest)
+            memset(&target_valid[r, c], 0, rest)
+            memset(&loss_mask[r, c], 0, rest)
 
 
 cdef inline Violation padding_violation(

@@ -5,7 +5,7 @@ returns the index of the first one that breaks a tokenizer rule; the Python laye
 then explains that document's fault with the per-document checker.
 """
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from _kernel_types cimport cell_t
 
@@ -16,11 +16,11 @@ cpdef enum DocumentFault:
 
 
 cdef DocumentFault document_fault(
-    const cell_t[::1] tokens, int64_t first, int64_t end, int64_t vocabulary_size,
-    cell_t bos, cell_t eos, int64_t max_tokens, const int64_t[::1] piece_lengths,
-    int64_t max_bytes,
+    const cell_t[::1] tokens, int64_t first, int64_t end, const int64_t[::1] piece_lengths,
+    cell_t bos, cell_t eos, int64_t max_tokens, int64_t max_bytes,
 ) noexcept nogil:
-    cdef int64_t count = end - first, i, total = 0
+    cdef int64_t count = end - first, i, total = 0, piece
+    cdef int64_t vocabulary_size = piece_lengths.shape[0]
     cdef cell_t token
     if count < 2 or count > max_tokens:
         return BROKEN_RULE
@@ -28,11 +28,14 @@ cdef DocumentFault document_fault(
         return BROKEN_RULE
     for i in range(first + 1, end - 1):
         token = tokens[i]
-        if token < 0 or token >= vocabulary_size or token == bos or token == eos:
+        # One unsigned comparison rejects negative and out-of-vocabulary IDs alike.
+        if <uint32_t>token >= <uint64_t>vocabulary_size:
             return BROKEN_RULE
-        if piece_lengths.shape[0] > 0:
-            total += piece_lengths[token]
-    if piece_lengths.shape[0] > 0 and total > max_bytes:
+        piece = piece_lengths[token]
+        if piece < 0:  # a control ID inside the content
+            return BROKEN_RULE
+        total += piece
+    if total > max_bytes:
         return BROKEN_RULE
     if count == 2:
         return EMPTY_CONTENT
@@ -42,26 +45,27 @@ cdef DocumentFault document_fault(
 def first_bad_document(
     const cell_t[::1] tokens not None,            # all documents, concatenated
     const int64_t[::1] offsets not None,          # [documents + 1], non-decreasing
-    int64_t vocabulary_size,
+    const int64_t[::1] piece_lengths not None,    # [V] decoded bytes per ID; -1 marks BOS and EOS
     cell_t bos,
     cell_t eos,
     int64_t max_tokens,
-    const int64_t[::1] piece_lengths not None,    # [V] decoded bytes per ID, or empty: no byte limit
     int64_t max_bytes,
 ):
     """Return ``(document, fault)`` of the first document that is not a valid framed document.
 
-    Each document must be ``[BOS, content..., EOS]`` with IDs in ``[0, V)``, no BOS or
-    EOS inside the content, at most ``max_tokens`` tokens and (with piece lengths)
-    at most ``max_bytes`` decoded content bytes. ``(-1, DOCUMENT_OK)`` when all pass.
+    Each document must be ``[BOS, content..., EOS]`` with content IDs in ``[0, V)``
+    (``V = len(piece_lengths)``) that are not controls (piece length -1), at most
+    ``max_tokens`` tokens and at most ``max_bytes`` decoded content bytes (pass
+    zero piece lengths and an unreachable byte limit to check no bytes).
+    ``(-1, DOCUMENT_OK)`` when all pass.
     """
     cdef Py_ssize_t d
     cdef DocumentFault fault = DOCUMENT_OK
     cdef Py_ssize_t found = -1
     with nogil:
         for d in range(offsets.shape[0] - 1):
-            fault = document_fault(tokens, offsets[d], offsets[d + 1], vocabulary_size, bos, eos,
-                                   max_tokens, piece_lengths, max_bytes)
+            fault = document_fault(tokens, offsets[d], offsets[d + 1], piece_lengths, bos, eos,
+                                   max_tokens, max_bytes)
             if fault != DOCUMENT_OK:
                 found = d
                 break

@@ -298,3 +298,21 @@ def test_matches_reference_and_verifies(binding, case):
 def test_verify_catches_packer_bugs(ch05, corrupted, field, index, value, message):
     with pytest.raises(sp.VerificationError, match=message):
         corrupted(ch05.batches[0], field, index, value).verify()
+
+
+def test_reused_buffers_give_the_same_batches(binding):
+    examples = [with_predictions(f"e{i}", n, binding) for i, n in enumerate([3, 4, 2, 5, 1, 4, 4, 6, 2])]
+    config = sp.PackConfig(6, 2, 12, BIG)
+    expected = sp.pack_examples(TRAIN, examples, binding, config).batches
+    plan = sp.plan_packing(TRAIN, examples, binding, config)
+    seen = []
+    for batch, fresh in zip(plan.batches(reuse_buffers=True), expected, strict=True):
+        # Each reused batch equals the fresh one while it is current.
+        for field in ("inputs", "targets", "positions", "segments", "segment_starts", "token_valid",
+                      "target_valid", "loss_mask", "valid_lengths"):
+            np.testing.assert_array_equal(getattr(batch, field), getattr(fresh, field))
+        batch.verify()
+        seen.append(batch)
+    assert expected[-1].shape[0] < expected[0].shape[0]  # the smaller final call is covered
+    # One set of memory: the first batch now shows the last call's rows.
+    assert np.shares_memory(seen[0].inputs, seen[-1].inputs)

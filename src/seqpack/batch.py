@@ -186,6 +186,32 @@ def _occurrence_message(code: int, index: int, column: int, batch: "BatchLayout"
     return f"{name}, column {column}: {what}"
 
 
+#: The cell fields of a batch and their dtypes (``valid_lengths`` is per row, int64).
+CELL_FIELDS = {
+    "inputs": np.int32, "targets": np.int32, "positions": np.int32, "segments": np.int32,
+    "segment_starts": np.int32, "token_valid": np.bool_, "target_valid": np.bool_, "loss_mask": np.bool_,
+}
+
+
+class FieldBuffers:
+    """Field arrays for batches of up to ``rows`` x ``width`` cells.
+
+    A batch built on buffers views their first rows; building the next batch on the
+    same buffers overwrites it. Reusing one set saves the allocation and page faults
+    of a fresh 20+ bytes per cell on every call.
+    """
+
+    def __init__(self, rows: int, width: int):
+        self._cells = {name: np.empty((rows, width), dtype=dtype) for name, dtype in CELL_FIELDS.items()}
+        self._valid_lengths = np.empty(rows, dtype=np.int64)
+
+    def views(self, rows: int) -> dict[str, np.ndarray]:
+        """Writable views of the first ``rows`` rows of every field."""
+        views = {name: array[:rows] for name, array in self._cells.items()}
+        views["valid_lengths"] = self._valid_lengths[:rows]
+        return views
+
+
 @dataclass(frozen=True)
 class LayoutCounts:
     """Storage and attention counts of one or more batches (attention counts are per head).
@@ -241,24 +267,21 @@ class BatchLayout:
         source,
         records: np.ndarray,
         shape: tuple[int, int],
+        buffers: "FieldBuffers | None" = None,
     ):
         # Internal: callers (VariableBatch.build, pack_examples) validated everything.
-        # ``source`` (an ExampleList or ExampleTable) supplies the examples by ordinal.
+        # ``source`` (an ExampleList or ExampleTable) supplies the examples by ordinal;
+        # ``buffers`` (at least ``shape`` large), when given, hold the fields.
         rows, width = shape
         self.partition = partition
         self.binding = binding
         self._source = source
         self._records = records
         self._records.flags.writeable = False
-        self.inputs = np.empty(shape, dtype=np.int32)
-        self.targets = np.empty(shape, dtype=np.int32)
-        self.positions = np.empty(shape, dtype=np.int32)
-        self.segments = np.empty(shape, dtype=np.int32)
-        self.segment_starts = np.empty(shape, dtype=np.int32)
-        self.token_valid = np.empty(shape, dtype=np.bool_)
-        self.target_valid = np.empty(shape, dtype=np.bool_)
-        self.loss_mask = np.empty(shape, dtype=np.bool_)
-        self.valid_lengths = np.empty(rows, dtype=np.int64)
+        if buffers is None:
+            buffers = FieldBuffers(rows, width)
+        for name, array in buffers.views(rows).items():
+            setattr(self, name, array)
         tokens, begins, ends = source.gather(records["ordinal"])
         _layout.fill_rows(
             tokens, begins, ends,

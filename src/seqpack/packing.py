@@ -24,6 +24,7 @@ from .batch import (
     ROW_BYTES,
     BatchLayout,
     ExampleList,
+    FieldBuffers,
     check_examples,
     reject_longer,
 )
@@ -168,7 +169,7 @@ def _source(partition, examples, binding) -> tuple[object, np.ndarray]:
     return ExampleList(examples), lengths
 
 
-def call_batch(partition, binding, source, ordinals, rows, starts, lengths, shape) -> PackedBatch:
+def call_batch(partition, binding, source, ordinals, rows, starts, lengths, shape, buffers=None) -> PackedBatch:
     """A packed call from its occurrences' global ordinals, call-local rows, starts and lengths."""
     records = np.empty(len(ordinals), dtype=OCCURRENCE_DTYPE)
     records["ordinal"] = ordinals
@@ -176,7 +177,7 @@ def call_batch(partition, binding, source, ordinals, rows, starts, lengths, shap
     records["start"] = starts
     records["stop"] = records["start"] + lengths
     records["segment"] = ordinals
-    return PackedBatch(partition, binding, source, records, shape)
+    return PackedBatch(partition, binding, source, records, shape, buffers)
 
 
 class PackingPlan:
@@ -232,17 +233,30 @@ class PackingPlan:
         """Materialize model call ``call`` (rows local to it, ordinals and segments global)."""
         if isinstance(call, bool) or not isinstance(call, (int, np.integer)) or not 0 <= call < self.call_count:
             raise InvalidInputError(f"call {call!r} is outside this plan's {self.call_count} calls")
+        return self._batch(int(call), None)
+
+    def _batch(self, call: int, buffers) -> PackedBatch:
         first, end = int(self._bounds[call]), int(self._bounds[call + 1])
         local = np.arange(first, end) if self._order is None else self._order[first:end]
         return call_batch(
             self.partition, self.binding, self._source, local + self._source.first_ordinal,
             self._rows[first:end] - call * self.config.max_rows_per_batch, self._starts[first:end],
-            self._lengths[local], (self.call_rows(call), self.config.capacity),
+            self._lengths[local], (self.call_rows(call), self.config.capacity), buffers,
         )
 
-    def __iter__(self) -> Iterator[PackedBatch]:
+    def batches(self, reuse_buffers: bool = False) -> Iterator[PackedBatch]:
+        """Every model call in order, built one at a time.
+
+        With ``reuse_buffers=True`` all calls share one set of field arrays (sized for
+        the largest call): each batch is valid only until the next one is requested,
+        and no call pays for fresh memory.
+        """
+        buffers = FieldBuffers(self.largest_call_rows, self.config.capacity) if reuse_buffers else None
         for call in range(self.call_count):
-            yield self.batch(call)
+            yield self._batch(call, buffers)
+
+    def __iter__(self) -> Iterator[PackedBatch]:
+        return self.batches()
 
     def call_targets(self) -> np.ndarray:
         """Valid targets of every call (the loss denominators), without materializing any."""

@@ -29,7 +29,8 @@ def _int_array(name: str, values, dtype, ndim: int) -> np.ndarray:
         raise InvalidInputError(f"{name} must be {ndim}-dimensional, got shape {array.shape}")
     if array.size and array.dtype.kind not in "iu":
         raise InvalidInputError(f"{name} must hold integers, got dtype {array.dtype}")
-    if array.size and dtype == np.int32 and (array.min() < INT32_MIN or array.max() > INT32_MAX):
+    if (array.size and dtype == np.int32 and not np.can_cast(array.dtype, np.int32)
+            and (array.min() < INT32_MIN or array.max() > INT32_MAX)):
         raise InvalidInputError(f"{name} holds values outside the int32 range")
     result = np.array(array, dtype=dtype, order="C", copy=True)
     result.flags.writeable = False
@@ -120,11 +121,14 @@ class ExampleTable:
     def _check_documents(self, example_docs: np.ndarray) -> None:
         """Validate every document in bulk; raise naming the first example that uses a bad one."""
         binding = self.binding
-        tokenizer = binding.tokenizer
-        pieces = tokenizer.piece_lengths if tokenizer is not None else np.empty(0, dtype=np.int64)
+        if binding.tokenizer is not None:
+            pieces, max_bytes = binding.tokenizer.piece_lengths.copy(), binding.limits.max_bytes
+        else:  # an external tokenizer: no bytes to count
+            pieces, max_bytes = np.zeros(binding.vocabulary_size, dtype=np.int64), np.iinfo(np.int64).max
+        pieces[[binding.bos_id, binding.eos_id]] = -1
         document, fault = _validate.first_bad_document(
-            self._tokens, self._doc_offsets, binding.vocabulary_size, binding.bos_id, binding.eos_id,
-            binding.limits.max_tokens, pieces, binding.limits.max_bytes,
+            self._tokens, self._doc_offsets, pieces, binding.bos_id, binding.eos_id,
+            binding.limits.max_tokens, max_bytes,
         )
         if document < 0:
             return
