@@ -6,6 +6,7 @@ then explains that document's fault with the per-document checker.
 """
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.string cimport memcpy
 
 from _kernel_types cimport cell_t
 
@@ -50,8 +51,11 @@ def first_bad_document(
     cell_t eos,
     int64_t max_tokens,
     int64_t max_bytes,
+    cell_t[::1] copy_into not None,               # [len(tokens)]: valid documents are copied here
 ):
     """Return ``(document, fault)`` of the first document that is not a valid framed document.
+
+    Every document found valid is copied into ``copy_into`` while it is still in cache.
 
     Each document must be ``[BOS, content..., EOS]`` with content IDs in ``[0, V)``
     (``V = len(piece_lengths)``) that are not controls (piece length -1), at most
@@ -69,4 +73,7 @@ def first_bad_document(
             if fault != DOCUMENT_OK:
                 found = d
                 break
+            if offsets[d + 1] > offsets[d]:
+                memcpy(&copy_into[offsets[d]], &tokens[offsets[d]],
+                       (offsets[d + 1] - offsets[d]) * sizeof(cell_t))
     return found, fault

@@ -381,3 +381,16 @@ def test_at_least_one_example(binding):
     table_of(DOCS, binding, ranges=[[0, 2]], documents=[0])
     with pytest.raises(sp.InvalidInputError, match="at least one example"):
         table_of(DOCS, binding, ranges=np.empty((0, 2), dtype=np.int64), documents=[])
+
+
+def test_the_table_owns_its_tokens(binding):
+    """Writing into the caller's arrays after from_arrays changes nothing in the table."""
+    tokens = np.array([0, 99, 100, 1, 0, 101, 1], dtype=np.int32)
+    offsets = np.array([0, 4, 7])
+    table = sp.ExampleTable.from_arrays(tokens, offsets, binding)
+    tokens[1] = 5
+    offsets[1] = 3
+    assert table.example(0).source_tokens.tolist() == [0, 99, 100, 1]
+    assert table.lengths.tolist() == [3, 2]
+    packed = sp.pack_examples(TRAIN, table, binding, sp.PackConfig(6, 1, 6, BIG)).batches[0]
+    assert packed.inputs.tolist() == [[0, 99, 100, 0, 101, -1]]

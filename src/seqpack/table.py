@@ -22,8 +22,9 @@ from .examples import SequenceExample
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
-def _int_array(name: str, values, dtype, ndim: int) -> np.ndarray:
-    """A read-only C-contiguous copy of integer ``values`` (the table owns its arrays)."""
+def _int_array(name: str, values, dtype, ndim: int, copy: bool = True) -> np.ndarray:
+    """Integer ``values`` as a C-contiguous array: a read-only copy the table owns, or
+    (``copy=False``) possibly the caller's own array, to be copied later."""
     array = np.asarray(values)
     if array.ndim != ndim:
         raise InvalidInputError(f"{name} must be {ndim}-dimensional, got shape {array.shape}")
@@ -32,6 +33,8 @@ def _int_array(name: str, values, dtype, ndim: int) -> np.ndarray:
     if (array.size and dtype == np.int32 and not np.can_cast(array.dtype, np.int32)
             and (array.min() < INT32_MIN or array.max() > INT32_MAX)):
         raise InvalidInputError(f"{name} holds values outside the int32 range")
+    if not copy:
+        return np.ascontiguousarray(array, dtype=dtype)
     result = np.array(array, dtype=dtype, order="C", copy=True)
     result.flags.writeable = False
     return result
@@ -84,7 +87,9 @@ class ExampleTable:
             raise InvalidInputError(f"binding must be a BatchBinding, not {type(binding).__name__}")
         if not isinstance(partition, Partition):
             raise InvalidInputError(f"partition must be a Partition, not {partition!r}")
-        tokens = _int_array("token_ids", token_ids, np.int32, 1)
+        # The validation kernel copies the tokens into the table as it scans them.
+        supplied = _int_array("token_ids", token_ids, np.int32, 1, copy=False)
+        tokens = np.empty_like(supplied)
         doc_offsets = _int_array("offsets", offsets, np.int64, 1)
         _check_offsets(doc_offsets, tokens.shape[0])
         doc_count = doc_offsets.shape[0] - 1
@@ -115,11 +120,13 @@ class ExampleTable:
         if begins.shape[0] == 0:
             raise InvalidInputError("an example table needs at least one example")
         table = cls(tokens, doc_offsets, begins, ends, binding, partition, ids)
-        table._check_documents(example_docs)
+        table._check_documents(example_docs, supplied)
+        tokens.flags.writeable = False
         return table
 
-    def _check_documents(self, example_docs: np.ndarray) -> None:
-        """Validate every document in bulk; raise naming the first example that uses a bad one."""
+    def _check_documents(self, example_docs: np.ndarray, supplied: np.ndarray) -> None:
+        """Validate every document of ``supplied`` in bulk while copying it into the table;
+        raise naming the first example that uses a bad document."""
         binding = self.binding
         if binding.tokenizer is not None:
             pieces, max_bytes = binding.tokenizer.piece_lengths.copy(), binding.limits.max_bytes
@@ -127,8 +134,8 @@ class ExampleTable:
             pieces, max_bytes = np.zeros(binding.vocabulary_size, dtype=np.int64), np.iinfo(np.int64).max
         pieces[[binding.bos_id, binding.eos_id]] = -1
         document, fault = _validate.first_bad_document(
-            self._tokens, self._doc_offsets, pieces, binding.bos_id, binding.eos_id,
-            binding.limits.max_tokens, max_bytes,
+            supplied, self._doc_offsets, pieces, binding.bos_id, binding.eos_id,
+            binding.limits.max_tokens, max_bytes, self._tokens,
         )
         if document < 0:
             return
@@ -136,7 +143,7 @@ class ExampleTable:
         name = f"example {self.example_id(int(users[0]))!r} (index {users[0]}), " if users.size else ""
         if fault == _validate.DocumentFault.EMPTY_CONTENT:
             raise InvalidInputError(f"{name}document {document} has empty content and supplies no example")
-        tokens = self._tokens[self._doc_offsets[document] : self._doc_offsets[document + 1]]
+        tokens = supplied[self._doc_offsets[document] : self._doc_offsets[document + 1]]
         try:
             binding.validate_document(tokens)
         except SeqpackError as error:
