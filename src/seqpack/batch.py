@@ -193,6 +193,13 @@ CELL_FIELDS = {
 }
 
 
+def allocate_fields(rows: int, width: int) -> dict[str, np.ndarray]:
+    """Fresh, uninitialized field arrays of a ``rows`` x ``width`` batch."""
+    fields = {name: np.empty((rows, width), dtype=dtype) for name, dtype in CELL_FIELDS.items()}
+    fields["valid_lengths"] = np.empty(rows, dtype=np.int64)
+    return fields
+
+
 class FieldBuffers:
     """Field arrays for batches of up to ``rows`` x ``width`` cells.
 
@@ -202,14 +209,11 @@ class FieldBuffers:
     """
 
     def __init__(self, rows: int, width: int):
-        self._cells = {name: np.empty((rows, width), dtype=dtype) for name, dtype in CELL_FIELDS.items()}
-        self._valid_lengths = np.empty(rows, dtype=np.int64)
+        self._fields = allocate_fields(rows, width)
 
     def views(self, rows: int) -> dict[str, np.ndarray]:
         """Writable views of the first ``rows`` rows of every field."""
-        views = {name: array[:rows] for name, array in self._cells.items()}
-        views["valid_lengths"] = self._valid_lengths[:rows]
-        return views
+        return {name: array[:rows] for name, array in self._fields.items()}
 
 
 @dataclass(frozen=True)
@@ -278,9 +282,8 @@ class BatchLayout:
         self._source = source
         self._records = records
         self._records.flags.writeable = False
-        if buffers is None:
-            buffers = FieldBuffers(rows, width)
-        for name, array in buffers.views(rows).items():
+        fields = allocate_fields(rows, width) if buffers is None else buffers.views(rows)
+        for name, array in fields.items():
             setattr(self, name, array)
         tokens, begins, ends = source.gather(records["ordinal"])
         _layout.fill_rows(
