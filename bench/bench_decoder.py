@@ -38,6 +38,7 @@ from seqpack import (
     range_softmax_backward,
     range_softmax_forward,
 )
+from seqpack.attention_bench import layout_from_segments, next_fit_segments
 
 BINDING = BatchBinding.fixture()
 
@@ -46,21 +47,6 @@ def lognormal_lengths(count: int, median: float, sigma: float, low: int, high: i
     """Prediction counts ``round(lognormal)`` clipped to ``[low, high]``."""
     rng = np.random.default_rng(seed)
     return np.clip(np.rint(rng.lognormal(np.log(median), sigma, count)), low, high).astype(int)
-
-
-def next_fit_layout(lengths, capacity: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Valid lengths ``[rows]`` and segment starts ``[rows, capacity]`` of next-fit packed rows."""
-    valid = np.zeros(rows, dtype=np.int64)
-    starts = np.zeros((rows, capacity), dtype=np.int32)
-    row = 0
-    for length in lengths:
-        if valid[row] + length > capacity:
-            row += 1
-            if row == rows:
-                break
-        starts[row, valid[row] : valid[row] + length] = valid[row]
-        valid[row] += length
-    return valid, starts
 
 
 def dense_mask(valid: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -92,7 +78,7 @@ def numpy_softmax_backward(probabilities, upstream):
 def softmax_grids(rows=4, heads=4, capacity=512, seed=0):
     """Score grids ``[rows*heads, T, T]`` with their per-grid layout and dense mask."""
     lengths = lognormal_lengths(10 * rows * capacity // 50, 50.0, 1.0, 2, capacity, seed)
-    valid, starts = next_fit_layout(lengths, capacity, rows)
+    valid, starts = layout_from_segments(next_fit_segments(lengths, capacity, rows), capacity)
     rng = np.random.default_rng(seed)
     scores = rng.normal(size=(rows * heads, capacity, capacity))
     upstream = rng.normal(size=scores.shape)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .attention import range_attention_backward, range_attention_forward
+from .placement import place
 
 SAMPLE_SECONDS = 0.02
 
@@ -90,20 +91,20 @@ def layout_from_segments(segments, capacity):
     return lengths, starts
 
 
+def next_fit_segments(predictions, capacity: int, rows: int) -> list[list[int]]:
+    """Segment lengths of the first ``rows`` rows that next-fit fills from ``predictions``."""
+    predictions = np.asarray(predictions, dtype=np.int64)
+    placement = place(predictions, capacity)
+    keep = placement.rows < rows
+    kept_rows, kept = placement.rows[keep], predictions[keep]
+    return [kept[kept_rows == row].tolist() for row in range(rows)]
+
+
 def next_fit_lognormal(rows: int, capacity: int, draws: int = 4096):
     """Segment lengths per row: lognormal token counts packed by next-fit into ``rows``."""
     rng = np.random.default_rng(0)
     tokens = np.clip(np.rint(rng.lognormal(math.log(250), 1.0, draws)), 2, capacity)
-    packed, used = [[]], 0
-    for predictions in (tokens - 1).astype(int).tolist():
-        if predictions > capacity - used:
-            if len(packed) == rows:
-                break
-            packed.append([])
-            used = 0
-        packed[-1].append(predictions)
-        used += predictions
-    return packed
+    return next_fit_segments(tokens - 1, capacity, rows)
 
 
 def workload(name: str) -> Workload:

@@ -61,14 +61,29 @@ class VariableBatchConfig:
             check_int("max_width", self.max_width)
 
 
-def check_examples(
-    partition: Partition, examples: Sequence[SequenceExample], binding: BatchBinding
-) -> np.ndarray:
-    """Validate examples against the partition and binding; return their prediction lengths."""
+def check_arguments(partition: Partition, binding: BatchBinding) -> None:
+    """The partition and binding a batch is built for must be of the right types."""
     if not isinstance(partition, Partition):
         raise InvalidInputError(f"partition must be a Partition, not {partition!r}")
     if not isinstance(binding, BatchBinding):
         raise InvalidInputError(f"binding must be a BatchBinding, not {type(binding).__name__}")
+
+
+def check_owner(what: str, owner_binding, owner_partition, binding: BatchBinding, partition: Partition) -> None:
+    """``what`` (an example or a table) must share the batch's binding (by value) and partition."""
+    if owner_binding is not binding and owner_binding != binding:
+        raise BindingError(f"{what} was built under a different binding")
+    if owner_partition is not partition:
+        raise BindingError(
+            f"{what} belongs to partition {owner_partition.value!r}, not {partition.value!r}"
+        )
+
+
+def check_examples(
+    partition: Partition, examples: Sequence[SequenceExample], binding: BatchBinding
+) -> np.ndarray:
+    """Validate examples against the partition and binding; return their prediction lengths."""
+    check_arguments(partition, binding)
     if isinstance(examples, (str, bytes)) or not isinstance(examples, Sequence):
         raise InvalidInputError("examples must be a list or tuple of SequenceExample")
     if len(examples) == 0:
@@ -78,15 +93,8 @@ def check_examples(
             raise InvalidInputError(
                 f"example {index} is a {type(example).__name__}, not a SequenceExample"
             )
-        if example.binding is not binding and example.binding != binding:
-            raise BindingError(
-                f"example {example.id!r} (index {index}) was built under a different binding"
-            )
-        if example.partition is not partition:
-            raise BindingError(
-                f"example {example.id!r} (index {index}) belongs to partition "
-                f"{example.partition.value!r}, not {partition.value!r}"
-            )
+        check_owner(f"example {example.id!r} (index {index})", example.binding, example.partition,
+                    binding, partition)
     return np.fromiter((len(example) for example in examples), dtype=np.int64, count=len(examples))
 
 

@@ -6,7 +6,7 @@ from the library's own objects, so they show what a user would get.
 
 from __future__ import annotations
 
-from .batch import BatchLayout, LayoutCounts
+from .batch import BatchLayout
 from .binding import BatchBinding, Partition
 from .chapters import (
     DENSITY_DOCUMENTS,
@@ -15,11 +15,11 @@ from .chapters import (
     chapter_batch,
     chapter_examples,
     examples_of,
+    packed_batch,
     padded_batch,
 )
 from .decoder_trace import decoder_section, loss_probe_section
 from .examples import SequenceExample
-from .packing import PackConfig, pack_examples
 from .windows import CausalWindowConfig, MiniBatchConfig, MiniBatchEpoch
 
 
@@ -108,14 +108,13 @@ def edge_inventory(batch: BatchLayout, tile_width: int | None = None) -> list[li
 
 
 def density_comparison(documents: dict, capacity: int, binding: BatchBinding) -> dict:
-    """Padded and packed counts of the same examples (one padded batch, packed calls of 8 rows)."""
+    """Padded and packed counts of the same examples, each layout in one batch."""
     examples = examples_of(documents, binding)
-    packed = pack_examples(Partition.TRAIN, examples, binding, PackConfig(capacity, 8, 8 * capacity, 10**8))
     return {
         "prediction_lengths": [len(example) for example in examples],
         "capacity": capacity,
         "padded": padded_batch(examples, binding).counts().as_dict(),
-        "packed": LayoutCounts.total(packed.batches).as_dict(),
+        "packed": packed_batch(examples, binding, capacity).counts().as_dict(),
     }
 
 

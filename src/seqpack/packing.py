@@ -25,12 +25,14 @@ from .batch import (
     BatchLayout,
     ExampleList,
     FieldBuffers,
+    check_arguments,
     check_examples,
+    check_owner,
     reject_longer,
 )
 from ._checks import check_int
 from .binding import BatchBinding, Partition
-from .errors import BindingError, CapacityError, InvalidInputError, MetadataBudgetError
+from .errors import CapacityError, InvalidInputError, MetadataBudgetError
 from .examples import SequenceExample
 from . import _placement
 from .placement import POLICIES, place, placement_bytes
@@ -154,14 +156,8 @@ def packing_requirement(
 def _source(partition, examples, binding) -> tuple[object, np.ndarray]:
     """The examples' source and prediction lengths, validated against partition and binding."""
     if isinstance(examples, ExampleTable):
-        if not isinstance(partition, Partition):
-            raise InvalidInputError(f"partition must be a Partition, not {partition!r}")
-        if examples.binding is not binding and examples.binding != binding:
-            raise BindingError("the example table was built under a different binding")
-        if examples.partition is not partition:
-            raise BindingError(
-                f"the example table belongs to partition {examples.partition.value!r}, not {partition.value!r}"
-            )
+        check_arguments(partition, binding)
+        check_owner("the example table", examples.binding, examples.partition, binding, partition)
         if len(examples) == 0:
             raise InvalidInputError("a batch needs at least one example")
         return examples, examples.lengths
@@ -412,7 +408,6 @@ class _StreamSource:
         self._sources = sources
         self._firsts = np.array([source.first_ordinal for source in sources], dtype=np.int64)
         self.first_ordinal = sources[0].first_ordinal
-        self.held_bytes_per_occurrence = max(source.held_bytes_per_occurrence for source in sources)
 
     def __len__(self) -> int:
         return sum(len(source) for source in self._sources)
@@ -495,7 +490,7 @@ def stream_packed_batches(
         reject_longer(source, lengths, capacity, "capacity")
         rows = np.empty(len(lengths), dtype=np.int64)
         starts = np.empty(len(lengths), dtype=np.int64)
-        touched, used = _placement.next_fit(lengths, capacity, rows, starts, used)
+        _, used = _placement.next_fit(lengths, capacity, rows, starts, used)
         rows += max(open_row, 0)  # the kernel numbers the open row (or the first new one) 0
         ordinals = np.arange(ordinal, ordinal + len(lengths), dtype=np.int64)
         ordinal += len(lengths)

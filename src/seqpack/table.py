@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from . import _validate
+from .batch import check_arguments
 from .binding import BatchBinding, Partition
 from .documents import BatchDocument
 from .errors import InvalidInputError, SeqpackError
@@ -83,10 +84,7 @@ class ExampleTable:
         ids: Sequence[str] | None = None,
     ) -> "ExampleTable":
         """Validate the documents and ranges in bulk and build the table (arrays are copied)."""
-        if not isinstance(binding, BatchBinding):
-            raise InvalidInputError(f"binding must be a BatchBinding, not {type(binding).__name__}")
-        if not isinstance(partition, Partition):
-            raise InvalidInputError(f"partition must be a Partition, not {partition!r}")
+        check_arguments(partition, binding)
         # The validation kernel copies the tokens into the table as it scans them.
         supplied = _int_array("token_ids", token_ids, np.int32, 1, copy=False)
         tokens = np.empty_like(supplied)
