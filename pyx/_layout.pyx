@@ -1,19 +1,29 @@
 """Row-array kernels shared by padded and packed batches.
 
-``fill_rows`` writes every field of a batch from placements (row, start column,
-segment) and the placed examples' source tokens, given as ``tokens[begins[i]:ends[i]]``; ``first_row_violation`` and
+``fill_rows`` writes every stored field of a batch from placements (row, start
+column, segment) and the placed examples' source tokens, given as
+``tokens[begins[i]:ends[i]]``; ``first_row_violation`` and
 ``first_occurrence_violation`` scan finished arrays for the first broken invariant.
 The kernels trust their arguments: ``seqpack.batch`` validates them first.
 """
 
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy, memset
+from cython.parallel cimport prange
 
 from _kernel_types cimport cell_t, flag_t
 
 # Sentinels (mirrored in seqpack.batch); fill_rows writes them as 0xFF bytes.
 cdef cell_t PAD = -1
 cdef cell_t NO_SEGMENT = -1
+
+# Planes of the stored field arrays (the order of seqpack.batch.CELL_FIELDS and FLAG_FIELDS).
+cdef enum:
+    INPUT = 0
+    TARGET = 1
+    POSITION = 2
+    SEGMENT = 3
+    FLAG_COUNT = 3
 
 # Violation codes returned by the checking kernels (described in seqpack.batch).
 cpdef enum Violation:
@@ -37,70 +47,81 @@ cdef inline void fill_constant(cell_t* cells, cell_t value, Py_ssize_t count) no
         cells[j] = value
 
 
+cdef inline Py_ssize_t first_of_row(const int64_t[::1] rows, int64_t row) noexcept nogil:
+    """The first index ``i`` with ``rows[i] >= row`` in the non-decreasing ``rows``."""
+    cdef Py_ssize_t low = 0, high = rows.shape[0], middle
+    while low < high:
+        middle = (low + high) >> 1
+        if rows[middle] < row:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+# Batches of at least this many cells are filled by all threads (smaller ones are
+# not worth waking them); every cell's value is the same either way.
+cdef Py_ssize_t PARALLEL_CELLS = 1 << 20
+
+
 def fill_rows(
     const cell_t[::1] tokens not None,          # source tokens of the placed examples
     const int64_t[::1] begins not None,         # [n] example i owns tokens[begins[i]:ends[i]]
     const int64_t[::1] ends not None,           # [n]
-    const int64_t[::1] rows not None,           # [n] batch-local row of example i
+    const int64_t[::1] rows not None,           # [n] batch-local row of example i, non-decreasing
     const int64_t[::1] starts not None,         # [n] first column of example i
     const cell_t[::1] segments not None,        # [n] segment ID of example i
-    cell_t[:, ::1] inputs not None,             # [R, T]
-    cell_t[:, ::1] targets not None,            # [R, T]
-    cell_t[:, ::1] positions not None,          # [R, T]
-    cell_t[:, ::1] segment_ids not None,        # [R, T]
-    flag_t[:, ::1] token_valid not None,        # [R, T]
-    flag_t[:, ::1] target_valid not None,       # [R, T]
-    flag_t[:, ::1] loss_mask not None,          # [R, T]
-    cell_t[:, ::1] segment_starts not None,     # [R, T]
+    cell_t[:, :, :] cells not None,             # [4, R, T] inputs, targets, positions, segments
+    flag_t[:, :, :] flags not None,             # [3, R, T] token_valid, target_valid, loss_mask
     int64_t[::1] valid_lengths not None,        # [R]
 ):
-    """Write all batch fields: each placed example, then padding after each row's prefix.
+    """Write all stored batch fields, row by row: the row's placed examples, then its padding.
+
+    ``cells`` and ``flags`` hold one field per plane; planes and rows may be
+    strided, but each row must be contiguous (unit stride in its last axis).
 
     Example ``i`` with source tokens ``s`` (``len(s) - 1`` predictions) fills row
     ``rows[i]`` from column ``starts[i]``: inputs ``s[:-1]``, targets ``s[1:]``,
-    local positions from 0, its segment ID, all three validity fields true and
-    its start column as every query's first permitted key. The placements must
-    tile each row's prefix without gaps (every planner's do); every cell is
-    written exactly once, in contiguous runs (copies and fills, not cell by cell).
+    local positions from 0, its segment ID and all three validity fields true.
+    Placements come sorted by row and each row's placements tile its prefix
+    without gaps (every planner's do). Every cell is written exactly once, in
+    contiguous runs (copies and fills, not cell by cell); large batches split
+    their rows between threads, which also spreads the first touch of fresh memory.
     """
     cdef Py_ssize_t n = rows.shape[0]
-    cdef Py_ssize_t row_count = inputs.shape[0]
-    cdef Py_ssize_t width = inputs.shape[1]
-    cdef Py_ssize_t i, j, r, c, first, length, end, rest
+    cdef Py_ssize_t row_count = cells.shape[1]
+    cdef Py_ssize_t width = cells.shape[2]
+    cdef Py_ssize_t r, i, j, c, first, length, end, rest, field
+    cdef cell_t* position
+    cdef bint threaded = row_count * width >= PARALLEL_CELLS
     with nogil:
-        for r in range(row_count):
-            valid_lengths[r] = 0
-        for i in range(n):
-            first = begins[i]
-            length = ends[i] - first - 1
-            r = rows[i]
-            c = starts[i]
-            memcpy(&inputs[r, c], &tokens[first], length * sizeof(cell_t))
-            memcpy(&targets[r, c], &tokens[first + 1], length * sizeof(cell_t))
-            for j in range(length):
-                positions[r, c + j] = <cell_t>j
-            fill_constant(&segment_ids[r, c], segments[i], length)
-            fill_constant(&segment_starts[r, c], <cell_t>c, length)
-            memset(&token_valid[r, c], 1, length)
-            memset(&target_valid[r, c], 1, length)
-            memset(&loss_mask[r, c], 1, length)
-            end = c + length
-            if end > valid_lengths[r]:
-                valid_lengths[r] = end
-        for r in range(row_count):
-            c = valid_lengths[r]
-            rest = width - c
-            if rest == 0:
-                continue
-            # PAD_CELL and NO_SEGMENT are -1: every byte 0xFF.
-            memset(&inputs[r, c], 0xFF, rest * sizeof(cell_t))
-            memset(&targets[r, c], 0xFF, rest * sizeof(cell_t))
-            memset(&segment_ids[r, c], 0xFF, rest * sizeof(cell_t))
-            memset(&positions[r, c], 0, rest * sizeof(cell_t))
-            memset(&segment_starts[r, c], 0, rest * sizeof(cell_t))
-            memset(&token_valid[r, c], 0, rest)
-            memset(&target_valid[r, c], 0, rest)
-            memset(&loss_mask[r, c], 0, rest)
+        for r in prange(row_count, schedule="static", use_threads_if=threaded):
+            end = 0
+            i = first_of_row(rows, r)
+            while i < n and rows[i] == r:
+                first = begins[i]
+                length = ends[i] - first - 1
+                c = starts[i]
+                memcpy(&cells[INPUT, r, c], &tokens[first], length * sizeof(cell_t))
+                memcpy(&cells[TARGET, r, c], &tokens[first + 1], length * sizeof(cell_t))
+                position = &cells[POSITION, r, c]
+                for j in range(length):
+                    position[j] = <cell_t>j
+                fill_constant(&cells[SEGMENT, r, c], segments[i], length)
+                for field in range(FLAG_COUNT):
+                    memset(&flags[field, r, c], 1, length)
+                end = c + length
+                i = i + 1
+            valid_lengths[r] = end
+            rest = width - end
+            if rest > 0:
+                # PAD_CELL and NO_SEGMENT are -1: every byte 0xFF; padding positions are 0.
+                memset(&cells[INPUT, r, end], 0xFF, rest * sizeof(cell_t))
+                memset(&cells[TARGET, r, end], 0xFF, rest * sizeof(cell_t))
+                memset(&cells[POSITION, r, end], 0, rest * sizeof(cell_t))
+                memset(&cells[SEGMENT, r, end], 0xFF, rest * sizeof(cell_t))
+                for field in range(FLAG_COUNT):
+                    memset(&flags[field, r, end], 0, rest)
 
 
 cdef inline Violation padding_violation(

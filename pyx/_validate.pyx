@@ -5,7 +5,9 @@ returns the index of the first one that breaks a tokenizer rule; the Python laye
 then explains that document's fault with the per-document checker.
 """
 
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+cimport cython
+from cython.parallel cimport prange
+from libc.stdint cimport int64_t, uint32_t
 from libc.string cimport memcpy
 
 from _kernel_types cimport cell_t
@@ -15,29 +17,42 @@ cpdef enum DocumentFault:
     BROKEN_RULE = 1      # framing, control ID inside content, ID range, or a decode limit
     EMPTY_CONTENT = 2    # framed [BOS, EOS]: valid, but it supplies no example
 
+# Documents are scanned in this many runs, split between threads when the tokens
+# are many; the first faulty run names the first faulty document.
+cdef enum:
+    RUNS = 64
+cdef Py_ssize_t PARALLEL_TOKENS = 1 << 20
+
+
+@cython.cdivision(True)
+cdef inline Py_ssize_t run_start(Py_ssize_t run, Py_ssize_t documents, Py_ssize_t runs) noexcept nogil:
+    """First document of ``run`` when ``documents`` are cut into ``runs`` near-equal runs."""
+    return run * documents // runs
+
 
 cdef DocumentFault document_fault(
-    const cell_t[::1] tokens, int64_t first, int64_t end, const int64_t[::1] piece_lengths,
-    cell_t bos, cell_t eos, int64_t max_tokens, int64_t max_bytes,
+    const cell_t* tokens, int64_t count, const int64_t* piece_lengths, uint32_t vocabulary_size,
+    int64_t longest_piece, cell_t bos, cell_t eos, int64_t max_tokens, int64_t max_bytes,
 ) noexcept nogil:
-    cdef int64_t count = end - first, i, total = 0, piece
-    cdef int64_t vocabulary_size = piece_lengths.shape[0]
+    cdef int64_t i, total = 0
+    cdef uint32_t broken = 0
     cdef cell_t token
     if count < 2 or count > max_tokens:
         return BROKEN_RULE
-    if tokens[first] != bos or tokens[end - 1] != eos:
+    if tokens[0] != bos or tokens[count - 1] != eos:
         return BROKEN_RULE
-    for i in range(first + 1, end - 1):
+    for i in range(1, count - 1):
         token = tokens[i]
-        # One unsigned comparison rejects negative and out-of-vocabulary IDs alike.
-        if <uint32_t>token >= <uint64_t>vocabulary_size:
-            return BROKEN_RULE
-        piece = piece_lengths[token]
-        if piece < 0:  # a control ID inside the content
-            return BROKEN_RULE
-        total += piece
-    if total > max_bytes:
+        # One unsigned comparison rejects negative and out-of-vocabulary IDs alike;
+        # BOS and EOS are the only control IDs. Branch-free, so it vectorizes.
+        broken |= (<uint32_t>token >= vocabulary_size) | (token == bos) | (token == eos)
+    if broken:
         return BROKEN_RULE
+    if (count - 2) * longest_piece > max_bytes:  # only then can the byte limit bind
+        for i in range(1, count - 1):
+            total += piece_lengths[tokens[i]]
+        if total > max_bytes:
+            return BROKEN_RULE
     if count == 2:
         return EMPTY_CONTENT
     return DOCUMENT_OK
@@ -45,8 +60,8 @@ cdef DocumentFault document_fault(
 
 def first_bad_document(
     const cell_t[::1] tokens not None,            # all documents, concatenated
-    const int64_t[::1] offsets not None,          # [documents + 1], non-decreasing
-    const int64_t[::1] piece_lengths not None,    # [V] decoded bytes per ID; -1 marks BOS and EOS
+    const int64_t[::1] offsets not None,          # [documents + 1], non-decreasing, within tokens
+    const int64_t[::1] piece_lengths not None,    # [V] decoded bytes per ID, >= 0 (0 for BOS/EOS)
     cell_t bos,
     cell_t eos,
     int64_t max_tokens,
@@ -55,25 +70,48 @@ def first_bad_document(
 ):
     """Return ``(document, fault)`` of the first document that is not a valid framed document.
 
-    Every document found valid is copied into ``copy_into`` while it is still in cache.
-
     Each document must be ``[BOS, content..., EOS]`` with content IDs in ``[0, V)``
-    (``V = len(piece_lengths)``) that are not controls (piece length -1), at most
+    (``V = len(piece_lengths)``) other than BOS and EOS (the control IDs), at most
     ``max_tokens`` tokens and at most ``max_bytes`` decoded content bytes (pass
     zero piece lengths and an unreachable byte limit to check no bytes).
-    ``(-1, DOCUMENT_OK)`` when all pass.
+    ``(-1, DOCUMENT_OK)`` when all pass. Every document found valid is copied into
+    ``copy_into`` while it is still in cache; after a fault, documents other than
+    those before it may or may not have been copied.
     """
-    cdef Py_ssize_t d
-    cdef DocumentFault fault = DOCUMENT_OK
-    cdef Py_ssize_t found = -1
+    cdef Py_ssize_t documents = offsets.shape[0] - 1
+    cdef Py_ssize_t runs = documents if documents < RUNS else RUNS
+    cdef Py_ssize_t run, d, first, end
+    cdef Py_ssize_t found[RUNS]
+    cdef DocumentFault faults[RUNS]
+    cdef DocumentFault fault
+    cdef int64_t v, longest_piece = 0
+    cdef bint threaded = tokens.shape[0] >= PARALLEL_TOKENS
+    cdef uint32_t vocabulary_size = <uint32_t>piece_lengths.shape[0]
+    if tokens.shape[0] == 0:
+        return 0, BROKEN_RULE  # the first document is empty: no frame
+    cdef const cell_t* source = &tokens[0]
+    cdef cell_t* target = &copy_into[0]
+    cdef const int64_t* pieces = &piece_lengths[0]
+    for v in range(piece_lengths.shape[0]):
+        if piece_lengths[v] > longest_piece:
+            longest_piece = piece_lengths[v]
     with nogil:
-        for d in range(offsets.shape[0] - 1):
-            fault = document_fault(tokens, offsets[d], offsets[d + 1], piece_lengths, bos, eos,
-                                   max_tokens, max_bytes)
-            if fault != DOCUMENT_OK:
-                found = d
-                break
-            if offsets[d + 1] > offsets[d]:
-                memcpy(&copy_into[offsets[d]], &tokens[offsets[d]],
-                       (offsets[d + 1] - offsets[d]) * sizeof(cell_t))
-    return found, fault
+        for run in prange(runs, schedule="dynamic", use_threads_if=threaded):
+            found[run] = -1
+            faults[run] = DOCUMENT_OK
+            d = run_start(run, documents, runs)
+            end = run_start(run + 1, documents, runs)
+            while d < end:
+                first = offsets[d]
+                fault = document_fault(source + first, offsets[d + 1] - first, pieces, vocabulary_size,
+                                       longest_piece, bos, eos, max_tokens, max_bytes)
+                if fault != DOCUMENT_OK:
+                    found[run] = d
+                    faults[run] = fault
+                    break
+                memcpy(target + first, source + first, (offsets[d + 1] - first) * sizeof(cell_t))
+                d = d + 1
+    for run in range(runs):
+        if found[run] >= 0:
+            return found[run], faults[run]
+    return -1, DOCUMENT_OK

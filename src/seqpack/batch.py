@@ -12,6 +12,7 @@ permitted key of each query (``segment_starts``), never by a dense mask.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -31,9 +32,9 @@ OCCURRENCE_DTYPE = np.dtype(
     [("ordinal", np.int64), ("row", np.int64), ("start", np.int64), ("stop", np.int64), ("segment", np.int32)]
 )
 
-# Bytes a batch holds per cell (inputs, targets, positions, segments, segment
-# starts as int32; three bool fields) and per row (valid length, int64).
-CELL_BYTES = 5 * 4 + 3 * 1
+# Bytes a batch holds per cell (inputs, targets, positions, segments as int32;
+# three bool fields) and per row (valid length, int64).
+CELL_BYTES = 4 * 4 + 3 * 1
 ROW_BYTES = 8
 
 
@@ -194,34 +195,76 @@ def _occurrence_message(code: int, index: int, column: int, batch: "BatchLayout"
     return f"{name}, column {column}: {what}"
 
 
-#: The cell fields of a batch and their dtypes (``valid_lengths`` is per row, int64).
-CELL_FIELDS = {
-    "inputs": np.int32, "targets": np.int32, "positions": np.int32, "segments": np.int32,
-    "segment_starts": np.int32, "token_valid": np.bool_, "target_valid": np.bool_, "loss_mask": np.bool_,
-}
+#: The stored cell fields of a batch, in storage order (``valid_lengths`` is per row, int64).
+CELL_FIELDS = ("inputs", "targets", "positions", "segments")
+FLAG_FIELDS = ("token_valid", "target_valid", "loss_mask")
 
 
-def allocate_fields(rows: int, width: int) -> dict[str, np.ndarray]:
-    """Fresh, uninitialized field arrays of a ``rows`` x ``width`` batch."""
-    fields = {name: np.empty((rows, width), dtype=dtype) for name, dtype in CELL_FIELDS.items()}
-    fields["valid_lengths"] = np.empty(rows, dtype=np.int64)
-    return fields
+class FieldArrays(NamedTuple):
+    """A batch's stored fields as three arrays, each field one plane of them.
 
-
-class FieldBuffers:
-    """Field arrays for batches of up to ``rows`` x ``width`` cells.
-
-    A batch built on buffers views their first rows; building the next batch on the
-    same buffers overwrites it. Reusing one set saves the allocation and page faults
-    of a fresh 20+ bytes per cell on every call.
+    ``cells`` is int32 ``[4, rows, T]`` (inputs, targets, positions, segments),
+    ``flags`` bool ``[3, rows, T]`` (token_valid, target_valid, loss_mask) and
+    ``valid_lengths`` int64 ``[rows]``; each plane is a C-contiguous ``[rows, T]`` array.
     """
 
-    def __init__(self, rows: int, width: int):
-        self._fields = allocate_fields(rows, width)
+    cells: np.ndarray
+    flags: np.ndarray
+    valid_lengths: np.ndarray
 
-    def views(self, rows: int) -> dict[str, np.ndarray]:
-        """Writable views of the first ``rows`` rows of every field."""
-        return {name: array[:rows] for name, array in self._fields.items()}
+    @classmethod
+    def allocate(cls, rows: int, width: int) -> "FieldArrays":
+        """Fresh, uninitialized fields of a ``rows`` x ``width`` batch."""
+        return cls(np.empty((len(CELL_FIELDS), rows, width), np.int32),
+                   np.empty((len(FLAG_FIELDS), rows, width), np.bool_), np.empty(rows, np.int64))
+
+    def rows(self, start: int, stop: int) -> "FieldArrays":
+        """The fields of rows ``[start, stop)``, as views."""
+        return FieldArrays(self.cells[:, start:stop], self.flags[:, start:stop], self.valid_lengths[start:stop])
+
+    def named(self) -> dict[str, np.ndarray]:
+        """Every field by name."""
+        fields = dict(zip(CELL_FIELDS, self.cells))
+        fields.update(zip(FLAG_FIELDS, self.flags))
+        fields["valid_lengths"] = self.valid_lengths
+        return fields
+
+    def freeze(self) -> None:
+        for array in self:
+            array.flags.writeable = False
+
+
+class Placements(NamedTuple):
+    """Where a batch's occurrences sit, one entry each, sorted by row then start.
+
+    ``ordinals`` (int64) name the examples in the batch's source; ``rows`` (local
+    to the fields being filled) and ``starts`` are contiguous int64, ``lengths``
+    int64 prediction counts, ``segments`` contiguous int32.
+    """
+
+    ordinals: np.ndarray
+    rows: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    segments: np.ndarray
+
+    def records(self) -> np.ndarray:
+        """The occurrences as read-only ``OCCURRENCE_DTYPE`` records."""
+        records = np.empty(len(self.ordinals), dtype=OCCURRENCE_DTYPE)
+        records["ordinal"] = self.ordinals
+        records["row"] = self.rows
+        records["start"] = self.starts
+        records["stop"] = self.starts + self.lengths
+        records["segment"] = self.segments
+        records.flags.writeable = False
+        return records
+
+
+def fill_fields(source, placements: Placements, fields: FieldArrays) -> None:
+    """Write every cell of ``fields`` from ``placements`` of ``source``'s examples."""
+    tokens, begins, ends = source.gather(placements.ordinals)
+    _layout.fill_rows(tokens, begins, ends, placements.rows, placements.starts, placements.segments,
+                      fields.cells, fields.flags.view(np.uint8), fields.valid_lengths)
 
 
 @dataclass(frozen=True)
@@ -266,50 +309,55 @@ class BatchLayout:
     """The cell arrays of a padded or packed batch, filled by one kernel from placements.
 
     Field attributes (read-only numpy arrays): ``inputs``, ``targets``,
-    ``positions``, ``segments``, ``segment_starts`` (int32 ``[rows, T]``),
-    ``token_valid``, ``target_valid``, ``loss_mask`` (bool ``[rows, T]``) and
-    ``valid_lengths`` (int64 ``[rows]``). A valid query ``t`` of row ``r`` may
-    use exactly the keys ``[segment_starts[r, t], t]``.
+    ``positions``, ``segments`` (int32 ``[rows, T]``), ``token_valid``,
+    ``target_valid``, ``loss_mask`` (bool ``[rows, T]``) and ``valid_lengths``
+    (int64 ``[rows]``); ``segment_starts`` (int32 ``[rows, T]``) is derived from
+    them. A valid query ``t`` of row ``r`` may use exactly the keys
+    ``[segment_starts[r, t], t]``.
     """
 
-    def __init__(
-        self,
-        partition: Partition,
-        binding: BatchBinding,
-        source,
-        records: np.ndarray,
-        shape: tuple[int, int],
-        buffers: "FieldBuffers | None" = None,
-    ):
-        # Internal: callers (VariableBatch.build, pack_examples) validated everything.
-        # ``source`` (an ExampleList or ExampleTable) supplies the examples by ordinal;
-        # ``buffers`` (at least ``shape`` large), when given, hold the fields.
-        rows, width = shape
+    def __init__(self, partition: Partition, binding: BatchBinding, source, placements: Placements,
+                 fields: FieldArrays):
+        # Internal: ``fields`` are filled and read-only (see ``filled``); ``source``
+        # (an ExampleList or ExampleTable) supplies the examples by ordinal.
         self.partition = partition
         self.binding = binding
         self._source = source
-        self._records = records
-        self._records.flags.writeable = False
-        fields = allocate_fields(rows, width) if buffers is None else buffers.views(rows)
-        for name, array in fields.items():
+        self._placements = placements
+        for name, array in fields.named().items():
             setattr(self, name, array)
-        tokens, begins, ends = source.gather(records["ordinal"])
-        _layout.fill_rows(
-            tokens, begins, ends,
-            np.ascontiguousarray(records["row"]), np.ascontiguousarray(records["start"]),
-            np.ascontiguousarray(records["segment"]),
-            self.inputs, self.targets, self.positions, self.segments,
-            self.token_valid.view(np.uint8), self.target_valid.view(np.uint8),
-            self.loss_mask.view(np.uint8), self.segment_starts, self.valid_lengths,
-        )
-        for array in self._fields():
-            array.flags.writeable = False
 
-    def _fields(self) -> tuple[np.ndarray, ...]:
-        return (
-            self.inputs, self.targets, self.positions, self.segments, self.segment_starts,
-            self.token_valid, self.target_valid, self.loss_mask, self.valid_lengths,
-        )
+    @classmethod
+    def filled(cls, partition, binding, source, placements: Placements, shape: tuple[int, int],
+               buffers: FieldArrays | None = None):
+        """A batch of ``shape`` whose fields are written from ``placements``.
+
+        Internal: callers (VariableBatch.build, packing) validated everything.
+        ``buffers`` (at least ``shape`` large), when given, hold the fields: the
+        batch views their first rows, until the next batch built on them.
+        """
+        fields = FieldArrays.allocate(*shape) if buffers is None else buffers.rows(0, shape[0])
+        fill_fields(source, placements, fields)
+        fields.freeze()
+        return cls(partition, binding, source, placements, fields)
+
+    @cached_property
+    def _records(self) -> np.ndarray:
+        """The occurrences as ``OCCURRENCE_DTYPE`` records (built on first use)."""
+        return self._placements.records()
+
+    @cached_property
+    def segment_starts(self) -> np.ndarray:
+        """The first permitted key column of every query, int32 ``[rows, T]``, read-only.
+
+        A valid cell's segment began ``position`` columns earlier, so its start is
+        its column minus its local position; padding has start 0. Derived (once,
+        on first access) rather than stored: it costs no bytes per cell until used.
+        """
+        columns = np.arange(self.shape[1], dtype=np.int32)
+        starts = np.where(self.token_valid, columns - self.positions, np.int32(0))
+        starts.flags.writeable = False
+        return starts
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -341,7 +389,7 @@ class BatchLayout:
     def counts(self) -> LayoutCounts:
         """Storage cells, valid targets, dense score positions and permitted edges of this batch."""
         rows, width = self.shape
-        lengths = self._records["stop"] - self._records["start"]
+        lengths = self._placements.lengths
         return LayoutCounts(
             storage_cells=rows * width,
             valid_targets=self.target_count,
@@ -478,12 +526,10 @@ class VariableBatch(BatchLayout):
     @classmethod
     def _from_span(cls, partition, binding, source, lengths: np.ndarray, first: int, end: int) -> "VariableBatch":
         rows = end - first
-        records = np.zeros(rows, dtype=OCCURRENCE_DTYPE)
-        records["ordinal"] = np.arange(first, end)
-        records["row"] = np.arange(rows)
-        records["stop"] = lengths[first:end]
-        records["segment"] = np.arange(rows)
-        return cls(partition, binding, source, records, (rows, int(lengths[first:end].max())))
+        local = np.arange(rows, dtype=np.int64)
+        placements = Placements(np.arange(first, end, dtype=np.int64), local, np.zeros(rows, np.int64),
+                                lengths[first:end], local.astype(np.int32))
+        return cls.filled(partition, binding, source, placements, (rows, int(lengths[first:end].max())))
 
 
 def reject_longer(source, lengths: np.ndarray, limit: int, limit_name: str) -> None:

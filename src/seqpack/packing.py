@@ -13,7 +13,8 @@ and materialized one call at a time (``plan_packing``), or streamed
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence, Union
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Union
 
 import numpy as np
 
@@ -24,10 +25,12 @@ from .batch import (
     ROW_BYTES,
     BatchLayout,
     ExampleList,
-    FieldBuffers,
+    FieldArrays,
+    Placements,
     check_arguments,
     check_examples,
     check_owner,
+    fill_fields,
     reject_longer,
 )
 from ._checks import check_int
@@ -46,6 +49,11 @@ INT64_MAX = 2**63 - 1
 BATCH_OBJECT_BYTES = 3 * 1024
 PLAN_BYTES_PER_CALL = 128
 CALL_OVERHEAD_BYTES = 8 * 1024
+# Gathering temporaries an eager epoch allows one fill run (unless a single call needs more).
+FILL_BLOCK_BYTES = 64 * 2**20
+# An eager epoch's temporaries per occurrence: ordinals and input-order indices
+# (int64), segments (int32), call-local rows, lengths and a run's row shift (int64).
+EPOCH_BYTES_PER_OCCURRENCE = 8 + 8 + 4 + 8 + 8 + 8
 
 Examples = Union[Sequence[SequenceExample], ExampleTable]
 
@@ -81,23 +89,63 @@ class PackedBatch(BatchLayout):
     """
 
 
-@dataclass
 class PackedBatchEpoch:
-    """The packed model calls of one ``pack_examples`` call.
+    """The packed model calls of one ``pack_examples`` call, stored as one set of arrays.
 
+    ``fields`` maps each field name to one read-only array over all ``row_count``
+    rows (call ``i`` holds rows ``[i * max_rows_per_batch, ...)``), ready to hand to
+    a trainer whole; ``batches`` is the sequence of model calls, each a view of
+    those arrays made on first access, so keeping any batch keeps the epoch's
+    arrays alive (``plan_packing`` builds calls one at a time instead).
     ``metadata_peak`` is the byte requirement that was checked against the budget:
     everything the packer holds at its peak, batches included.
     """
 
-    batches: list
-    row_count: int
-    occurrence_count: int
-    metadata_peak: int
-    policy: str = "next-fit"
+    def __init__(self, plan: "PackingPlan", fields: FieldArrays, placements: Placements):
+        # Internal: built by PackingPlan.epoch; ``placements`` rows are call-local.
+        self.batches = EpochCalls(plan, fields, placements)
+        self.fields = fields.named()
+        self.row_count = plan.row_count
+        self.occurrence_count = plan.occurrence_count
+        self.metadata_peak = plan.metadata_peak
+        self.policy = plan.policy
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
     @property
     def target_count(self) -> int:
-        return sum(batch.target_count for batch in self.batches)
+        """Supervised targets of the whole epoch."""
+        return int(np.count_nonzero(self.fields["loss_mask"]))
+
+
+class EpochCalls(Sequence):
+    """The model calls of an eager epoch: views of its arrays, each made once, on first access."""
+
+    def __init__(self, plan: "PackingPlan", fields: FieldArrays, placements: Placements):
+        self._partition, self._binding, self._source = plan.partition, plan.binding, plan._source
+        self._rows_per_call = plan.config.max_rows_per_batch
+        self._bounds = plan._bounds
+        self._fields = fields
+        self._placements = placements
+        self._made = [None] * plan.call_count
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        call = range(len(self))[index]  # IndexError (or TypeError) like a list's
+        batch = self._made[call]
+        if batch is None:
+            first, end = self._bounds[call], self._bounds[call + 1]
+            first_row = call * self._rows_per_call
+            batch = PackedBatch(self._partition, self._binding, self._source,
+                                Placements(*(p[first:end] for p in self._placements)),
+                                self._fields.rows(first_row, first_row + self._rows_per_call))
+            self._made[call] = batch
+        return batch
 
 
 def check_occurrence_count(count: int) -> None:
@@ -141,16 +189,18 @@ def call_bytes(rows: int, occurrences: int, capacity: int) -> int:
 
 def packing_requirement(
     plan_bytes: int, count: int, row_count: int, call_count: int, largest_call_rows: int,
-    largest_gather: int, capacity: int,
+    fill_gather: int, capacity: int,
 ) -> int:
     """Exact-integer bytes an eager epoch holds at its peak.
 
-    The plan, every call (fields, records, objects, a list slot) and the
-    largest call's gathering temporaries.
+    The plan, the epoch's fields and records, its per-occurrence temporaries
+    (ordinals, segments, call-local rows, lengths, a fill run's row shift), every
+    call's view objects and list slot, and the largest fill run's gathering.
     """
     call_bytes(largest_call_rows, 0, capacity)  # every call is at most this wide
     return (plan_bytes + row_count * (capacity * CELL_BYTES + ROW_BYTES)
-            + count * OCCURRENCE_DTYPE.itemsize + call_count * (BATCH_OBJECT_BYTES + 8) + largest_gather)
+            + count * (OCCURRENCE_DTYPE.itemsize + EPOCH_BYTES_PER_OCCURRENCE)
+            + call_count * (BATCH_OBJECT_BYTES + 8) + fill_gather)
 
 
 def _source(partition, examples, binding) -> tuple[object, np.ndarray]:
@@ -167,13 +217,8 @@ def _source(partition, examples, binding) -> tuple[object, np.ndarray]:
 
 def call_batch(partition, binding, source, ordinals, rows, starts, lengths, shape, buffers=None) -> PackedBatch:
     """A packed call from its occurrences' global ordinals, call-local rows, starts and lengths."""
-    records = np.empty(len(ordinals), dtype=OCCURRENCE_DTYPE)
-    records["ordinal"] = ordinals
-    records["row"] = rows
-    records["start"] = starts
-    records["stop"] = records["start"] + lengths
-    records["segment"] = ordinals
-    return PackedBatch(partition, binding, source, records, shape, buffers)
+    placements = Placements(ordinals, rows, starts, lengths, ordinals.astype(np.int32))
+    return PackedBatch.filled(partition, binding, source, placements, shape, buffers)
 
 
 class PackingPlan:
@@ -210,7 +255,8 @@ class PackingPlan:
         occurrences = np.diff(self._bounds)
         sorted_lengths = lengths if self._order is None else lengths[self._order]
         tokens = np.add.reduceat(sorted_lengths, self._bounds[:-1]) + occurrences
-        self.largest_gather = int(source.gather_bytes(tokens, occurrences).max())
+        self._call_gather = source.gather_bytes(tokens, occurrences)
+        self.largest_gather = int(self._call_gather.max())
         self.largest_call_occurrences = int(occurrences.max())
         self.largest_call_rows = min(per_call, self.row_count)
         self.plan_bytes = plan_bytes + self.call_count * PLAN_BYTES_PER_CALL
@@ -247,12 +293,48 @@ class PackingPlan:
         the largest call): each batch is valid only until the next one is requested,
         and no call pays for fresh memory.
         """
-        buffers = FieldBuffers(self.largest_call_rows, self.config.capacity) if reuse_buffers else None
+        buffers = FieldArrays.allocate(self.largest_call_rows, self.config.capacity) if reuse_buffers else None
         for call in range(self.call_count):
             yield self._batch(call, buffers)
 
     def __iter__(self) -> Iterator[PackedBatch]:
         return self.batches()
+
+    def fill_blocks(self) -> list[tuple[int, int]]:
+        """Runs ``[first, end)`` of calls filled together by an eager epoch.
+
+        A run gathers at most ``max(FILL_BLOCK_BYTES, largest_gather)`` bytes of
+        temporaries, so a table (nothing to copy) fills in one run and a list of
+        examples in bounded pieces.
+        """
+        limit = max(FILL_BLOCK_BYTES, self.largest_gather)
+        total = np.cumsum(self._call_gather)
+        cuts = [0]
+        while cuts[-1] < self.call_count:
+            done = int(total[cuts[-1] - 1]) if cuts[-1] else 0
+            cuts.append(int(np.searchsorted(total, done + limit, side="right")))
+        return list(zip(cuts[:-1], cuts[1:]))
+
+    def fill_block_bytes(self) -> int:
+        """The largest gather of any run of ``fill_blocks``."""
+        total = np.concatenate(([0], np.cumsum(self._call_gather)))
+        return max(int(total[end] - total[first]) for first, end in self.fill_blocks())
+
+    def epoch(self) -> PackedBatchEpoch:
+        """Every call at once: epoch-wide field arrays filled run by run, calls as views of them."""
+        per_call = self.config.max_rows_per_batch
+        local = np.arange(self.occurrence_count) if self._order is None else self._order
+        ordinals = local + self._source.first_ordinal
+        placements = Placements(ordinals, self._rows, np.ascontiguousarray(self._starts), self._lengths[local],
+                                ordinals.astype(np.int32))
+        fields = FieldArrays.allocate(self.row_count, self.config.capacity)
+        for first_call, end_call in self.fill_blocks():
+            a, b = int(self._bounds[first_call]), int(self._bounds[end_call])
+            first_row = first_call * per_call
+            block = Placements(ordinals[a:b], placements.rows[a:b] - first_row, *(p[a:b] for p in placements[2:]))
+            fill_fields(self._source, block, fields.rows(first_row, end_call * per_call))
+        fields.freeze()
+        return PackedBatchEpoch(self, fields, placements._replace(rows=self._rows % per_call))
 
     def call_targets(self) -> np.ndarray:
         """Valid targets of every call (the loss denominators), without materializing any."""
@@ -370,7 +452,7 @@ def _plan(partition, examples, binding, config, policy, eager: bool) -> PackingP
     if eager:
         plan.metadata_peak = packing_requirement(
             plan.plan_bytes, count, plan.row_count, plan.call_count, plan.largest_call_rows,
-            plan.largest_gather, config.capacity,
+            plan.fill_block_bytes(), config.capacity,
         )
     enforce_metadata(plan.metadata_peak, config.max_metadata_bytes)
     return plan
@@ -397,8 +479,7 @@ def pack_examples(
     ``max_metadata_bytes`` (``MetadataBudgetError``), checked before placement and
     again before any batch array is allocated.
     """
-    plan = _plan(partition, examples, binding, config, policy, eager=True)
-    return PackedBatchEpoch(list(plan), plan.row_count, plan.occurrence_count, plan.metadata_peak, policy)
+    return _plan(partition, examples, binding, config, policy, eager=True).epoch()
 
 
 class _StreamSource:

@@ -127,10 +127,9 @@ class ExampleTable:
         raise naming the first example that uses a bad document."""
         binding = self.binding
         if binding.tokenizer is not None:
-            pieces, max_bytes = binding.tokenizer.piece_lengths.copy(), binding.limits.max_bytes
+            pieces, max_bytes = binding.tokenizer.piece_lengths, binding.limits.max_bytes
         else:  # an external tokenizer: no bytes to count
             pieces, max_bytes = np.zeros(binding.vocabulary_size, dtype=np.int64), np.iinfo(np.int64).max
-        pieces[[binding.bos_id, binding.eos_id]] = -1
         document, fault = _validate.first_bad_document(
             supplied, self._doc_offsets, pieces, binding.bos_id, binding.eos_id,
             binding.limits.max_tokens, max_bytes, self._tokens,

@@ -1,0 +1,177 @@
+"""Eager epochs stored as epoch-wide arrays, threaded fills, derived segment starts, bulk validation."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import seqpack as sp
+from seqpack import _validate, packing
+from test_policies import random_table
+from test_table import BIG, assert_same_batches, example_list
+
+pytestmark = pytest.mark.kernel
+
+TRAIN = sp.Partition.TRAIN
+STORED = ("inputs", "targets", "positions", "segments", "token_valid", "target_valid", "loss_mask", "valid_lengths")
+
+
+@pytest.fixture(scope="module")
+def binding():
+    return sp.BatchBinding.fixture()
+
+
+@pytest.fixture(scope="module")
+def small_epoch(binding):
+    rng = np.random.default_rng(5)
+    table = random_table(rng.integers(2, 30, 60), binding, seed=5)
+    return table, sp.pack_examples(TRAIN, table, binding, sp.PackConfig(32, 3, 96, BIG))
+
+
+def test_calls_are_views_of_the_epoch_arrays(small_epoch):
+    _, epoch = small_epoch
+    assert len(epoch) == len(epoch.batches) > 3
+    assert set(epoch.fields) == set(STORED)
+    for name in STORED:
+        whole = epoch.fields[name]
+        assert whole.shape[0] == epoch.row_count and not whole.flags.writeable
+        np.testing.assert_array_equal(np.concatenate([getattr(b, name) for b in epoch.batches]), whole)
+        assert all(np.shares_memory(getattr(b, name), whole) for b in epoch.batches)
+    assert epoch.target_count == sum(b.target_count for b in epoch.batches)
+
+
+def test_epoch_calls_behave_like_a_list(small_epoch):
+    _, epoch = small_epoch
+    calls = epoch.batches
+    assert calls[0] is calls[0] and calls[-1] is calls[len(calls) - 1]
+    assert calls[1:3] == [calls[1], calls[2]] and calls[::-1][0] is calls[-1]
+    assert list(calls) == [calls[i] for i in range(len(calls))]
+    with pytest.raises(IndexError):
+        calls[len(calls)]
+    with pytest.raises(IndexError):
+        calls[-len(calls) - 1]
+    with pytest.raises(TypeError):
+        calls["0"]
+    for batch in calls:
+        batch.verify()
+
+
+@pytest.mark.parametrize("policy", ["next-fit", "best-fit-decreasing"])
+def test_threaded_fill_equals_call_by_call(binding, policy):
+    # Over a million cells: the eager epoch fills in one run split between threads;
+    # the plan's calls (8 rows each) fill single-threaded.
+    rng = np.random.default_rng(17)
+    table = random_table(rng.integers(2, 4000, 700), binding, seed=17)
+    config = sp.PackConfig(4096, 8, 8 * 4096, BIG)
+    epoch = sp.pack_examples(TRAIN, table, binding, config, policy=policy)
+    assert epoch.row_count * 4096 >= 1 << 20
+    assert_same_batches(sp.plan_packing(TRAIN, table, binding, config, policy=policy), epoch.batches)
+    for call in (0, len(epoch) // 2, len(epoch) - 1):
+        epoch.batches[call].verify()
+
+
+def test_list_source_fills_in_bounded_runs(binding, monkeypatch):
+    rng = np.random.default_rng(3)
+    documents = [[0, *rng.integers(2, 266, size).tolist(), 1] for size in rng.integers(1, 40, 80)]
+    examples = example_list(documents, binding)
+    config = sp.PackConfig(48, 2, 96, BIG)
+    whole = sp.pack_examples(TRAIN, examples, binding, config)
+    monkeypatch.setattr(packing, "FILL_BLOCK_BYTES", 1)  # runs gather no more than the largest call
+    plan = sp.plan_packing(TRAIN, examples, binding, config)
+    blocks = plan.fill_blocks()
+    assert len(blocks) > len(plan) // 2 and blocks[0][0] == 0 and blocks[-1][1] == len(plan)
+    assert all(end > first == previous for (first, end), (_, previous) in zip(blocks[1:], blocks))
+    assert plan.fill_block_bytes() <= plan.largest_gather
+    runs = sp.pack_examples(TRAIN, examples, binding, config)
+    assert runs.metadata_peak < whole.metadata_peak
+    assert_same_batches(runs.batches, whole.batches)
+    assert_same_batches(plan, whole.batches)
+
+
+def test_segment_starts_are_derived_from_positions(small_epoch):
+    _, epoch = small_epoch
+    batch = epoch.batches[1]
+    starts = batch.segment_starts
+    assert starts is batch.segment_starts and starts.dtype == np.int32 and not starts.flags.writeable
+    columns = np.arange(batch.shape[1])
+    for row in range(batch.shape[0]):
+        expected = [
+            next(o.columns.start for o in batch.occurrences if o.row == row and column in o.columns)
+            if column < batch.valid_lengths[row] else 0
+            for column in columns
+        ]
+        assert starts[row].tolist() == expected
+
+
+# --- bulk document validation against a plain reference --------------------------------
+
+
+def reference_first_bad(tokens, offsets, pieces, bos, eos, max_tokens, max_bytes):
+    """Document by document, the rules ``first_bad_document`` applies."""
+    for d in range(len(offsets) - 1):
+        doc = tokens[offsets[d]:offsets[d + 1]]
+        if not 2 <= len(doc) <= max_tokens or doc[0] != bos or doc[-1] != eos:
+            return d, _validate.DocumentFault.BROKEN_RULE
+        content = doc[1:-1]
+        if ((content < 0) | (content >= len(pieces)) | (content == bos) | (content == eos)).any():
+            return d, _validate.DocumentFault.BROKEN_RULE
+        if pieces[content].sum() > max_bytes:
+            return d, _validate.DocumentFault.BROKEN_RULE
+        if len(doc) == 2:
+            return d, _validate.DocumentFault.EMPTY_CONTENT
+    return -1, _validate.DocumentFault.DOCUMENT_OK
+
+
+def run_kernel(tokens, offsets, pieces, max_tokens, max_bytes):
+    copy = np.full_like(tokens, -7)
+    found = _validate.first_bad_document(tokens, offsets, pieces, 0, 1, max_tokens, max_bytes, copy)
+    return found, copy
+
+
+@st.composite
+def document_sets(draw):
+    """Framed documents over a 12-ID vocabulary (BOS 0, EOS 1), some possibly broken."""
+    documents = []
+    for _ in range(draw(st.integers(1, 80))):
+        content = draw(st.lists(st.integers(2, 11), max_size=8))
+        doc = [0, *content, 1]
+        if draw(st.integers(0, 9)) == 0:  # break one token: framing, a control, the ID range
+            doc[draw(st.integers(0, len(doc) - 1))] = draw(st.sampled_from([-3, 0, 1, 5, 12, 99]))
+        documents.append(doc)
+    return documents
+
+
+@settings(derandomize=True, max_examples=200, deadline=None)
+@given(document_sets(), st.integers(2, 12), st.integers(0, 30))
+def test_first_bad_document_matches_the_reference(documents, max_tokens, max_bytes):
+    pieces = np.array([0, 0, 1, 2, 3, 1, 1, 4, 1, 2, 1, 5], dtype=np.int64)
+    tokens = np.array([t for doc in documents for t in doc], dtype=np.int32)
+    offsets = np.concatenate(([0], np.cumsum([len(doc) for doc in documents]))).astype(np.int64)
+    (document, fault), copy = run_kernel(tokens, offsets, pieces, max_tokens, max_bytes)
+    expected = reference_first_bad(tokens, offsets, pieces, 0, 1, max_tokens, max_bytes)
+    assert (document, fault) == expected
+    valid_end = offsets[document] if document >= 0 else len(tokens)
+    np.testing.assert_array_equal(copy[:valid_end], tokens[:valid_end])  # valid documents before it are copied
+
+
+def test_threaded_validation_names_the_first_bad_document():
+    # Over a million tokens, split into runs between threads: the earliest fault wins
+    # wherever the runs end, and a clean array is copied whole.
+    rng = np.random.default_rng(2)
+    sizes = rng.integers(3, 60, 40_000)
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    tokens = rng.integers(2, 12, int(offsets[-1])).astype(np.int32)
+    tokens[offsets[:-1]], tokens[offsets[1:] - 1] = 0, 1
+    pieces = np.ones(12, dtype=np.int64)
+    assert len(tokens) >= 1 << 20
+    (document, _), copy = run_kernel(tokens, offsets, pieces, 100, 100)
+    assert document == -1
+    np.testing.assert_array_equal(copy, tokens)
+    for bad in ([39_999], [25_000, 39_000], [1, 30_000], [0]):
+        broken = tokens.copy()
+        for d in bad:
+            broken[offsets[d] + 1] = 0  # BOS inside the content
+        assert run_kernel(broken, offsets, pieces, 100, 100)[0] == (min(bad), _validate.DocumentFault.BROKEN_RULE)
+    # The byte limit is counted only where it can bind, and binds there.
+    (document, _), _ = run_kernel(tokens, offsets, pieces, 100, int(sizes[0]) - 3)
+    assert document == 0
