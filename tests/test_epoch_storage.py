@@ -175,3 +175,19 @@ def test_threaded_validation_names_the_first_bad_document():
     # The byte limit is counted only where it can bind, and binds there.
     (document, _), _ = run_kernel(tokens, offsets, pieces, 100, int(sizes[0]) - 3)
     assert document == 0
+
+
+def test_a_lazy_plan_checks_the_epoch_budget_before_allocating(small_epoch, binding):
+    table, eager = small_epoch
+    required = eager.metadata_peak
+    config = sp.PackConfig(32, 3, 96, required - 1)
+    plan = sp.plan_packing(TRAIN, table, binding, config)  # one call at a time fits
+    assert plan.metadata_peak < required == plan.epoch_requirement()
+    with pytest.raises(sp.MetadataBudgetError, match=f"packing needs {required} metadata bytes") as caught:
+        plan.epoch()
+    assert (caught.value.required, caught.value.maximum) == (required, required - 1)
+    with pytest.raises(sp.MetadataBudgetError, match=f"packing needs {required} metadata bytes"):
+        sp.pack_examples(TRAIN, table, binding, config)
+    exact = sp.plan_packing(TRAIN, table, binding, sp.PackConfig(32, 3, 96, required)).epoch()
+    assert exact.metadata_peak == required
+    assert_same_batches(exact.batches, eager.batches)

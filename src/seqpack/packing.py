@@ -101,13 +101,13 @@ class PackedBatchEpoch:
     everything the packer holds at its peak, batches included.
     """
 
-    def __init__(self, plan: "PackingPlan", fields: FieldArrays, placements: Placements):
+    def __init__(self, plan: "PackingPlan", fields: FieldArrays, placements: Placements, metadata_peak: int):
         # Internal: built by PackingPlan.epoch; ``placements`` rows are call-local.
         self.batches = EpochCalls(plan, fields, placements)
         self.fields = fields.named()
         self.row_count = plan.row_count
         self.occurrence_count = plan.occurrence_count
-        self.metadata_peak = plan.metadata_peak
+        self.metadata_peak = metadata_peak
         self.policy = plan.policy
 
     def __len__(self) -> int:
@@ -226,7 +226,8 @@ class PackingPlan:
 
     The plan holds O(examples) arrays (lengths, rows, starts, the visiting order
     for the decreasing policies); ``batch(i)`` builds call ``i`` and iterating
-    builds them one at a time, so an epoch never needs to sit in memory at once.
+    builds them one at a time, so an epoch never needs to sit in memory at once;
+    ``epoch()`` builds them all at once, as ``pack_examples`` does.
     ``metadata_peak`` covers the plan plus one materialized call (the largest).
     """
 
@@ -320,8 +321,21 @@ class PackingPlan:
         total = np.concatenate(([0], np.cumsum(self._call_gather)))
         return max(int(total[end] - total[first]) for first, end in self.fill_blocks())
 
+    def epoch_requirement(self) -> int:
+        """Bytes ``epoch()`` holds at its peak: ``packing_requirement`` of this plan."""
+        return packing_requirement(
+            self.plan_bytes, self.occurrence_count, self.row_count, self.call_count, self.largest_call_rows,
+            self.fill_block_bytes(), self.config.capacity,
+        )
+
     def epoch(self) -> PackedBatchEpoch:
-        """Every call at once: epoch-wide field arrays filled run by run, calls as views of them."""
+        """Every call at once: epoch-wide field arrays filled run by run, calls as views of them.
+
+        Raises ``MetadataBudgetError`` before allocating when ``epoch_requirement()``
+        exceeds ``max_metadata_bytes``.
+        """
+        required = self.epoch_requirement()
+        enforce_metadata(required, self.config.max_metadata_bytes)
         per_call = self.config.max_rows_per_batch
         local = np.arange(self.occurrence_count) if self._order is None else self._order
         ordinals = local + self._source.first_ordinal
@@ -334,7 +348,7 @@ class PackingPlan:
             block = Placements(ordinals[a:b], placements.rows[a:b] - first_row, *(p[a:b] for p in placements[2:]))
             fill_fields(self._source, block, fields.rows(first_row, end_call * per_call))
         fields.freeze()
-        return PackedBatchEpoch(self, fields, placements._replace(rows=self._rows % per_call))
+        return PackedBatchEpoch(self, fields, placements._replace(rows=self._rows % per_call), required)
 
     def call_targets(self) -> np.ndarray:
         """Valid targets of every call (the loss denominators), without materializing any."""
@@ -449,12 +463,7 @@ def _plan(partition, examples, binding, config, policy, eager: bool) -> PackingP
     placement = place(lengths, config.capacity, policy)
     check_call_cells(min(config.max_rows_per_batch, placement.row_count), config)
     plan = PackingPlan(partition, binding, config, policy, source, lengths, placement, plan_bytes)
-    if eager:
-        plan.metadata_peak = packing_requirement(
-            plan.plan_bytes, count, plan.row_count, plan.call_count, plan.largest_call_rows,
-            plan.fill_block_bytes(), config.capacity,
-        )
-    enforce_metadata(plan.metadata_peak, config.max_metadata_bytes)
+    enforce_metadata(plan.epoch_requirement() if eager else plan.metadata_peak, config.max_metadata_bytes)
     return plan
 
 
