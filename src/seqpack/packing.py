@@ -552,9 +552,12 @@ def stream_packed_batches(
     call, open_row, used, ordinal = 0, -1, -1, 0
 
     def flush(last_row: int) -> PackedBatch:
-        sources = list({id(p[0]): p[0] for p in pending}.values())
-        source = sources[0] if len(sources) == 1 else _StreamSource(sources)
-        ordinals, rows, starts, lengths = (np.concatenate([p[k] for p in pending]) for k in range(1, 5))
+        if len(pending) == 1:  # the call lies inside one piece: no joining
+            source, ordinals, rows, starts, lengths = pending[0]
+        else:
+            sources = list({id(p[0]): p[0] for p in pending}.values())
+            source = sources[0] if len(sources) == 1 else _StreamSource(sources)
+            ordinals, rows, starts, lengths = (np.concatenate([p[k] for p in pending]) for k in range(1, 5))
         call_rows = last_row + 1 - call * per_call
         check_call_cells(call_rows, config)
         tokens = np.array([int(lengths.sum()) + len(lengths)])
