@@ -230,6 +230,7 @@ class FieldArrays(NamedTuple):
         return fields
 
     def freeze(self) -> None:
+        """Make every array read-only (views made afterwards are read-only too)."""
         for array in self:
             array.flags.writeable = False
 
