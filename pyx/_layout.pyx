@@ -59,11 +59,6 @@ cdef inline Py_ssize_t first_of_row(const int64_t[::1] rows, int64_t row) noexce
     return low
 
 
-# Batches of at least this many cells are filled by all threads (smaller ones are
-# not worth waking them); every cell's value is the same either way.
-cdef Py_ssize_t PARALLEL_CELLS = 1 << 20
-
-
 def fill_rows(
     const cell_t[::1] tokens not None,          # source tokens of the placed examples
     const int64_t[::1] begins not None,         # [n] example i owns tokens[begins[i]:ends[i]]
@@ -74,6 +69,7 @@ def fill_rows(
     cell_t[:, :, :] cells not None,             # [4, R, T] inputs, targets, positions, segments
     flag_t[:, :, :] flags not None,             # [3, R, T] token_valid, target_valid, loss_mask
     int64_t[::1] valid_lengths not None,        # [R]
+    int threads,                                # rows are split between this many threads
 ):
     """Write all stored batch fields, row by row: the row's placed examples, then its padding.
 
@@ -85,17 +81,16 @@ def fill_rows(
     local positions from 0, its segment ID and all three validity fields true.
     Placements come sorted by row and each row's placements tile its prefix
     without gaps (every planner's do). Every cell is written exactly once, in
-    contiguous runs (copies and fills, not cell by cell); large batches split
-    their rows between threads, which also spreads the first touch of fresh memory.
+    contiguous runs (copies and fills, not cell by cell), whatever the thread
+    count; several threads also spread the first touch of fresh memory.
     """
     cdef Py_ssize_t n = rows.shape[0]
     cdef Py_ssize_t row_count = cells.shape[1]
     cdef Py_ssize_t width = cells.shape[2]
     cdef Py_ssize_t r, i, j, c, first, length, end, rest, field
     cdef cell_t* position
-    cdef bint threaded = row_count * width >= PARALLEL_CELLS
     with nogil:
-        for r in prange(row_count, schedule="static", use_threads_if=threaded):
+        for r in prange(row_count, schedule="static", num_threads=threads, use_threads_if=threads > 1):
             end = 0
             i = first_of_row(rows, r)
             while i < n and rows[i] == r:

@@ -17,11 +17,10 @@ cpdef enum DocumentFault:
     BROKEN_RULE = 1      # framing, control ID inside content, ID range, or a decode limit
     EMPTY_CONTENT = 2    # framed [BOS, EOS]: valid, but it supplies no example
 
-# Documents are scanned in this many runs, split between threads when the tokens
-# are many; the first faulty run names the first faulty document.
+# Documents are scanned in this many runs, split between the threads; the first
+# faulty run names the first faulty document.
 cdef enum:
     RUNS = 64
-cdef Py_ssize_t PARALLEL_TOKENS = 1 << 20
 
 
 @cython.cdivision(True)
@@ -67,6 +66,7 @@ def first_bad_document(
     int64_t max_tokens,
     int64_t max_bytes,
     cell_t[::1] copy_into not None,               # [len(tokens)]: valid documents are copied here
+    int threads,
 ):
     """Return ``(document, fault)`` of the first document that is not a valid framed document.
 
@@ -85,7 +85,6 @@ def first_bad_document(
     cdef DocumentFault faults[RUNS]
     cdef DocumentFault fault
     cdef int64_t v, longest_piece = 0
-    cdef bint threaded = tokens.shape[0] >= PARALLEL_TOKENS
     cdef uint32_t vocabulary_size = <uint32_t>piece_lengths.shape[0]
     if tokens.shape[0] == 0:
         return 0, BROKEN_RULE  # the first document is empty: no frame
@@ -96,7 +95,7 @@ def first_bad_document(
         if piece_lengths[v] > longest_piece:
             longest_piece = piece_lengths[v]
     with nogil:
-        for run in prange(runs, schedule="dynamic", use_threads_if=threaded):
+        for run in prange(runs, schedule="dynamic", num_threads=threads, use_threads_if=threads > 1):
             found[run] = -1
             faults[run] = DOCUMENT_OK
             d = run_start(run, documents, runs)

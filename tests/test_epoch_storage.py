@@ -1,12 +1,16 @@
 """Eager epochs stored as epoch-wide arrays, threaded fills, derived segment starts, bulk validation."""
 
+import multiprocessing
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqpack as sp
-from seqpack import _validate, packing
+from seqpack import _layout, _validate, packing
+from seqpack.batch import FieldArrays, Placements
 from test_policies import random_table
 from test_table import BIG, assert_same_batches, example_list
 
@@ -70,6 +74,24 @@ def test_threaded_fill_equals_call_by_call(binding, policy):
         epoch.batches[call].verify()
 
 
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_fill_is_the_same_for_every_thread_count(binding, threads):
+    rng = np.random.default_rng(23)
+    table = random_table(rng.integers(2, 60, 300), binding, seed=23)
+    placement = sp.place(table.lengths, 64, "best-fit-decreasing")
+    order = np.argsort(placement.rows * 64 + placement.starts, kind="stable")
+    tokens, begins, ends = table.gather(order)
+    segments = order.astype(np.int32)
+    filled = []
+    for count in (1, threads):
+        fields = FieldArrays.allocate(placement.row_count, 64)
+        _layout.fill_rows(tokens, begins, ends, placement.rows[order], placement.starts[order], segments,
+                          fields.cells, fields.flags.view(np.uint8), fields.valid_lengths, count)
+        filled.append(fields)
+    for one, many in zip(*filled):
+        np.testing.assert_array_equal(one, many)
+
+
 def test_list_source_fills_in_bounded_runs(binding, monkeypatch):
     rng = np.random.default_rng(3)
     documents = [[0, *rng.integers(2, 266, size).tolist(), 1] for size in rng.integers(1, 40, 80)]
@@ -122,9 +144,9 @@ def reference_first_bad(tokens, offsets, pieces, bos, eos, max_tokens, max_bytes
     return -1, _validate.DocumentFault.DOCUMENT_OK
 
 
-def run_kernel(tokens, offsets, pieces, max_tokens, max_bytes):
+def run_kernel(tokens, offsets, pieces, max_tokens, max_bytes, threads=2):
     copy = np.full_like(tokens, -7)
-    found = _validate.first_bad_document(tokens, offsets, pieces, 0, 1, max_tokens, max_bytes, copy)
+    found = _validate.first_bad_document(tokens, offsets, pieces, 0, 1, max_tokens, max_bytes, copy, threads)
     return found, copy
 
 
@@ -142,12 +164,12 @@ def document_sets(draw):
 
 
 @settings(derandomize=True, max_examples=200, deadline=None)
-@given(document_sets(), st.integers(2, 12), st.integers(0, 30))
-def test_first_bad_document_matches_the_reference(documents, max_tokens, max_bytes):
+@given(document_sets(), st.integers(2, 12), st.integers(0, 30), st.sampled_from([1, 2, 5]))
+def test_first_bad_document_matches_the_reference(documents, max_tokens, max_bytes, threads):
     pieces = np.array([0, 0, 1, 2, 3, 1, 1, 4, 1, 2, 1, 5], dtype=np.int64)
     tokens = np.array([t for doc in documents for t in doc], dtype=np.int32)
     offsets = np.concatenate(([0], np.cumsum([len(doc) for doc in documents]))).astype(np.int64)
-    (document, fault), copy = run_kernel(tokens, offsets, pieces, max_tokens, max_bytes)
+    (document, fault), copy = run_kernel(tokens, offsets, pieces, max_tokens, max_bytes, threads)
     expected = reference_first_bad(tokens, offsets, pieces, 0, 1, max_tokens, max_bytes)
     assert (document, fault) == expected
     valid_end = offsets[document] if document >= 0 else len(tokens)
@@ -191,3 +213,36 @@ def test_a_lazy_plan_checks_the_epoch_budget_before_allocating(small_epoch, bind
     exact = sp.plan_packing(TRAIN, table, binding, sp.PackConfig(32, 3, 96, required)).epoch()
     assert exact.metadata_peak == required
     assert_same_batches(exact.batches, eager.batches)
+
+
+# --- forked children ---------------------------------------------------------------------
+
+
+def threaded_work(binding):
+    """A table of over a million tokens packed into over a million cells, then attention."""
+    rng = np.random.default_rng(29)
+    table = random_table(rng.integers(2, 60, 40_000), binding, seed=29)
+    epoch = sp.pack_examples(TRAIN, table, binding, sp.PackConfig(64, 512, 512 * 64, BIG))
+    assert epoch.row_count * 64 >= 1 << 20 and epoch.target_count == int(table.lengths.sum())
+    batch = epoch.batches[0]
+    q = np.random.default_rng(0).standard_normal((*batch.shape[:1], 4, 64, 16))
+    sp.range_attention_forward(q, q, q, batch.valid_lengths, batch.segment_starts)
+
+
+def child_main(binding):
+    threaded_work(binding)
+    os._exit(0)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_kernels_run_in_a_forked_child(binding):
+    # GNU OpenMP cannot start parallel regions in a child forked after the parent's
+    # threads ran; seqpack's kernels run single-threaded there instead of hanging.
+    threaded_work(binding)
+    child = multiprocessing.get_context("fork").Process(target=child_main, args=(binding,))
+    child.start()
+    child.join(120)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child hung in a kernel")
+    assert child.exitcode == 0

@@ -14,10 +14,9 @@ it) is loaded on first use, so ``import seqpack`` stays light.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from ._threads import kernel_threads
 from .errors import InvalidInputError
 
 __all__ = ["range_attention_backward", "range_attention_forward", "segment_spans"]
@@ -37,16 +36,6 @@ _OUT_OF_MEMORY = 4
 _kernels = None
 
 
-def _available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # platforms without affinity masks
-        return os.cpu_count() or 1
-
-
-_CORES = _available_cores()
-
-
 def _kernel():
     global _kernels
     if _kernels is None:
@@ -57,11 +46,10 @@ def _kernel():
 
 
 def _thread_count(threads) -> int:
-    if threads is None:
-        return _CORES
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
+                                or threads < 1):
         raise InvalidInputError(f"threads must be an integer >= 1, got {threads!r}")
-    return int(min(threads, 1 << 16))
+    return kernel_threads(None if threads is None else int(min(threads, 1 << 16)))
 
 
 def _layout_arrays(valid_lengths, segment_starts, rows: int, width: int):
@@ -170,7 +158,8 @@ def range_attention_forward(q, k, v, valid_lengths, segment_starts, *, threads=N
     ``[rows, heads, T, head_dim]`` and the per-query log-sum-exp of the scaled scores
     ``lse`` ``[rows, heads, T]`` (0 for inactive queries). ``out`` and ``lse`` may be
     given (C-contiguous, writeable, matching) to skip fresh allocations. ``threads``:
-    OpenMP threads, None for all available cores; results do not depend on it.
+    OpenMP threads, None for all available cores (always 1 in a forked child);
+    results do not depend on it.
     """
     threads = _thread_count(threads)
     q, k, v = _floats(("q", "k", "v"), (q, k, v))

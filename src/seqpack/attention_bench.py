@@ -26,7 +26,6 @@ import argparse
 import importlib.util
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -34,16 +33,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._threads import available_cores
 from .attention import range_attention_backward, range_attention_forward
 from .placement import place
 
 SAMPLE_SECONDS = 0.02
-
-
-def _available_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 @dataclass
@@ -528,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     if options.repeats < 1:
         parser.error("--repeats must be at least 1")
-    threads = options.threads if options.threads is not None else _available_cores()
+    threads = options.threads if options.threads is not None else available_cores()
     if threads < 1:
         parser.error("--threads must be at least 1")
     if importlib.util.find_spec("threadpoolctl") is not None:  # optional: pin numpy's BLAS too

@@ -18,6 +18,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from . import _layout
+from ._threads import kernel_threads
 from ._checks import check_int
 from .binding import BatchBinding, Partition
 from .errors import BindingError, CapacityError, InvalidInputError, VerificationError
@@ -261,11 +262,17 @@ class Placements(NamedTuple):
         return records
 
 
+# Fills of at least this many cells use every kernel thread; smaller ones (a model
+# call) are not worth waking them. The cells are the same either way.
+PARALLEL_CELLS = 1 << 20
+
+
 def fill_fields(source, placements: Placements, fields: FieldArrays) -> None:
     """Write every cell of ``fields`` from ``placements`` of ``source``'s examples."""
     tokens, begins, ends = source.gather(placements.ordinals)
+    threads = kernel_threads() if fields.cells[0].size >= PARALLEL_CELLS else 1
     _layout.fill_rows(tokens, begins, ends, placements.rows, placements.starts, placements.segments,
-                      fields.cells, fields.flags.view(np.uint8), fields.valid_lengths)
+                      fields.cells, fields.flags.view(np.uint8), fields.valid_lengths, threads)
 
 
 @dataclass(frozen=True)

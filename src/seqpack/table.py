@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from . import _validate
+from ._threads import kernel_threads
 from .batch import check_arguments
 from .binding import BatchBinding, Partition
 from .documents import BatchDocument
@@ -21,6 +22,8 @@ from .errors import InvalidInputError, SeqpackError
 from .examples import SequenceExample
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+# Token arrays at least this long are validated by every kernel thread.
+PARALLEL_TOKENS = 1 << 20
 
 
 def _int_array(name: str, values, dtype, ndim: int, copy: bool = True) -> np.ndarray:
@@ -130,9 +133,10 @@ class ExampleTable:
             pieces, max_bytes = binding.tokenizer.piece_lengths, binding.limits.max_bytes
         else:  # an external tokenizer: no bytes to count
             pieces, max_bytes = np.zeros(binding.vocabulary_size, dtype=np.int64), np.iinfo(np.int64).max
+        threads = kernel_threads() if supplied.shape[0] >= PARALLEL_TOKENS else 1
         document, fault = _validate.first_bad_document(
             supplied, self._doc_offsets, pieces, binding.bos_id, binding.eos_id,
-            binding.limits.max_tokens, max_bytes, self._tokens,
+            binding.limits.max_tokens, max_bytes, self._tokens, threads,
         )
         if document < 0:
             return
