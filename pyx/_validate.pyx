@@ -1,8 +1,9 @@
-"""Bulk document validation for columnar example tables.
+"""Bulk validation for columnar example tables.
 
 ``first_bad_document`` scans every document of a flat token array once and
 returns the index of the first one that breaks a tokenizer rule; the Python layer
 then explains that document's fault with the per-document checker.
+``first_bad_range`` checks every example's source range and returns the first bad one.
 """
 
 cimport cython
@@ -114,3 +115,49 @@ def first_bad_document(
         if found[run] >= 0:
             return found[run], faults[run]
     return -1, DOCUMENT_OK
+
+
+cpdef enum RangeFault:
+    RANGE_OK = 0
+    DOCUMENT_INDEX = 1     # the example's document is not in the table
+    NEGATIVE_BOUND = 2     # start or stop below 0
+    OUTSIDE_DOCUMENT = 3   # start after stop, or stop past the document's end
+    TOO_SHORT = 4          # fewer than 2 tokens: no prediction
+
+
+def first_bad_range(
+    const int64_t[:, ::1] spans not None,         # [n, 2] start and stop inside the document
+    const int64_t[::1] documents not None,        # [n] document of each example
+    const int64_t[::1] offsets not None,          # [documents + 1], non-decreasing
+    int64_t[::1] begins not None,                 # [n] out: offsets[document] + start
+    int64_t[::1] ends not None,                   # [n] out: offsets[document] + stop
+):
+    """Return ``(example, fault)`` of the first range that is not at least 2 tokens of its document.
+
+    Example ``i`` selects tokens ``[spans[i, 0], spans[i, 1])`` of document
+    ``documents[i]``; its absolute bounds are written to ``begins`` and ``ends``
+    (for the examples before a fault). ``(-1, RANGE_OK)`` when every range is valid.
+    """
+    cdef Py_ssize_t n = spans.shape[0], i
+    cdef int64_t document_count = offsets.shape[0] - 1, document, start, stop
+    cdef RangeFault fault = RANGE_OK
+    with nogil:
+        for i in range(n):
+            document = documents[i]
+            start = spans[i, 0]
+            stop = spans[i, 1]
+            if document < 0 or document >= document_count:
+                fault = DOCUMENT_INDEX
+            elif start < 0 or stop < 0:
+                fault = NEGATIVE_BOUND
+            elif start > stop or stop > offsets[document + 1] - offsets[document]:
+                fault = OUTSIDE_DOCUMENT
+            elif stop - start < 2:
+                fault = TOO_SHORT
+            if fault != RANGE_OK:
+                break
+            begins[i] = offsets[document] + start
+            ends[i] = offsets[document] + stop
+    if fault == RANGE_OK:
+        return -1, RANGE_OK
+    return i, fault

@@ -125,7 +125,7 @@ def test_segment_starts_are_derived_from_positions(small_epoch):
         assert starts[row].tolist() == expected
 
 
-# --- bulk document validation against a plain reference --------------------------------
+# --- bulk validation kernels against plain references -----------------------------------
 
 
 def reference_first_bad(tokens, offsets, pieces, bos, eos, max_tokens, max_bytes):
@@ -214,6 +214,37 @@ def test_a_lazy_plan_checks_the_epoch_budget_before_allocating(small_epoch, bind
     assert exact.metadata_peak == required
     assert_same_batches(exact.batches, eager.batches)
 
+
+
+def reference_first_bad_range(spans, documents, offsets):
+    """Example by example, the rules ``first_bad_range`` applies."""
+    Fault = _validate.RangeFault
+    for i, ((start, stop), document) in enumerate(zip(spans.tolist(), documents.tolist())):
+        if not 0 <= document < len(offsets) - 1:
+            return i, Fault.DOCUMENT_INDEX
+        if start < 0 or stop < 0:
+            return i, Fault.NEGATIVE_BOUND
+        if start > stop or stop > offsets[document + 1] - offsets[document]:
+            return i, Fault.OUTSIDE_DOCUMENT
+        if stop - start < 2:
+            return i, Fault.TOO_SHORT
+    return -1, Fault.RANGE_OK
+
+
+@settings(derandomize=True, max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=6),
+       st.lists(st.tuples(st.integers(-2, 12), st.integers(-2, 12), st.integers(-1, 6)), min_size=1, max_size=30))
+def test_first_bad_range_matches_the_reference(sizes, examples):
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    spans = np.array([[start, stop] for start, stop, _ in examples], dtype=np.int64)
+    documents = np.array([document for _, _, document in examples], dtype=np.int64)
+    begins = np.full(len(examples), -9, dtype=np.int64)
+    ends = begins.copy()
+    found = _validate.first_bad_range(spans, documents, offsets, begins, ends)
+    assert found == reference_first_bad_range(spans, documents, offsets)
+    valid = found[0] if found[0] >= 0 else len(examples)
+    np.testing.assert_array_equal(begins[:valid], offsets[documents[:valid]] + spans[:valid, 0])
+    np.testing.assert_array_equal(ends[:valid], offsets[documents[:valid]] + spans[:valid, 1])
 
 # --- forked children ---------------------------------------------------------------------
 

@@ -2,9 +2,9 @@
 
 An ``ExampleTable`` holds millions of examples without one Python object each.
 Documents are validated in bulk by a kernel (framing, control IDs, vocabulary,
-decode limits, content); ranges with numpy. Every error names the example, and
-packing a table gives exactly what packing the equivalent ``SequenceExample`` list
-gives.
+decode limits, content) and ranges by another (document, bounds, length).
+Every error names the example, and packing a table gives exactly what packing
+the equivalent ``SequenceExample`` list gives.
 """
 
 from __future__ import annotations
@@ -206,31 +206,25 @@ def _check_offsets(offsets: np.ndarray, token_count: int) -> None:
 
 
 def _check_ranges(spans, example_docs, doc_offsets, ids):
-    doc_count = doc_offsets.shape[0] - 1
-
-    def fail(mask, why):
-        index = int(np.argmax(mask))
-        name = ids[index] if ids is not None and index < len(ids) else f"#{index}"
-        raise InvalidInputError(f"example {name!r} (index {index}): {why(index)}")
-
-    bad = (example_docs < 0) | (example_docs >= doc_count)
-    if bad.any():
-        fail(bad, lambda i: f"document {example_docs[i]} is outside [0, {doc_count})")
-    lengths = doc_offsets[example_docs + 1] - doc_offsets[example_docs]
-    starts, stops = spans[:, 0], spans[:, 1]
-    bad = (starts < 0) | (stops < 0)
-    if bad.any():
-        fail(bad, lambda i: f"source range [{starts[i]}, {stops[i]}) has a negative bound")
-    bad = (starts > stops) | (stops > lengths)
-    if bad.any():
-        fail(bad, lambda i: f"source range [{starts[i]}, {stops[i]}) must lie inside its document of "
-                            f"{lengths[i]} tokens")
-    bad = stops - starts < 2
-    if bad.any():
-        fail(bad, lambda i: f"source range [{starts[i]}, {stops[i]}) has {stops[i] - starts[i]} tokens; "
-                            f"a prediction needs at least 2")
-    first = doc_offsets[example_docs]
-    return first + starts, first + stops
+    """Absolute token bounds of every range, checked in bulk; raise naming the first bad example."""
+    begins = np.empty(spans.shape[0], dtype=np.int64)
+    ends = np.empty(spans.shape[0], dtype=np.int64)
+    index, fault = _validate.first_bad_range(spans, example_docs, doc_offsets, begins, ends)
+    if index < 0:
+        return begins, ends
+    Fault = _validate.RangeFault
+    start, stop, document = spans[index, 0], spans[index, 1], example_docs[index]
+    if fault == Fault.DOCUMENT_INDEX:
+        why = f"document {document} is outside [0, {doc_offsets.shape[0] - 1})"
+    elif fault == Fault.NEGATIVE_BOUND:
+        why = f"source range [{start}, {stop}) has a negative bound"
+    elif fault == Fault.OUTSIDE_DOCUMENT:
+        length = doc_offsets[document + 1] - doc_offsets[document]
+        why = f"source range [{start}, {stop}) must lie inside its document of {length} tokens"
+    else:
+        why = f"source range [{start}, {stop}) has {stop - start} tokens; a prediction needs at least 2"
+    name = ids[index] if ids is not None and index < len(ids) else f"#{index}"
+    raise InvalidInputError(f"example {name!r} (index {index}): {why}")
 
 
 def _check_ids(ids, count: int) -> tuple[str, ...]:
