@@ -33,10 +33,6 @@ OCCURRENCE_DTYPE = np.dtype(
     [("ordinal", np.int64), ("row", np.int64), ("start", np.int64), ("stop", np.int64), ("segment", np.int32)]
 )
 
-# Bytes a batch holds per cell (inputs, targets, positions, segments as int32;
-# three bool fields) and per row (valid length, int64).
-CELL_BYTES = 4 * 4 + 3 * 1
-ROW_BYTES = 8
 
 
 class Occurrence(NamedTuple):
@@ -199,6 +195,9 @@ def _occurrence_message(code: int, index: int, column: int, batch: "BatchLayout"
 #: The stored cell fields of a batch, in storage order (``valid_lengths`` is per row, int64).
 CELL_FIELDS = ("inputs", "targets", "positions", "segments")
 FLAG_FIELDS = ("token_valid", "target_valid", "loss_mask")
+# Bytes a batch holds per cell (the int32 and bool fields) and per row (valid length, int64).
+CELL_BYTES = 4 * len(CELL_FIELDS) + len(FLAG_FIELDS)
+ROW_BYTES = 8
 
 
 class FieldArrays(NamedTuple):

@@ -339,8 +339,7 @@ class PackingPlan:
         per_call = self.config.max_rows_per_batch
         local = np.arange(self.occurrence_count) if self._order is None else self._order
         ordinals = local + self._source.first_ordinal
-        placements = Placements(ordinals, self._rows, np.ascontiguousarray(self._starts), self._lengths[local],
-                                ordinals.astype(np.int32))
+        placements = Placements(ordinals, self._rows, self._starts, self._lengths[local], ordinals.astype(np.int32))
         fields = FieldArrays.allocate(self.row_count, self.config.capacity)
         for first_call, end_call in self.fill_blocks():
             a, b = int(self._bounds[first_call]), int(self._bounds[end_call])
@@ -443,10 +442,13 @@ def plan_packing(
     the plan plus its largest call over ``max_metadata_bytes``
     (``MetadataBudgetError``, checked before placement and again after it).
     """
-    return _plan(partition, examples, binding, config, policy, eager=False)
+    plan = _placed(partition, examples, binding, config, policy)
+    enforce_metadata(plan.metadata_peak, config.max_metadata_bytes)
+    return plan
 
 
-def _plan(partition, examples, binding, config, policy, eager: bool) -> PackingPlan:
+def _placed(partition, examples, binding, config, policy) -> PackingPlan:
+    """Validate, check the plan's own bytes, place: a plan whose calls are not yet budgeted."""
     if not isinstance(config, PackConfig):
         raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
     if policy not in POLICIES:
@@ -462,9 +464,7 @@ def _plan(partition, examples, binding, config, policy, eager: bool) -> PackingP
     enforce_metadata(plan_bytes, config.max_metadata_bytes)
     placement = place(lengths, config.capacity, policy)
     check_call_cells(min(config.max_rows_per_batch, placement.row_count), config)
-    plan = PackingPlan(partition, binding, config, policy, source, lengths, placement, plan_bytes)
-    enforce_metadata(plan.epoch_requirement() if eager else plan.metadata_peak, config.max_metadata_bytes)
-    return plan
+    return PackingPlan(partition, binding, config, policy, source, lengths, placement, plan_bytes)
 
 
 def pack_examples(
@@ -488,7 +488,7 @@ def pack_examples(
     ``max_metadata_bytes`` (``MetadataBudgetError``), checked before placement and
     again before any batch array is allocated.
     """
-    return _plan(partition, examples, binding, config, policy, eager=True).epoch()
+    return _placed(partition, examples, binding, config, policy).epoch()
 
 
 class _StreamSource:
