@@ -1,6 +1,6 @@
 """Build the Cython kernels in pyx/ as private extension modules of seqpack.
 
-Every ``pyx/NAME.pyx`` becomes ``seqpack.NAME``. ``SEQPACK_CYTHON_DEBUG=1`` turns
+``pyx/`` mirrors the package: ``pyx/LAYER/_NAME.pyx`` becomes ``seqpack.LAYER._NAME``. ``SEQPACK_CYTHON_DEBUG=1`` turns
 bounds, wraparound and initialization checks on and optimizations off, so an
 out-of-range index in a kernel raises instead of reading garbage. OpenMP is used
 when the compiler accepts ``-fopenmp``; otherwise the kernels build single-threaded.
@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).parent
@@ -79,12 +79,12 @@ def extensions():
     compile_args = ["-O0", "-g"] if DEBUG else ["-O3"]
     modules = []
     only = {name for name in os.environ.get("SEQPACK_BUILD_ONLY", "").split(",") if name}
-    for source in sorted((HERE / "pyx").glob("*.pyx")):
+    for source in sorted((HERE / "pyx").glob("*/*.pyx")):
         if only and source.stem not in only:
             continue
         modules.append(
             Extension(
-                f"seqpack.{source.stem}",
+                f"seqpack.{source.parent.name}.{source.stem}",
                 [str(source.relative_to(HERE))],
                 extra_compile_args=compile_args + [OPENMP_FLAG],
                 extra_link_args=[OPENMP_FLAG],
@@ -101,8 +101,8 @@ def extensions():
 
 
 setup(
-    package_dir={"seqpack": "src/seqpack", "seqpack.fixtures": "fixtures"},
-    packages=["seqpack", "seqpack.fixtures"],
+    package_dir={"": "src", "seqpack.fixtures": "fixtures"},
+    packages=find_packages("src") + ["seqpack.fixtures"],
     package_data={"seqpack.fixtures": ["*.json"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": OptionalOpenMPBuild},

@@ -4,12 +4,13 @@
     seqpack bench attention                  # every method, ratios and % of matmul peak
 
 Workloads (b) and (c) run forward plus backward; workload (a) runs forward only here
-(its dense float64 backward takes seconds per round). See ``seqpack.attention_bench``.
+(its dense float64 backward takes seconds per round). See ``seqpack.bench.attention``.
 """
 
 import pytest
 
-from seqpack.attention_bench import fused_method, numpy_dense_method, workload
+from seqpack.bench.attention import fused_method, numpy_dense_method
+from seqpack.bench.workloads import workload
 
 METHODS = {"fused": fused_method, "dense": numpy_dense_method}
 

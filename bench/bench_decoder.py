@@ -30,15 +30,15 @@ from seqpack import (
     Decoder,
     DecoderConfig,
     PackConfig,
+    PadConfig,
     Partition,
     SequenceExample,
-    VariableBatch,
-    VariableBatchConfig,
-    pack_examples,
-    range_softmax_backward,
-    range_softmax_forward,
+    pack,
+    pad,
 )
-from seqpack.attention_bench import layout_from_segments, next_fit_segments
+from seqpack.packing import PackedBatch
+from seqpack.nn.softmax import range_softmax_backward, range_softmax_forward
+from seqpack.bench.workloads import layout_from_segments, next_fit_segments
 
 BINDING = BatchBinding.fixture()
 
@@ -116,20 +116,17 @@ def decoder_workload(count=96, max_positions=256, seed=0, attention="fused"):
 
 
 def padded_batches(examples, rows=8):
-    return [
-        VariableBatch.build(Partition.TRAIN, examples[i : i + rows], BINDING, VariableBatchConfig(rows, 1 << 20))
-        for i in range(0, len(examples), rows)
-    ]
+    return pad(examples, PadConfig(rows_per_batch=rows), partition=Partition.TRAIN, binding=BINDING).batches
 
 
 def packed_batches(examples, capacity, rows=4):
-    config = PackConfig(capacity, rows, rows * capacity, 1 << 26)
-    return pack_examples(Partition.TRAIN, examples, BINDING, config).batches
+    config = PackConfig(capacity, rows_per_batch=rows)
+    return pack(examples, config, partition=Partition.TRAIN, binding=BINDING).batches
 
 
 def decoder_epoch(decoder, batches):
     for batch in batches:
-        decoder.loss_padded(batch, BINDING).backward()
+        (decoder.loss_packed if isinstance(batch, PackedBatch) else decoder.loss_padded)(batch).backward()
 
 
 def median_ms(function, repeats):

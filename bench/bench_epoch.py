@@ -8,13 +8,13 @@ Workload: 200k examples whose token counts are lognormal (median 250, sigma 1,
 1..2048 predictions; capacity 2048, 8 rows per model call. Example ``i`` is the range
 ``[0, t_i)`` of a framed document of ``t_i + 1`` tokens (random content IDs).
 
-1. Epoch build, eager ``pack_examples`` with next-fit: the columnar path times
+1. Epoch build, eager ``seqpack.pack`` with next-fit: the columnar path times
    ``ExampleTable.from_arrays`` plus packing; the list path times packing a prebuilt
    list of SequenceExample, and separately building that list (each document validated).
    Median seconds over ``--repeats`` (after one untimed build), cells/s, and the traced
    peak memory of each (tracemalloc, in a separate untimed run). For context, also the
-   columnar packing alone (table prebuilt), the lazy epoch (``plan_packing``, each
-   call materialized and dropped in turn) and ``stream_packed_batches`` over the whole
+   columnar packing alone (table prebuilt), the lazy epoch (``seqpack.plan``, each
+   call materialized and dropped in turn) and ``seqpack.stream`` over the whole
    table as one item and as 1000-example chunks.
 2. Real-target fraction of next-fit, first-fit-decreasing and best-fit-decreasing on those
    lengths and on the standard-library corpus at capacity 2048, against the best possible
@@ -32,9 +32,9 @@ import numpy as np
 
 import seqpack as sp
 from timing import median_seconds
-from seqpack.corpus import stdlib_table
-from seqpack.packing import stream_packed_batches
-from seqpack.placement import POLICIES
+from seqpack.data.corpus import stdlib_table
+
+from seqpack.packing.placement import POLICIES
 
 CAPACITY = 2048
 ROWS_PER_CALL = 8
@@ -61,29 +61,29 @@ def workload(count: int, seed: int = 0):
 
 def columnar_epoch(binding, tokens, offsets, ranges):
     table = sp.ExampleTable.from_arrays(tokens, offsets, binding, ranges=ranges)
-    return sp.pack_examples(TRAIN, table, binding, config())
+    return sp.pack(table, config(), partition=TRAIN, binding=binding)
 
 
 def columnar_pack(binding, table):
-    return sp.pack_examples(TRAIN, table, binding, config())
+    return sp.pack(table, config(), partition=TRAIN, binding=binding)
 
 
 def columnar_stream_of_calls(binding, table):
     """Plan, then materialize each call and drop it: the lazy epoch's whole cost."""
-    plan = sp.plan_packing(TRAIN, table, binding, config())
+    plan = sp.plan(table, config(), partition=TRAIN, binding=binding)
     return sum(batch.target_count for batch in plan)
 
 
 def columnar_reused(binding, tokens, offsets, ranges):
     """Table, plan, and every call built in turn on one reused set of field buffers."""
     table = sp.ExampleTable.from_arrays(tokens, offsets, binding, ranges=ranges)
-    plan = sp.plan_packing(TRAIN, table, binding, config())
+    plan = sp.plan(table, config(), partition=TRAIN, binding=binding)
     return sum(1 for _ in plan.batches(reuse_buffers=True))
 
 
 def columnar_stream(binding, items):
     """Streaming next-fit over ``items`` (tables or chunks), each call dropped once counted."""
-    return sum(batch.target_count for batch in stream_packed_batches(TRAIN, items, binding, config()))
+    return sum(batch.target_count for batch in sp.stream(items, config(), partition=TRAIN, binding=binding))
 
 
 def example_objects(binding, tokens, offsets, ranges):
@@ -98,7 +98,7 @@ def example_objects(binding, tokens, offsets, ranges):
 
 
 def list_epoch(binding, examples):
-    return sp.pack_examples(TRAIN, examples, binding, config())
+    return sp.pack(examples, config(), partition=TRAIN, binding=binding)
 
 
 def traced_peak(function) -> int:
@@ -145,7 +145,7 @@ def epoch_rows(count: int, repeats: int) -> list[dict]:
         ("columnar: from_arrays + plan, reused buffers", reused, peaks["reused"]),
         ("columnar: stream, one table", streamed, traced_peak(lambda: columnar_stream(binding, [table]))),
         ("columnar: stream, 1k chunks", streamed_chunks, traced_peak(lambda: columnar_stream(binding, chunks))),
-        ("list: pack_examples", listed, peaks["list"]),
+        ("list: seqpack.pack", listed, peaks["list"]),
         ("list: build objects + pack", listed_total, peaks["objects"] + peaks["list"]),
     ]
     return [{"path": path, "seconds": seconds, "cells": cells, "peak": peak, "ratio": listed_total / seconds}
@@ -155,12 +155,12 @@ def epoch_rows(count: int, repeats: int) -> list[dict]:
 def fraction_rows(name: str, lengths: np.ndarray) -> list[dict]:
     """Rows and real-target fraction of each policy on ``lengths``, against the lower bound."""
     total = int(lengths.sum())
-    bound = sp.lower_bound_rows(lengths, CAPACITY)
+    bound = sp.packing.lower_bound_rows(lengths, CAPACITY)
     best = total / (bound * CAPACITY)
     rows = []
     for policy in POLICIES:
         placement = sp.place(lengths, CAPACITY, policy)
-        fraction = sp.real_target_fraction(lengths, placement.row_count, CAPACITY)
+        fraction = sp.packing.real_target_fraction(lengths, placement.row_count, CAPACITY)
         rows.append({"workload": name, "policy": policy, "rows": placement.row_count, "bound": bound,
                      "fraction": fraction, "best": best, "of_best": fraction / best})
     return rows
@@ -172,7 +172,7 @@ def workload_lengths(count: int) -> np.ndarray:
 
 
 def stdlib_lengths() -> np.ndarray:
-    return stdlib_table(sp.BatchBinding.fixture(), CAPACITY).lengths
+    return stdlib_table(sp.BatchBinding.fixture(), capacity=CAPACITY).lengths
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,4 @@
-"""pack_examples against the plain-Python next-fit reference, measured in one run.
+"""seqpack.pack against the plain-Python next-fit reference, measured in one run.
 
     python bench/bench_packing.py            # table of examples/s, cells/s and ratios
     pytest bench/bench_packing.py            # the same workloads under pytest-benchmark
@@ -10,12 +10,16 @@ Lengths are lognormal (median 40 predictions, sigma 0.6, seed 0) at capacity 512
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 from timing import median_seconds
 
 import seqpack as sp
-from seqpack import _reference
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the plain-Python references
+import reference as _reference  # noqa: E402
 
 CAPACITY = 512
 ROWS_PER_CALL = 8
@@ -37,7 +41,7 @@ def workload(count: int, seed: int = 0):
 
 def pack(binding, examples):
     config = sp.PackConfig(CAPACITY, ROWS_PER_CALL, ROWS_PER_CALL * CAPACITY, 1 << 36)
-    return sp.pack_examples(sp.Partition.TRAIN, examples, binding, config)
+    return sp.pack(examples, config, partition=sp.Partition.TRAIN, binding=binding)
 
 
 def reference(examples):

@@ -11,13 +11,17 @@ run under pytest-benchmark with ``pytest bench/test_bench_placement.py``.
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 from timing import median_seconds
 
-from seqpack import lower_bound_rows, place, real_target_fraction
-from seqpack._reference import next_fit_placements
-from seqpack.placement import POLICIES
+from seqpack.packing import lower_bound_rows, place, real_target_fraction
+from seqpack.packing.placement import POLICIES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the plain-Python references
+from reference import next_fit_placements  # noqa: E402
 
 CAPACITY = 2048
 MEDIAN_LENGTH = 250

@@ -6,13 +6,17 @@ real-target fraction in the benchmark's ``extra_info``.
 """
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
 from bench_placement import CAPACITY, lognormal_lengths
-from seqpack import lower_bound_rows, place, real_target_fraction
-from seqpack._reference import next_fit_placements
-from seqpack.placement import POLICIES
+from seqpack.packing import lower_bound_rows, place, real_target_fraction
+from seqpack.packing.placement import POLICIES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the plain-Python references
+from reference import next_fit_placements  # noqa: E402
 
 COUNT = int(os.environ.get("SEQPACK_BENCH_PLACEMENT_N", "10000000"))
 

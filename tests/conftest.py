@@ -2,7 +2,7 @@
 
 import pytest
 
-from seqpack.batch import BatchLayout
+from seqpack.layout.batch import BatchLayout
 
 
 @pytest.fixture

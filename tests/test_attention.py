@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack import InvalidInputError
-from seqpack.attention import range_attention_backward, range_attention_forward, segment_spans
+from seqpack.nn.attention import range_attention_backward, range_attention_forward, segment_spans
 
 pytestmark = pytest.mark.kernel
 

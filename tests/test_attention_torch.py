@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from seqpack.attention import range_attention_backward, range_attention_forward
+from seqpack.nn.attention import range_attention_backward, range_attention_forward
 
 torch = pytest.importorskip("torch")
 

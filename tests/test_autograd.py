@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from seqpack import functional as F
-from seqpack.attention import segment_spans
-from seqpack.autograd import Tensor, numerical_gradient
-from seqpack.loss import masked_nll
+from seqpack.nn import attention as A, ops as F, softmax as S
+from seqpack.nn.attention import segment_spans
+from helpers import numerical_gradient
+from seqpack.nn.autograd import Tensor
+from seqpack.nn.loss import masked_nll
 
 
 def check_gradients(op, *arrays, tolerance=1e-7, seed=0):
@@ -107,7 +108,7 @@ def test_head_split_and_merge():
 def test_range_softmax_at_segment_edges():
     lengths = np.array([[5, 3], [0, 4]])
     starts = np.array([[[0, 0, 2, 2, 4], [0, 1, 1, 0, 0]], [[0] * 5, [0, 0, 2, 3, 0]]])
-    check_gradients(lambda s: F.range_softmax(s, lengths, starts), normal(2, 2, 5, 5, std=2.0))
+    check_gradients(lambda s: S.range_softmax(s, lengths, starts), normal(2, 2, 5, 5, std=2.0))
 
 
 # Per row: valid length and segment starts (contiguous segments, as batches carry them).
@@ -115,7 +116,7 @@ LENGTHS = np.array([6, 4, 0])
 STARTS = np.array([[0, 0, 2, 2, 2, 5], [0, 1, 2, 2, 0, 0], [0] * 6])
 
 
-@pytest.mark.parametrize("attention", [F.causal_attention_with_ranges, F.fused_range_attention])
+@pytest.mark.parametrize("attention", [A.causal_attention_with_ranges, A.fused_range_attention])
 def test_range_attention(attention):
     q, k, v = normal(3, 2, 6, 4), normal(3, 2, 6, 4), normal(3, 2, 6, 4)
     check_gradients(lambda q, k, v: attention(q, k, v, LENGTHS, STARTS), q, k, v)
@@ -125,12 +126,12 @@ def test_range_attention(attention):
 def test_lengths_and_plain_causal_variants():
     q, k, v = normal(2, 5, 4), normal(2, 5, 4), normal(2, 5, 4)
     lengths = np.array([5, 2])
-    check_gradients(lambda q, k, v: F.causal_attention_with_lengths(q, k, v, lengths), q, k, v)
-    check_gradients(F.causal_attention, q, k, v)
-    ranged = F.causal_attention_with_ranges(Tensor(q), Tensor(k), Tensor(v), lengths, np.zeros((2, 5), int))
-    assert np.array_equal(F.causal_attention_with_lengths(Tensor(q), Tensor(k), Tensor(v), lengths).value, ranged.value)
+    check_gradients(lambda q, k, v: A.causal_attention_with_lengths(q, k, v, lengths), q, k, v)
+    check_gradients(A.causal_attention, q, k, v)
+    ranged = A.causal_attention_with_ranges(Tensor(q), Tensor(k), Tensor(v), lengths, np.zeros((2, 5), int))
+    assert np.array_equal(A.causal_attention_with_lengths(Tensor(q), Tensor(k), Tensor(v), lengths).value, ranged.value)
     assert not ranged.value[1, 2:].any()
-    full = F.causal_attention(Tensor(q), Tensor(k), Tensor(v)).value
+    full = A.causal_attention(Tensor(q), Tensor(k), Tensor(v)).value
     scores = q @ np.swapaxes(k, -1, -2) / 2.0
     scores[:, np.triu_indices(5, 1)[0], np.triu_indices(5, 1)[1]] = -np.inf
     weights = np.exp(scores - scores.max(-1, keepdims=True))
@@ -179,7 +180,7 @@ def test_poisoned_padded_attention_scores_change_nothing(poison):
     def run(offset):
         leaves = [Tensor(array, requires_grad=True) for array in (q, k, v)]
         scores = F.scale(F.batched_matmul(leaves[0], F.swap_last_axes(leaves[1])), 0.5)
-        probabilities = F.range_softmax(F.add(scores, offset), np.repeat(LENGTHS, 2), np.repeat(STARTS, 2, axis=0))
+        probabilities = S.range_softmax(F.add(scores, offset), np.repeat(LENGTHS, 2), np.repeat(STARTS, 2, axis=0))
         out = F.batched_matmul(probabilities, leaves[2])
         out.backward(weights)
         return out.value, [leaf.grad for leaf in leaves]
@@ -190,5 +191,5 @@ def test_poisoned_padded_attention_scores_change_nothing(poison):
     assert not dirty_out[2].any()
     for clean, dirty in zip(clean_grads, dirty_grads):
         assert np.array_equal(clean, dirty) and np.isfinite(dirty).all()
-    reference = F.causal_attention_with_ranges(Tensor(q), Tensor(k), Tensor(v), LENGTHS, STARTS).value
+    reference = A.causal_attention_with_ranges(Tensor(q), Tensor(k), Tensor(v), LENGTHS, STARTS).value
     assert np.array_equal(reference, clean_out)

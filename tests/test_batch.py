@@ -27,7 +27,7 @@ def example(name, tokens, binding, partition=TRAIN, source_range=None):
 @pytest.fixture(scope="module")
 def ch04(binding):
     examples = [example("short", [0, 99, 1], binding), example("long", [0, 100, 101, 102, 1], binding)]
-    return sp.VariableBatch.build(TRAIN, examples, binding, sp.VariableBatchConfig(2, 8))
+    return sp.pad(examples, sp.PadConfig(rows_per_batch=2, max_cells=8), partition=TRAIN, binding=binding).batches[0]
 
 
 def test_ch04_fixture_fields(ch04):
@@ -67,8 +67,8 @@ def test_fields_are_read_only(ch04):
 
 def test_occurrences(ch04):
     assert ch04.occurrences == [
-        sp.Occurrence(0, 0, range(0, 2), 0),
-        sp.Occurrence(1, 1, range(0, 4), 1),
+        sp.layout.Occurrence(0, 0, range(0, 2), 0),
+        sp.layout.Occurrence(1, 1, range(0, 4), 1),
     ]
     assert [e.id for e in ch04.examples] == ["short", "long"]
 
@@ -78,84 +78,86 @@ def test_occurrences(ch04):
 
 def test_empty_example_list(binding):
     with pytest.raises(sp.InvalidInputError, match="at least one example"):
-        sp.VariableBatch.build(TRAIN, [], binding, sp.VariableBatchConfig(2, 8))
+        sp.pad([], sp.PadConfig(rows_per_batch=2, max_cells=8), partition=TRAIN, binding=binding).batches[0]
 
 
-def test_rows_over_batch_size(binding):
+def test_rows_over_rows_per_batch(binding):
+    """More examples than rows_per_batch start the next batch; the last keeps its row count."""
     examples = [example(f"e{i}", [0, 99, 1], binding) for i in range(3)]
-    sp.VariableBatch.build(TRAIN, examples[:2], binding, sp.VariableBatchConfig(2, 100))
-    with pytest.raises(sp.InvalidInputError, match="3 examples do not fit a batch of 2 rows"):
-        sp.VariableBatch.build(TRAIN, examples, binding, sp.VariableBatchConfig(2, 100))
+    assert len(sp.pad(examples[:2], sp.PadConfig(rows_per_batch=2, max_cells=100), partition=TRAIN, binding=binding)) == 1
+    epoch = sp.pad(examples, sp.PadConfig(rows_per_batch=2, max_cells=100), partition=TRAIN, binding=binding)
+    assert [batch.shape for batch in epoch] == [(2, 2), (1, 2)]
 
 
 def test_cells_over_max_cells(binding):
     examples = [example("short", [0, 99, 1], binding), example("long", [0, 100, 101, 102, 1], binding)]
-    assert sp.VariableBatch.build(TRAIN, examples, binding, sp.VariableBatchConfig(2, 8)).cell_count == 8
+    assert sp.pad(examples, sp.PadConfig(rows_per_batch=2, max_cells=8), partition=TRAIN, binding=binding).batches[0].cell_count == 8
     with pytest.raises(sp.CapacityError, match="8 cells; max_cells is 7") as caught:
-        sp.VariableBatch.build(TRAIN, examples, binding, sp.VariableBatchConfig(2, 7))
+        sp.pad(examples, sp.PadConfig(rows_per_batch=2, max_cells=7), partition=TRAIN, binding=binding).batches[0]
     assert (caught.value.cells, caught.value.maximum) == (8, 7)
     assert isinstance(caught.value, ValueError) and isinstance(caught.value, sp.SeqpackError)
 
 
 def test_example_wider_than_max_width(binding):
     examples = [example("short", [0, 99, 1], binding), example("long", [0, 100, 101, 102, 1], binding)]
-    sp.VariableBatch.build(TRAIN, examples, binding, sp.VariableBatchConfig(2, 8, max_width=4))
+    sp.pad(examples, sp.PadConfig(rows_per_batch=2, max_cells=8, max_width=4), partition=TRAIN, binding=binding).batches[0]
     with pytest.raises(sp.CapacityError, match="example 'long' \\(index 1\\) has 4 predictions; max_width is 3"):
-        sp.VariableBatch.build(TRAIN, examples, binding, sp.VariableBatchConfig(2, 8, max_width=3))
+        sp.pad(examples, sp.PadConfig(rows_per_batch=2, max_cells=8, max_width=3), partition=TRAIN, binding=binding).batches[0]
 
 
 def test_partition_mismatch(binding):
     train = example("a", [0, 99, 1], binding)
     validation = example("v", [0, 99, 1], binding, partition=sp.Partition.VALIDATION)
-    sp.VariableBatch.build(sp.Partition.VALIDATION, [validation], binding, sp.VariableBatchConfig(2, 8))
+    sp.pad([validation], sp.PadConfig(rows_per_batch=2, max_cells=8), partition=sp.Partition.VALIDATION, binding=binding).batches[0]
     with pytest.raises(sp.BindingError, match="example 'v' \\(index 1\\) belongs to partition 'validation'"):
-        sp.VariableBatch.build(TRAIN, [train, validation], binding, sp.VariableBatchConfig(2, 8))
+        sp.pad([train, validation], sp.PadConfig(rows_per_batch=2, max_cells=8), partition=TRAIN, binding=binding).batches[0]
 
 
 def test_binding_mismatch(binding):
-    other = sp.BatchBinding.for_tokenizer(
-        sp.ByteTokenizer(), binding.split_receipt_digest, binding.limits
-    )
+    other = sp.BatchBinding(sp.ByteTokenizer().identity, binding.split_receipt_digest, binding.limits, sp.ByteTokenizer())
     mine = example("a", [0, 99, 1], binding)
     theirs = example("b", [0, 99, 1], other)
-    equal = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer.fixture(), binding.split_receipt_digest, binding.limits)
-    sp.VariableBatch.build(TRAIN, [mine], equal, sp.VariableBatchConfig(1, 8))  # equal by value
+    equal = sp.BatchBinding(sp.ByteTokenizer.fixture().identity, binding.split_receipt_digest, binding.limits, sp.ByteTokenizer.fixture())
+    sp.pad([mine], sp.PadConfig(rows_per_batch=1, max_cells=8), partition=TRAIN, binding=equal).batches[0]  # equal by value
     with pytest.raises(sp.BindingError, match="example 'b' \\(index 1\\) was built under a different binding"):
-        sp.VariableBatch.build(TRAIN, [mine, theirs], binding, sp.VariableBatchConfig(2, 8))
+        sp.pad([mine, theirs], sp.PadConfig(rows_per_batch=2, max_cells=8), partition=TRAIN, binding=binding).batches[0]
 
 
 def test_not_examples(binding):
     with pytest.raises(sp.InvalidInputError, match="example 0 is a str"):
-        sp.VariableBatch.build(TRAIN, ["x"], binding, sp.VariableBatchConfig(2, 8))
+        sp.pad(["x"], sp.PadConfig(rows_per_batch=2, max_cells=8), partition=TRAIN, binding=binding).batches[0]
     with pytest.raises(sp.InvalidInputError, match="list or tuple"):
-        sp.VariableBatch.build(TRAIN, "xy", binding, sp.VariableBatchConfig(2, 8))
+        sp.pad("xy", sp.PadConfig(rows_per_batch=2, max_cells=8), partition=TRAIN, binding=binding).batches[0]
 
 
 @pytest.mark.parametrize(
     "kwargs, name",
-    [({"batch_size": 0, "max_cells": 8}, "batch_size"), ({"batch_size": 2, "max_cells": -1}, "max_cells"),
-     ({"batch_size": 2, "max_cells": 8, "max_width": 0}, "max_width"),
-     ({"batch_size": 2.0, "max_cells": 8}, "batch_size"), ({"batch_size": True, "max_cells": 8}, "batch_size")],
+    [({"rows_per_batch": 0, "max_cells": 8}, "rows_per_batch"),
+     ({"rows_per_batch": 2, "max_cells": -1}, "max_cells"),
+     ({"rows_per_batch": 2, "max_cells": 8, "max_width": 0}, "max_width"),
+     ({"rows_per_batch": 2.0, "max_cells": 8}, "rows_per_batch"),
+     ({"rows_per_batch": True, "max_cells": 8}, "rows_per_batch"),
+     ({"rows_per_batch": 2, "max_memory_bytes": 0}, "max_memory_bytes")],
 )
 def test_config_validation(kwargs, name):
     with pytest.raises(sp.InvalidInputError, match=name):
-        sp.VariableBatchConfig(**kwargs)
-    sp.VariableBatchConfig(1, 1, 1)
+        sp.PadConfig(**kwargs)
+    sp.PadConfig(rows_per_batch=1, max_cells=1, max_width=1)
 
 
 def test_epoch_cuts_in_supplied_order(binding):
     lengths = [2, 5, 1, 3, 4]
     examples = [example(f"e{i}", [0] + [99] * n + [1], binding, source_range=(0, n + 1))
                 for i, n in enumerate(lengths)]
-    epoch = sp.VariableBatchEpoch.build(TRAIN, examples, binding, sp.VariableBatchConfig(2, 10))
+    epoch = sp.pad(examples, sp.PadConfig(rows_per_batch=2, max_cells=10), partition=TRAIN, binding=binding)
     assert [b.shape for b in epoch.batches] == [(2, 5), (2, 3), (1, 4)]
     assert [o.ordinal for b in epoch.batches for o in b.occurrences] == [0, 1, 2, 3, 4]
-    assert epoch.batches[1].segments[:, 0].tolist() == [0, 1]  # segments are batch-local rows
+    assert epoch.batches[1].segments[:, 0].tolist() == [2, 3]  # segments are example ordinals
     assert epoch.target_count == sum(lengths)
     for batch in epoch.batches:
         batch.verify()
     with pytest.raises(sp.CapacityError, match="batch 0 \\(examples 0..1\\) has 2 rows x 5 columns = 10 cells; max_cells is 9"):
-        sp.VariableBatchEpoch.build(TRAIN, examples, binding, sp.VariableBatchConfig(2, 9))
+        sp.pad(examples, sp.PadConfig(rows_per_batch=2, max_cells=9), partition=TRAIN, binding=binding)
 
 
 # --- properties against a plain-Python reference ----------------------------------------
@@ -199,7 +201,7 @@ def test_kernel_matches_reference(binding, chosen, dtype):
     for i, (doc, (start, stop)) in enumerate(chosen):
         tokens = doc if dtype == "list" else np.asarray(doc, dtype=dtype)
         examples.append(example(f"x{i}", tokens, binding, source_range=(start, stop)))
-    batch = sp.VariableBatch.build(TRAIN, examples, binding, sp.VariableBatchConfig(len(examples), 10**6))
+    batch = sp.pad(examples, sp.PadConfig(rows_per_batch=len(examples), max_cells=10**6), partition=TRAIN, binding=binding).batches[0]
     sources = [doc[start:stop] for doc, (start, stop) in chosen]
     ref = reference_fields(sources)
     for name in ("inputs", "targets", "positions", "segments", "segment_starts"):
@@ -228,7 +230,7 @@ def test_read_only_and_non_contiguous_token_arrays(binding):
     strided = base[1::2]  # [0, 99, 100, 1], non-contiguous
     strided.flags.writeable = False
     ex = example("s", strided, binding)
-    batch = sp.VariableBatch.build(TRAIN, [ex], binding, sp.VariableBatchConfig(1, 3))
+    batch = sp.pad([ex], sp.PadConfig(rows_per_batch=1, max_cells=3), partition=TRAIN, binding=binding).batches[0]
     assert batch.inputs.tolist() == [[0, 99, 100]]
     assert batch.targets.tolist() == [[99, 100, 1]]
     fortran = np.asfortranarray(np.array([[0, 101, 1]], dtype=np.int32))[0]

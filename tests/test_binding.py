@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from seqpack.data import DEFAULT_LIMITS
 from seqpack import (
     BatchBinding,
     BatchDocument,
@@ -93,15 +94,15 @@ def test_fixture_binding():
 def test_binding_equality_by_value_and_each_field_matters():
     tokenizer = ByteTokenizer.fixture()
     limits = DecodeLimits(100, 200)
-    base = BatchBinding.for_tokenizer(tokenizer, RECEIPT_DIGEST, limits)
-    assert base == BatchBinding.for_tokenizer(ByteTokenizer.fixture(), RECEIPT_DIGEST, DecodeLimits(100, 200))
+    base = BatchBinding(tokenizer.identity, RECEIPT_DIGEST, limits, tokenizer)
+    assert base == BatchBinding(ByteTokenizer.fixture().identity, RECEIPT_DIGEST, DecodeLimits(100, 200), ByteTokenizer.fixture())
     # The decoding tokenizer is not compared: the identity stands for it.
-    assert base == BatchBinding.external(tokenizer.identity, RECEIPT_DIGEST, limits)
+    assert base == BatchBinding(tokenizer.identity, RECEIPT_DIGEST, limits)
     others = [
-        BatchBinding.for_tokenizer(ByteTokenizer(tokenizer.merges[:7]), RECEIPT_DIGEST, limits),
-        BatchBinding.for_tokenizer(tokenizer, "ce" * 32, limits),
-        BatchBinding.for_tokenizer(tokenizer, RECEIPT_DIGEST, DecodeLimits(101, 200)),
-        BatchBinding.for_tokenizer(tokenizer, RECEIPT_DIGEST, DecodeLimits(100, 199)),
+        BatchBinding(ByteTokenizer(tokenizer.merges[:7]).identity, RECEIPT_DIGEST, limits, ByteTokenizer(tokenizer.merges[:7])),
+        BatchBinding(tokenizer.identity, "ce" * 32, limits, tokenizer),
+        BatchBinding(tokenizer.identity, RECEIPT_DIGEST, DecodeLimits(101, 200), tokenizer),
+        BatchBinding(tokenizer.identity, RECEIPT_DIGEST, DecodeLimits(100, 199), tokenizer),
     ]
     for other in others:
         assert base != other
@@ -115,15 +116,41 @@ def test_binding_rejects_mismatched_or_malformed_fields():
     with pytest.raises(BindingError, match="identity differs"):
         BatchBinding(ByteTokenizer().identity, RECEIPT_DIGEST, limits, tokenizer)
     with pytest.raises(InvalidInputError, match="split_receipt_digest"):
-        BatchBinding.for_tokenizer(tokenizer, "not-a-digest", limits)
+        BatchBinding(tokenizer.identity, "not-a-digest", limits, tokenizer)
     with pytest.raises(InvalidInputError, match="DecodeLimits"):
-        BatchBinding.for_tokenizer(tokenizer, RECEIPT_DIGEST, (10, 10))
-    with pytest.raises(InvalidInputError, match="ByteTokenizer"):
-        BatchBinding.for_tokenizer(GPT2_LIKE, RECEIPT_DIGEST, limits)
+        BatchBinding(tokenizer.identity, RECEIPT_DIGEST, (10, 10), tokenizer)
+    with pytest.raises(InvalidInputError, match="ByteTokenizer or a TokenizerIdentity"):
+        BatchBinding.for_tokenizer("gpt2", split="web-2024")
+
+
+def test_for_tokenizer_binds_a_split_by_receipt_file_or_name(tmp_path):
+    """A receipt, its file or a name: the digest a binding records for the split."""
+    tokenizer = ByteTokenizer.fixture()
+    receipt = SplitReceipt.fixture()
+    by_receipt = BatchBinding.for_tokenizer(tokenizer, split=receipt)
+    assert by_receipt == BatchBinding.fixture() and by_receipt.split_receipt_digest == receipt.digest
+    path = tmp_path / "receipt.json"
+    path.write_text(json.dumps({"partitions": {"train": ["a"], "validation": [], "test": ["b"]}}))
+    by_file = BatchBinding.for_tokenizer(tokenizer, split=path)
+    assert by_file.split_receipt_digest == SplitReceipt.load(path).digest != receipt.digest
+    by_name = BatchBinding.for_tokenizer(tokenizer, split="wikitext-2024-06")
+    assert by_name == BatchBinding.for_tokenizer(tokenizer, split="wikitext-2024-06")
+    assert by_name != BatchBinding.for_tokenizer(tokenizer, split="wikitext-2024-07")
+    # A plain string is a name, never a path: the same text as a Path reads the file.
+    assert BatchBinding.for_tokenizer(tokenizer, split=str(path)) != by_file
+    assert by_name.limits == DEFAULT_LIMITS
+    external = BatchBinding.for_tokenizer(GPT2_LIKE, split="web", limits=DecodeLimits(6, 1))
+    assert external.tokenizer is None and external.vocabulary_size == 50257
+    for bad in ("", None, 3):
+        with pytest.raises(InvalidInputError, match="split must be"):
+            BatchBinding.for_tokenizer(tokenizer, split=bad)
+    with pytest.raises(InvalidInputError, match="not valid JSON"):
+        (tmp_path / "broken.json").write_text("{")
+        BatchBinding.for_tokenizer(tokenizer, split=tmp_path / "broken.json")
 
 
 def test_validate_document_errors_beside_their_twins():
-    binding = BatchBinding.for_tokenizer(ByteTokenizer.fixture(), RECEIPT_DIGEST, DecodeLimits(5, 4))
+    binding = BatchBinding(ByteTokenizer.fixture().identity, RECEIPT_DIGEST, DecodeLimits(5, 4), ByteTokenizer.fixture())
     assert binding.validate_document(np.array([0, 263, 1], dtype=np.int32)) == 1  # 4 bytes
     with pytest.raises(DecodeLimitError, match="5 bytes") as caught:
         binding.validate_document(np.array([0, 263, 99, 1], dtype=np.int32))
@@ -138,7 +165,7 @@ def test_validate_document_errors_beside_their_twins():
 
 
 def test_external_gpt2_like_binding():
-    binding = BatchBinding.external(GPT2_LIKE, RECEIPT_DIGEST, DecodeLimits(6, 1))
+    binding = BatchBinding(GPT2_LIKE, RECEIPT_DIGEST, DecodeLimits(6, 1))
     assert binding.tokenizer is None
     assert (binding.vocabulary_size, binding.bos_id, binding.eos_id) == (50257, 50256, 50256)
     # BOS and EOS share an ID: framing is by place; the byte limit cannot apply.
@@ -162,9 +189,7 @@ def test_external_gpt2_like_binding():
     assert caught.value.position == 6
     with pytest.raises(BindingError, match="cannot decode"):
         binding.decode_document(doc)
-    assert binding != BatchBinding.external(
-        TokenizerIdentity.external(50257, 50256, 50256, "ee" * 32), RECEIPT_DIGEST, DecodeLimits(6, 1)
-    )
+    assert binding != BatchBinding(TokenizerIdentity.external(50257, 50256, 50256, "ee" * 32), RECEIPT_DIGEST, DecodeLimits(6, 1))
 
 
 def test_document_storage():

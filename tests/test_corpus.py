@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqpack as sp
-from seqpack.corpus import stdlib_sources, stdlib_table, window_ranges
-from seqpack.placement import POLICIES
+from seqpack.data import window_ranges
+from seqpack.data.corpus import stdlib_sources, stdlib_table
+from seqpack.packing.placement import POLICIES
 
 pytestmark = pytest.mark.kernel
 
@@ -25,14 +26,14 @@ def binding():
 
 @pytest.fixture(scope="module")
 def corpus(binding):
-    return stdlib_table(binding, CAPACITY)
+    return stdlib_table(binding, capacity=CAPACITY)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_stdlib_packs_verified_and_conserved(binding, corpus, policy):
     """Every model call verifies and the valid targets are exactly the table's predictions."""
     config = sp.PackConfig(CAPACITY, 8, 8 * CAPACITY, 1 << 34)
-    plan = sp.plan_packing(sp.Partition.TRAIN, corpus, binding, config, policy=policy)
+    plan = sp.plan(corpus, config, partition=sp.Partition.TRAIN, binding=binding, policy=policy)
     targets, occurrences = 0, 0
     for batch in plan:
         batch.verify()
@@ -41,8 +42,8 @@ def test_stdlib_packs_verified_and_conserved(binding, corpus, policy):
     total = int(corpus.lengths.sum())
     assert targets == total and occurrences == len(corpus)
     report = plan.report()
-    assert report.valid_targets == total and sum(report.call_targets) == total
-    assert report.rows >= sp.lower_bound_rows(corpus.lengths, CAPACITY)
+    assert report.valid_targets == total and sum(report.batch_targets) == total
+    assert report.rows >= sp.packing.lower_bound_rows(corpus.lengths, CAPACITY)
     print(f"\nstdlib corpus, {corpus.document_count} files, {len(corpus)} examples, capacity {CAPACITY}:")
     print(json.dumps(report.as_dict()))
 
@@ -64,10 +65,10 @@ def test_stdlib_corpus_is_the_stdlib(binding, corpus):
 
 
 def test_limit_keeps_the_first_files(binding):
-    small = stdlib_table(binding, 64, limit=3)
+    small = stdlib_table(binding, capacity=64, limit=3)
     assert small.document_count == 3 and int(small.lengths.max()) <= 64
     config = sp.PackConfig(64, 4, 256, 1 << 30)
-    for batch in sp.plan_packing(sp.Partition.TRAIN, small, binding, config, policy="best-fit-decreasing"):
+    for batch in sp.plan(small, config, partition=sp.Partition.TRAIN, binding=binding, policy="best-fit-decreasing"):
         batch.verify()
 
 

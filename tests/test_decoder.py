@@ -1,6 +1,5 @@
 """The reference decoder: definition, entry-point checks, poison and finite differences."""
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -8,17 +7,15 @@ import pytest
 from seqpack import (
     BatchBinding,
     BatchDocument,
-    BindingError,
     CapacityError,
-    DecodeLimits,
     Decoder,
     DecoderConfig,
     InvalidInputError,
     SequenceExample,
 )
-from seqpack import functional as F
-from seqpack.autograd import numerical_gradient
-from seqpack.chapters import chapter_batch, chapter_examples, packed_batch, padded_batch
+from seqpack.nn import ops as F
+from helpers import numerical_gradient
+from seqpack.chapters.fixtures import chapter_batch, chapter_examples, packed_batch, padded_batch
 
 BINDING = BatchBinding.fixture()
 
@@ -71,13 +68,13 @@ def test_config_is_validated():
 def test_forward_shapes_and_padding_logits():
     decoder = Decoder(DecoderConfig.large(), seed=1)
     batch = chapter_batch("padded", BINDING)
-    logits = decoder.forward_padded(batch, BINDING).logits
+    logits = decoder.forward_padded(batch).logits
     assert logits.shape == (2, 4, 266)
     assert not logits[0, 2:].any()  # padding cells stay exact zeros through the stack
     example = chapter_examples("padded", BINDING)[1]
     assert decoder.forward_separate(example).logits.shape == (1, 4, 266)
     packed = chapter_batch("packed", BINDING)
-    assert decoder.forward_packed(packed, BINDING).logits.shape == (2, 6, 266)
+    assert decoder.forward_packed(packed).logits.shape == (2, 6, 266)
 
 
 def test_token_ids_are_checked_before_lookup():
@@ -94,26 +91,26 @@ def test_token_ids_are_checked_before_lookup():
 def test_batch_wider_than_max_positions_is_rejected():
     decoder = Decoder(DecoderConfig.small(), seed=0)
     examples = chapter_examples("packed", BINDING)
-    decoder.forward_padded(padded_batch(examples, BINDING), BINDING)  # 4 columns == max_positions
+    decoder.forward_padded(padded_batch(examples, BINDING))  # 4 columns == max_positions
     with pytest.raises(CapacityError, match="5 columns wide exceeds the decoder's max_positions 4") as error:
-        decoder.forward_packed(packed_batch(examples, BINDING, 5), BINDING)
+        decoder.forward_packed(packed_batch(examples, BINDING, 5))
     assert (error.value.cells, error.value.maximum) == (5, 4)
     long = SequenceExample.from_document("long", BatchDocument("long", [0, 99, 100, 101, 102, 1]), BINDING)
     with pytest.raises(CapacityError, match="5 columns wide"):
         decoder.loss_separate(long)
 
 
-def test_binding_and_vocabulary_mismatch_are_rejected():
+def test_batch_kind_and_vocabulary_mismatch_are_rejected():
+    """Each entry point takes its own kind of batch; the batch's binding sets the vocabulary."""
     batch = chapter_batch("padded", BINDING)
-    other = dataclasses.replace(BINDING, limits=DecodeLimits(max_tokens=10, max_bytes=100))
     decoder = Decoder(DecoderConfig.small(), seed=0)
-    with pytest.raises(BindingError):
-        decoder.loss_padded(batch, other)
-    with pytest.raises(BindingError):
-        decoder.forward_packed(chapter_batch("packed", BINDING), other)
+    with pytest.raises(InvalidInputError, match="loss_padded takes a PaddedBatch, not PackedBatch"):
+        decoder.loss_padded(chapter_batch("packed", BINDING))
+    with pytest.raises(InvalidInputError, match="forward_packed takes a PackedBatch, not PaddedBatch"):
+        decoder.forward_packed(batch)
     wrong_vocabulary = Decoder(DecoderConfig.small(vocabulary_size=300), seed=0)
     with pytest.raises(InvalidInputError, match="vocabulary size 266; the decoder has 300"):
-        wrong_vocabulary.forward_padded(batch, BINDING)
+        wrong_vocabulary.forward_padded(batch)
     with pytest.raises(InvalidInputError, match="example 'short' has vocabulary size 266"):
         wrong_vocabulary.forward_separate(chapter_examples("padded", BINDING)[0])
 
@@ -150,9 +147,9 @@ def test_whole_small_decoder_matches_central_differences():
     decoder = randomized(Decoder(DecoderConfig.small(), seed=3), seed=3)
     batch = fd_batch()
     assert batch.segment_starts[0, 2] == 2 and not batch.token_valid.all()
-    analytic = decoder.loss_packed(batch, BINDING).backward()
+    analytic = decoder.loss_packed(batch).backward()
     for name, value in decoder.named_parameters().items():
-        numeric = numerical_gradient(lambda: decoder.loss_packed(batch, BINDING).mean, value)
+        numeric = numerical_gradient(lambda: decoder.loss_packed(batch).mean, value)
         np.testing.assert_allclose(analytic[name], numeric, rtol=0, atol=1e-8, err_msg=name)
 
 
@@ -189,7 +186,7 @@ def test_fused_and_reference_attention_agree():
     fused = Decoder(DecoderConfig.large(), seed=9, attention="fused")
     for name, value in reference.named_parameters().items():
         fused.named_parameters()[name][...] = value
-    a, b = reference.loss_packed(batch, BINDING), fused.loss_packed(batch, BINDING)
+    a, b = reference.loss_packed(batch), fused.loss_packed(batch)
     assert abs(a.loss_sum - b.loss_sum) <= 1e-10 + 1e-9 * abs(a.loss_sum)
     grads_a, grads_b = a.backward(), b.backward()
     for name in grads_a:

@@ -5,9 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import PAD_CELL, InvalidInputError, _embedding
-from seqpack.autograd import Tensor
-from seqpack.functional import check_token_ids, embedding
+from seqpack import PAD_CELL, InvalidInputError
+from seqpack.nn import _embedding
+from seqpack.nn.autograd import Tensor
+from seqpack.nn.ops import check_token_ids, embedding
 
 pytestmark = pytest.mark.kernel
 

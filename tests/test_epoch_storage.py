@@ -9,8 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqpack as sp
-from seqpack import _layout, _validate, packing
-from seqpack.batch import FieldArrays, Placements
+from seqpack.data import _validate
+from seqpack.layout import _fill as _layout
+from seqpack import packing
+from seqpack.layout.fields import FieldArrays
 from test_policies import random_table
 from test_table import BIG, assert_same_batches, example_list
 
@@ -29,7 +31,7 @@ def binding():
 def small_epoch(binding):
     rng = np.random.default_rng(5)
     table = random_table(rng.integers(2, 30, 60), binding, seed=5)
-    return table, sp.pack_examples(TRAIN, table, binding, sp.PackConfig(32, 3, 96, BIG))
+    return table, sp.pack(table, sp.PackConfig(32, 3, 96, BIG), partition=TRAIN, binding=binding)
 
 
 def test_calls_are_views_of_the_epoch_arrays(small_epoch):
@@ -67,9 +69,9 @@ def test_threaded_fill_equals_call_by_call(binding, policy):
     rng = np.random.default_rng(17)
     table = random_table(rng.integers(2, 4000, 700), binding, seed=17)
     config = sp.PackConfig(4096, 8, 8 * 4096, BIG)
-    epoch = sp.pack_examples(TRAIN, table, binding, config, policy=policy)
+    epoch = sp.pack(table, config, partition=TRAIN, binding=binding, policy=policy)
     assert epoch.row_count * 4096 >= 1 << 20
-    assert_same_batches(sp.plan_packing(TRAIN, table, binding, config, policy=policy), epoch.batches)
+    assert_same_batches(sp.plan(table, config, partition=TRAIN, binding=binding, policy=policy), epoch.batches)
     for call in (0, len(epoch) // 2, len(epoch) - 1):
         epoch.batches[call].verify()
 
@@ -97,15 +99,15 @@ def test_list_source_fills_in_bounded_runs(binding, monkeypatch):
     documents = [[0, *rng.integers(2, 266, size).tolist(), 1] for size in rng.integers(1, 40, 80)]
     examples = example_list(documents, binding)
     config = sp.PackConfig(48, 2, 96, BIG)
-    whole = sp.pack_examples(TRAIN, examples, binding, config)
-    monkeypatch.setattr(packing, "FILL_BLOCK_BYTES", 1)  # runs gather no more than the largest call
-    plan = sp.plan_packing(TRAIN, examples, binding, config)
+    whole = sp.pack(examples, config, partition=TRAIN, binding=binding)
+    monkeypatch.setattr(packing.budget, "FILL_BLOCK_BYTES", 1)  # runs gather no more than the largest call
+    plan = sp.plan(examples, config, partition=TRAIN, binding=binding)
     blocks = plan.fill_blocks()
     assert len(blocks) > len(plan) // 2 and blocks[0][0] == 0 and blocks[-1][1] == len(plan)
     assert all(end > first == previous for (first, end), (_, previous) in zip(blocks[1:], blocks))
     assert plan.fill_block_bytes() <= plan.largest_gather
-    runs = sp.pack_examples(TRAIN, examples, binding, config)
-    assert runs.metadata_peak < whole.metadata_peak
+    runs = sp.pack(examples, config, partition=TRAIN, binding=binding)
+    assert runs.memory_peak < whole.memory_peak
     assert_same_batches(runs.batches, whole.batches)
     assert_same_batches(plan, whole.batches)
 
@@ -201,17 +203,17 @@ def test_threaded_validation_names_the_first_bad_document():
 
 def test_a_lazy_plan_checks_the_epoch_budget_before_allocating(small_epoch, binding):
     table, eager = small_epoch
-    required = eager.metadata_peak
+    required = eager.memory_peak
     config = sp.PackConfig(32, 3, 96, required - 1)
-    plan = sp.plan_packing(TRAIN, table, binding, config)  # one call at a time fits
-    assert plan.metadata_peak < required == plan.epoch_requirement()
-    with pytest.raises(sp.MetadataBudgetError, match=f"packing needs {required} metadata bytes") as caught:
+    plan = sp.plan(table, config, partition=TRAIN, binding=binding)  # one call at a time fits
+    assert plan.memory_peak < required == plan.epoch_requirement()
+    with pytest.raises(sp.MemoryBudgetError, match=f"the packed epoch needs {required} bytes") as caught:
         plan.epoch()
     assert (caught.value.required, caught.value.maximum) == (required, required - 1)
-    with pytest.raises(sp.MetadataBudgetError, match=f"packing needs {required} metadata bytes"):
-        sp.pack_examples(TRAIN, table, binding, config)
-    exact = sp.plan_packing(TRAIN, table, binding, sp.PackConfig(32, 3, 96, required)).epoch()
-    assert exact.metadata_peak == required
+    with pytest.raises(sp.MemoryBudgetError, match=f"the packed epoch needs {required} bytes"):
+        sp.pack(table, config, partition=TRAIN, binding=binding)
+    exact = sp.plan(table, sp.PackConfig(32, 3, 96, required), partition=TRAIN, binding=binding).epoch()
+    assert exact.memory_peak == required
     assert_same_batches(exact.batches, eager.batches)
 
 
@@ -253,7 +255,7 @@ def threaded_work(binding):
     """A table of over a million tokens packed into over a million cells, then attention."""
     rng = np.random.default_rng(29)
     table = random_table(rng.integers(2, 60, 40_000), binding, seed=29)
-    epoch = sp.pack_examples(TRAIN, table, binding, sp.PackConfig(64, 512, 512 * 64, BIG))
+    epoch = sp.pack(table, sp.PackConfig(64, 512, 512 * 64, BIG), partition=TRAIN, binding=binding)
     assert epoch.row_count * 64 >= 1 << 20 and epoch.target_count == int(table.lengths.sum())
     batch = epoch.batches[0]
     q = np.random.default_rng(0).standard_normal((*batch.shape[:1], 4, 64, 16))

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from seqpack import BatchBinding, BatchDocument, Decoder, DecoderConfig, SequenceExample
-from seqpack.chapters import chapter_examples, packed_batch, padded_batch
-from seqpack.decoder_trace import Comparison, SeparateExecution, within_tolerance
+from seqpack.chapters.fixtures import chapter_examples, packed_batch, padded_batch
+from seqpack.chapters.trace import Comparison, SeparateExecution, within_tolerance
 
 BINDING = BatchBinding.fixture()
 SEEDS = range(100)
@@ -65,7 +65,7 @@ def test_separate_padded_and_packed_agree_on_100_seeds(profile, attention):
         padded = padded_batch(examples, BINDING)
         packed = packed_batch(examples, BINDING, capacity)
         for batch in (padded, packed):
-            comparison = Comparison.run(decoder, separate, batch, BINDING)
+            comparison = Comparison.run(decoder, separate, batch)
             assert comparison.failures == 0, (seed, comparison)
             assert comparison.logit_comparisons == separate.count * config.vocabulary_size
             assert comparison.gradient_comparisons == decoder.parameter_count()
@@ -85,7 +85,7 @@ def test_chapter_fixture_comparison_counts(attention):
     examples = chapter_examples("packed", BINDING)
     separate = SeparateExecution.run(decoder, examples)
     for batch in (padded_batch(examples, BINDING), packed_batch(examples, BINDING, 6)):
-        comparison = Comparison.run(decoder, separate, batch, BINDING)
+        comparison = Comparison.run(decoder, separate, batch)
         assert (comparison.logit_comparisons, comparison.gradient_comparisons) == (2394, 3448)
         assert comparison.failures == 0
         assert within_tolerance(comparison.loss_sum, separate.loss_sum)
@@ -98,7 +98,7 @@ def test_duplicate_occurrences_in_one_row_give_the_same_logits():
     randomize(decoder, np.random.default_rng(4))
     batch = packed_batch([example, example], BINDING, 8)
     assert batch.shape[0] == 1
-    logits = decoder.forward_packed(batch, BINDING).logits[0]
+    logits = decoder.forward_packed(batch).logits[0]
     assert within_tolerance(logits[:4], logits[4:]).all()
 
 
@@ -108,6 +108,6 @@ def test_comparison_detects_a_changed_parameter():
     decoder = Decoder(DecoderConfig.large(), 42)
     separate = SeparateExecution.run(decoder, examples)
     decoder.named_parameters()["blocks.1.wv"][0, 0] += 1e-6
-    comparison = Comparison.run(decoder, separate, packed_batch(examples, BINDING, 6), BINDING)
+    comparison = Comparison.run(decoder, separate, packed_batch(examples, BINDING, 6))
     assert comparison.failures > 0 and comparison.max_logit_difference > 0
     assert not within_tolerance(1.0, 1.0 + 2e-9) and within_tolerance(1.0, 1.0 + 1e-9)

@@ -78,12 +78,8 @@ def test_whole_document_is_validated(binding, tokens, position):
 
 def test_decode_limits_apply(long_document):
     fixture = sp.BatchBinding.fixture()
-    tight = sp.BatchBinding.for_tokenizer(
-        sp.ByteTokenizer.fixture(), fixture.split_receipt_digest, sp.DecodeLimits(5, 3)
-    )
+    tight = sp.BatchBinding(sp.ByteTokenizer.fixture().identity, fixture.split_receipt_digest, sp.DecodeLimits(5, 3), sp.ByteTokenizer.fixture())
     sp.SequenceExample.from_document("ok", long_document, tight)
-    tighter = sp.BatchBinding.for_tokenizer(
-        sp.ByteTokenizer.fixture(), fixture.split_receipt_digest, sp.DecodeLimits(4, 3)
-    )
+    tighter = sp.BatchBinding(sp.ByteTokenizer.fixture().identity, fixture.split_receipt_digest, sp.DecodeLimits(4, 3), sp.ByteTokenizer.fixture())
     with pytest.raises(sp.DecodeLimitError):
         sp.SequenceExample.from_document("no", long_document, tighter)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from seqpack import BatchBinding, Decoder, DecoderConfig
-from seqpack import functional as F
-from seqpack.autograd import Tensor
-from seqpack.chapters import chapter_batch
+from seqpack.nn import attention as attention_ops, ops as F
+from seqpack.nn.autograd import Tensor
+from seqpack.chapters.fixtures import chapter_batch
 
 BINDING = BatchBinding.fixture()
 A, B, PADDING = slice(0, 3), slice(3, 5), slice(5, 6)
@@ -118,7 +118,7 @@ LENGTHS = np.array([5])
 STARTS = np.array([[0, 0, 0, 3, 3, 0]])
 
 
-@pytest.mark.parametrize("attention", [F.causal_attention_with_ranges, F.fused_range_attention])
+@pytest.mark.parametrize("attention", [attention_ops.causal_attention_with_ranges, attention_ops.fused_range_attention])
 def test_attention_level_isolation_and_negative_control(attention):
     rng = np.random.default_rng(3)
     q, k, v = attention_inputs(rng)

@@ -8,12 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import BindingError, DecodeLimits, InvalidInputError, _loss, masked_loss
-from seqpack.autograd import Tensor
-from seqpack.binding import BatchBinding
-from seqpack.chapters import chapter_batch
-from seqpack.decoder_trace import gold_probabilities
-from seqpack.loss import constructed_logits, loss_probe, masked_nll
+from seqpack import BindingError, DecodeLimits, InvalidInputError, masked_loss
+from seqpack.nn import _loss
+from seqpack.nn.autograd import Tensor
+from seqpack.data.binding import BatchBinding
+from seqpack.chapters.fixtures import chapter_batch
+from seqpack.chapters.probe import gold_probabilities
+from seqpack.chapters.probe import constructed_logits, loss_probe
+from seqpack.nn.loss import masked_nll
 
 pytestmark = pytest.mark.kernel
 
@@ -103,7 +105,7 @@ def test_analytic_logit_derivative(kind, binding):
     batch = chapter_batch(kind, binding)
     gold = gold_probabilities(batch)
     logits = constructed_logits(batch, gold)
-    gradient = masked_loss(logits, batch, binding).backward()["logits"]
+    gradient = masked_loss(logits, batch, binding=binding).backward()["logits"]
     count = int(batch.loss_mask.sum())
     classes = binding.vocabulary_size
     expected = np.zeros_like(logits)
@@ -154,7 +156,7 @@ def test_zero_eligible_targets_is_an_error(binding):
 def test_logits_must_match_batch_shape_and_vocabulary(binding):
     batch = chapter_batch("padded", binding)
     rows, width = batch.shape
-    masked_loss(np.zeros((rows, width, binding.vocabulary_size)), batch, binding)
+    masked_loss(np.zeros((rows, width, binding.vocabulary_size)), batch, binding=binding)
     with pytest.raises(InvalidInputError, match=r"logits have shape \(2, 4, 265\).*vocabulary size 266"):
         masked_loss(np.zeros((rows, width, binding.vocabulary_size - 1)), batch)
     with pytest.raises(InvalidInputError, match=r"logits have shape \(2, 5, 266\)"):
@@ -166,7 +168,7 @@ def test_binding_mismatch_is_rejected(binding):
     other = dataclasses.replace(binding, limits=DecodeLimits(max_tokens=10, max_bytes=100))
     logits = np.zeros(batch.shape + (binding.vocabulary_size,))
     with pytest.raises(BindingError):
-        masked_loss(logits, batch, other)
+        masked_loss(logits, batch, binding=other)
 
 
 def test_eligible_targets_outside_the_vocabulary_are_rejected():

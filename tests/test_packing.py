@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqpack as sp
-from seqpack import _reference
-from seqpack.packing import check_occurrence_count, packing_requirement
+import reference as _reference
+from seqpack.layout.sources import check_example_count as check_occurrence_count
+from seqpack.packing.budget import epoch_bytes as packing_requirement
 
 pytestmark = pytest.mark.kernel
 
@@ -41,13 +42,13 @@ def abc(binding):
 
 @pytest.fixture(scope="module")
 def ch05(abc, binding):
-    return sp.pack_examples(TRAIN, abc, binding, sp.PackConfig(6, 2, 12, BIG))
+    return sp.pack(abc, sp.PackConfig(6, 2, 12, BIG), partition=TRAIN, binding=binding)
 
 
 def test_ch05_fixture(ch05):
     assert ch05.row_count == 2 and ch05.occurrence_count == 3 and len(ch05.batches) == 1
     batch = ch05.batches[0]
-    assert isinstance(batch, sp.PackedBatch) and isinstance(batch, sp.BatchLayout)
+    assert isinstance(batch, sp.PackedBatch) and isinstance(batch, sp.layout.BatchLayout)
     assert batch.shape == (2, 6)
     assert batch.inputs.tolist() == [[0, 99, 100, 0, 101, -1], [0, 102, 103, 104, -1, -1]]
     assert batch.targets.tolist() == [[99, 100, 1, 101, 1, -1], [102, 103, 104, 1, -1, -1]]
@@ -59,8 +60,8 @@ def test_ch05_fixture(ch05):
     assert batch.segment_starts.tolist() == [[0, 0, 0, 3, 3, 0], [0, 0, 0, 0, 0, 0]]
     assert batch.cell_count == 12 and batch.target_count == 9
     assert batch.occurrences == [
-        sp.Occurrence(0, 0, range(0, 3), 0), sp.Occurrence(1, 0, range(3, 5), 1),
-        sp.Occurrence(2, 1, range(0, 4), 2),
+        sp.layout.Occurrence(0, 0, range(0, 3), 0), sp.layout.Occurrence(1, 0, range(3, 5), 1),
+        sp.layout.Occurrence(2, 1, range(0, 4), 2),
     ]
     batch.verify()
 
@@ -77,21 +78,21 @@ def test_ch05_permission(ch05):
 
 
 def test_counts(abc, binding, ch05):
-    padded = sp.VariableBatch.build(TRAIN, abc, binding, sp.VariableBatchConfig(3, 12)).counts()
-    packed = sp.LayoutCounts.total(ch05.batches)
+    padded = sp.pad(abc, sp.PadConfig(rows_per_batch=3, max_cells=12), partition=TRAIN, binding=binding).batches[0].counts()
+    packed = sp.layout.LayoutCounts.total(ch05.batches)
     assert (padded.storage_cells, padded.valid_targets, padded.valid_density) == (12, 9, 0.75)
     assert (packed.storage_cells, packed.valid_targets, packed.valid_density) == (12, 9, 0.75)
     assert padded.permitted_edges == packed.permitted_edges == 6 + 3 + 10
     examples = [with_predictions(n, l, binding) for n, l in zip("PQRS", (4, 4, 2, 2))]
-    padded = sp.VariableBatch.build(TRAIN, examples, binding, sp.VariableBatchConfig(4, 16)).counts()
-    packed = sp.LayoutCounts.total(sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(12, 1, 12, BIG)).batches)
+    padded = sp.pad(examples, sp.PadConfig(rows_per_batch=4, max_cells=16), partition=TRAIN, binding=binding).batches[0].counts()
+    packed = sp.layout.LayoutCounts.total(sp.pack(examples, sp.PackConfig(12, 1, 12, BIG), partition=TRAIN, binding=binding).batches)
     assert (padded.storage_cells, padded.valid_density, padded.dense_score_positions) == (16, 0.75, 64)
     assert (packed.storage_cells, packed.valid_density, packed.dense_score_positions) == (12, 1.0, 144)
     assert padded.permitted_edges == packed.permitted_edges == 26
 
 
 def test_traversal_orders_agree(ch05):
-    from seqpack.demo import edge_inventory
+    from seqpack.chapters.demo import edge_inventory
 
     batch = ch05.batches[0]
     in_order, tiled = edge_inventory(batch), edge_inventory(batch, tile_width=2)
@@ -104,35 +105,35 @@ def test_traversal_orders_agree(ch05):
 
 def test_example_longer_than_capacity(binding):
     examples = [with_predictions("fits", 6, binding), with_predictions("wide", 7, binding)]
-    sp.pack_examples(TRAIN, examples[:1], binding, sp.PackConfig(6, 1, 6, BIG))
+    sp.pack(examples[:1], sp.PackConfig(6, 1, 6, BIG), partition=TRAIN, binding=binding)
     with pytest.raises(sp.CapacityError, match="example 'wide' \\(index 1\\) has 7 predictions; capacity is 6") as caught:
-        sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(6, 1, 6, BIG))
+        sp.pack(examples, sp.PackConfig(6, 1, 6, BIG), partition=TRAIN, binding=binding)
     assert (caught.value.cells, caught.value.maximum) == (7, 6)
 
 
 def test_cells_per_call(binding):
     examples = [with_predictions(f"e{i}", 4, binding) for i in range(4)]
-    assert len(sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(4, 3, 12, BIG)).batches) == 2
+    assert len(sp.pack(examples, sp.PackConfig(4, 3, 12, BIG), partition=TRAIN, binding=binding).batches) == 2
     with pytest.raises(sp.CapacityError, match="3 rows x 4 columns has 12 cells; max_cells is 11") as caught:
-        sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(4, 3, 11, BIG))
+        sp.pack(examples, sp.PackConfig(4, 3, 11, BIG), partition=TRAIN, binding=binding)
     assert (caught.value.cells, caught.value.maximum) == (12, 11)
 
 
 def test_exact_fill_opens_no_empty_row(binding):
     examples = [with_predictions("x", 3, binding), with_predictions("y", 3, binding)]
-    epoch = sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(6, 4, 24, BIG))
+    epoch = sp.pack(examples, sp.PackConfig(6, 4, 24, BIG), partition=TRAIN, binding=binding)
     assert epoch.row_count == 1 and epoch.batches[0].shape == (1, 6)
     assert epoch.batches[0].valid_lengths.tolist() == [6]
 
 
 def test_rows_per_call_and_smaller_final_call(binding):
     examples = [with_predictions(f"e{i}", n, binding) for i, n in enumerate([3, 4, 2, 5, 1, 4, 4])]
-    epoch = sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(5, 2, 10, BIG))
+    epoch = sp.pack(examples, sp.PackConfig(5, 2, 10, BIG), partition=TRAIN, binding=binding)
     # next-fit at capacity 5: [3] [4] [2] [5] [1, 4] [4]
     expected = _reference.next_fit_placements([3, 4, 2, 5, 1, 4, 4], 5)
     assert epoch.row_count == expected[-1][0] + 1 == 6
     assert [b.shape for b in epoch.batches] == [(2, 5), (2, 5), (2, 5)]
-    epoch = sp.pack_examples(TRAIN, examples[:6], binding, sp.PackConfig(5, 4, 20, BIG))
+    epoch = sp.pack(examples[:6], sp.PackConfig(5, 4, 20, BIG), partition=TRAIN, binding=binding)
     assert [b.shape[0] for b in epoch.batches] == [4, 1]
     last = epoch.batches[-1]
     # Local rows, global ordinals and segments.
@@ -143,7 +144,7 @@ def test_rows_per_call_and_smaller_final_call(binding):
 
 def test_duplicate_occurrences_are_distinct(binding):
     twin = make("twin", [0, 99, 100, 1], binding)
-    batch = sp.pack_examples(TRAIN, [twin, twin], binding, sp.PackConfig(6, 1, 6, BIG)).batches[0]
+    batch = sp.pack([twin, twin], sp.PackConfig(6, 1, 6, BIG), partition=TRAIN, binding=binding).batches[0]
     assert batch.segments.tolist() == [[0, 0, 0, 1, 1, 1]]
     assert batch.positions.tolist() == [[0, 1, 2, 0, 1, 2]]
     assert not batch.allowed_key(0, 3, 2) and batch.allowed_key(0, 3, 3)
@@ -154,17 +155,17 @@ def test_duplicate_occurrences_are_distinct(binding):
 def test_inputs_rejected(binding, abc):
     config = sp.PackConfig(6, 2, 12, BIG)
     with pytest.raises(sp.InvalidInputError, match="at least one example"):
-        sp.pack_examples(TRAIN, [], binding, config)
+        sp.pack([], config, partition=TRAIN, binding=binding)
     with pytest.raises(sp.BindingError, match="example 'A' \\(index 0\\) belongs to partition 'train', not 'test'"):
-        sp.pack_examples(sp.Partition.TEST, abc, binding, config)
+        sp.pack(abc, config, partition=sp.Partition.TEST, binding=binding)
     with pytest.raises(sp.InvalidInputError, match="PackConfig"):
-        sp.pack_examples(TRAIN, abc, binding, sp.VariableBatchConfig(2, 12))
+        sp.pack(abc, sp.PadConfig(rows_per_batch=2, max_cells=12), partition=TRAIN, binding=binding)
 
 
 @pytest.mark.parametrize(
     "args, message",
-    [((0, 1, 6, 1), "capacity"), ((6, 0, 6, 1), "max_rows_per_batch"), ((6, 1, 5, 1), "max_cells 5 is below capacity 6"),
-     ((6, 1, 6, 0), "max_metadata_bytes"), ((2**31, 1, 2**31, 1), "exceeds 2147483647")],
+    [((0, 1, 6, 1), "capacity"), ((6, 0, 6, 1), "rows_per_batch"), ((6, 1, 5, 1), "max_cells 5 is below capacity 6"),
+     ((6, 1, 6, 0), "max_memory_bytes"), ((2**31, 1, 2**31, 1), "the maximum is 2147483647")],
 )
 def test_config_validation(args, message):
     with pytest.raises(sp.InvalidInputError, match=message):
@@ -174,18 +175,18 @@ def test_config_validation(args, message):
 
 
 def test_budget_equal_to_requirement_passes_one_less_fails(abc, binding):
-    required = sp.pack_examples(TRAIN, abc, binding, sp.PackConfig(6, 2, 12, BIG)).metadata_peak
-    epoch = sp.pack_examples(TRAIN, abc, binding, sp.PackConfig(6, 2, 12, required))
-    assert epoch.metadata_peak == required
-    with pytest.raises(sp.MetadataBudgetError, match=f"needs {required} metadata bytes; max_metadata_bytes is {required - 1}") as caught:
-        sp.pack_examples(TRAIN, abc, binding, sp.PackConfig(6, 2, 12, required - 1))
+    required = sp.pack(abc, sp.PackConfig(6, 2, 12, BIG), partition=TRAIN, binding=binding).memory_peak
+    epoch = sp.pack(abc, sp.PackConfig(6, 2, 12, required), partition=TRAIN, binding=binding)
+    assert epoch.memory_peak == required
+    with pytest.raises(sp.MemoryBudgetError, match=f"needs {required} bytes; max_memory_bytes is {required - 1}") as caught:
+        sp.pack(abc, sp.PackConfig(6, 2, 12, required - 1), partition=TRAIN, binding=binding)
     assert (caught.value.required, caught.value.maximum) == (required, required - 1)
     assert isinstance(caught.value, ValueError)
 
 
 def test_planner_budget_checked_before_placement(abc, binding):
-    with pytest.raises(sp.MetadataBudgetError) as caught:
-        sp.pack_examples(TRAIN, abc, binding, sp.PackConfig(6, 2, 12, 10))
+    with pytest.raises(sp.MemoryBudgetError) as caught:
+        sp.pack(abc, sp.PackConfig(6, 2, 12, 10), partition=TRAIN, binding=binding)
     # Per occurrence: its length and tuple slot (16), a scan byte, next-fit's row and start (16).
     assert caught.value.required == 3 * 33 + 8 * 1024
 
@@ -195,8 +196,8 @@ def test_huge_requirement_raises_before_allocating(binding):
     config = sp.PackConfig(2**31 - 1, 4, 2**40, 2**30)  # one row of 2**31 cells: ~38 GiB of fields
     tracemalloc.start()
     started = time.perf_counter()
-    with pytest.raises(sp.MetadataBudgetError) as caught:
-        sp.pack_examples(TRAIN, one, binding, config)
+    with pytest.raises(sp.MemoryBudgetError) as caught:
+        sp.pack(one, config, partition=TRAIN, binding=binding)
     elapsed = time.perf_counter() - started
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -205,7 +206,7 @@ def test_huge_requirement_raises_before_allocating(binding):
 
 def test_size_arithmetic_near_integer_limits():
     check_occurrence_count(2**31)
-    with pytest.raises(sp.InvalidInputError, match="2147483649 occurrences exceed the int32 segment namespace"):
+    with pytest.raises(sp.InvalidInputError, match="2147483649 examples exceed the int32 segment namespace"):
         check_occurrence_count(2**31 + 1)
     # Exact integers, no wraparound: a requirement past 2**63 is reported as such.
     huge = packing_requirement(0, 1, 2**44, 2**41, 8, 0, 2**21)
@@ -228,12 +229,12 @@ def test_budget_is_honest_under_tracemalloc(binding):
     ]
     config = sp.PackConfig(512, 8, 8 * 512, 1 << 34)
     tracemalloc.start()
-    epoch = sp.pack_examples(TRAIN, examples, binding, config)
+    epoch = sp.pack(examples, config, partition=TRAIN, binding=binding)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    print(f"traced peak {peak} bytes, metadata_peak {epoch.metadata_peak} bytes")
-    assert peak <= epoch.metadata_peak + 64 * 1024
-    assert epoch.metadata_peak <= 2 * peak
+    print(f"traced peak {peak} bytes, memory_peak {epoch.memory_peak} bytes")
+    assert peak <= epoch.memory_peak + 64 * 1024
+    assert epoch.memory_peak <= 2 * peak
     assert sum(b.target_count for b in epoch.batches) == lengths.sum()
 
 
@@ -261,7 +262,7 @@ def test_matches_reference_and_verifies(binding, case):
     if duplicate:
         examples.append(examples[0])
         sources = sources + [sources[0]]
-    epoch = sp.pack_examples(TRAIN, examples, binding, sp.PackConfig(capacity, max_rows, capacity * max_rows, BIG))
+    epoch = sp.pack(examples, sp.PackConfig(capacity, max_rows, capacity * max_rows, BIG), partition=TRAIN, binding=binding)
     expected = _reference.packed_rows(sources, capacity, max_rows)
     assert len(epoch.batches) == len(expected)
     assert epoch.row_count == sum(len(call["valid_lengths"]) for call in expected)
@@ -270,7 +271,7 @@ def test_matches_reference_and_verifies(binding, case):
             assert getattr(batch, name).tolist() == call[name], name
         for name in ("token_valid", "target_valid", "loss_mask"):
             assert getattr(batch, name).tolist() == call["valid"], name
-        assert batch.occurrences == [sp.Occurrence(*o) for o in call["occurrences"]]
+        assert batch.occurrences == [sp.layout.Occurrence(*o) for o in call["occurrences"]]
         assert batch.shape[1] == capacity
         batch.verify()
         # No permitted edge crosses a segment or touches padding.
@@ -303,8 +304,8 @@ def test_verify_catches_packer_bugs(ch05, corrupted, field, index, value, messag
 def test_reused_buffers_give_the_same_batches(binding):
     examples = [with_predictions(f"e{i}", n, binding) for i, n in enumerate([3, 4, 2, 5, 1, 4, 4, 6, 2])]
     config = sp.PackConfig(6, 2, 12, BIG)
-    expected = sp.pack_examples(TRAIN, examples, binding, config).batches
-    plan = sp.plan_packing(TRAIN, examples, binding, config)
+    expected = sp.pack(examples, config, partition=TRAIN, binding=binding).batches
+    plan = sp.plan(examples, config, partition=TRAIN, binding=binding)
     seen = []
     for batch, fresh in zip(plan.batches(reuse_buffers=True), expected, strict=True):
         # Each reused batch equals the fresh one while it is current.

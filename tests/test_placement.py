@@ -7,15 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import (
-    CapacityError,
-    InvalidInputError,
-    lower_bound_rows,
-    place,
-    placement_bytes,
-    real_target_fraction,
-)
-from seqpack.placement import BEST_FIT_MAX_CAPACITY, POLICIES, _longest_first
+from seqpack import CapacityError, InvalidInputError, place
+from seqpack.packing import lower_bound_rows, placement_bytes, real_target_fraction
+from seqpack.packing.placement import BEST_FIT_MAX_CAPACITY, POLICIES, _longest_first
 
 pytestmark = pytest.mark.kernel
 

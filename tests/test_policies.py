@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqpack as sp
-from seqpack.placement import POLICIES
+from seqpack.packing.placement import POLICIES
 from test_table import BIG, assert_same_batches, example_list, predicting
 
 pytestmark = pytest.mark.kernel
@@ -52,7 +52,7 @@ def test_rows_follow_the_policy_and_ordinals_the_input(binding, lengths, extra, 
     rows = {}
     for policy in POLICIES:
         placement = sp.place(lengths, capacity, policy)
-        epoch = sp.pack_examples(TRAIN, table, binding, config, policy=policy)
+        epoch = sp.pack(table, config, partition=TRAIN, binding=binding, policy=policy)
         assert epoch.row_count == placement.row_count and epoch.occurrence_count == len(lengths)
         placed = global_placements(epoch.batches, max_rows)
         assert sorted(placed) == list(range(len(lengths)))  # nothing dropped or duplicated
@@ -72,13 +72,13 @@ def test_decreasing_policy_fills_earlier_rows(binding):
     """FFD at capacity 6, lengths 2 5 3 4 2: visits 5 4 3 2 2 -> rows [5] [4 2] [3 2]."""
     lengths = [2, 5, 3, 4, 2]
     table = random_table(lengths, binding)
-    epoch = sp.pack_examples(TRAIN, table, binding, sp.PackConfig(6, 2, 12, BIG), policy="first-fit-decreasing")
+    epoch = sp.pack(table, sp.PackConfig(6, 2, 12, BIG), partition=TRAIN, binding=binding, policy="first-fit-decreasing")
     assert epoch.row_count == 3 and [b.shape for b in epoch.batches] == [(2, 6), (1, 6)]
     first, last = epoch.batches
     # Records are in row order; ordinals and segments keep the input order.
-    assert first.occurrences == [sp.Occurrence(1, 0, range(0, 5), 1), sp.Occurrence(3, 1, range(0, 4), 3),
-                                 sp.Occurrence(0, 1, range(4, 6), 0)]
-    assert last.occurrences == [sp.Occurrence(2, 0, range(0, 3), 2), sp.Occurrence(4, 0, range(3, 5), 4)]
+    assert first.occurrences == [sp.layout.Occurrence(1, 0, range(0, 5), 1), sp.layout.Occurrence(3, 1, range(0, 4), 3),
+                                 sp.layout.Occurrence(0, 1, range(4, 6), 0)]
+    assert last.occurrences == [sp.layout.Occurrence(2, 0, range(0, 3), 2), sp.layout.Occurrence(4, 0, range(3, 5), 4)]
     assert first.segments.tolist() == [[1, 1, 1, 1, 1, -1], [3, 3, 3, 3, 0, 0]]
     assert first.positions.tolist() == [[0, 1, 2, 3, 4, 0], [0, 1, 2, 3, 0, 1]]
     for batch in epoch.batches:
@@ -93,20 +93,20 @@ def test_policy_list_path_equals_table_path(binding, policy):
     config = sp.PackConfig(32, 3, 96, BIG)
     table = sp.ExampleTable.from_arrays(np.concatenate(documents), np.cumsum([0] + [len(d) for d in documents]),
                                         binding)
-    listed = sp.pack_examples(TRAIN, example_list(documents, binding), binding, config, policy=policy)
-    columnar = sp.pack_examples(TRAIN, table, binding, config, policy=policy)
+    listed = sp.pack(example_list(documents, binding), config, partition=TRAIN, binding=binding, policy=policy)
+    columnar = sp.pack(table, config, partition=TRAIN, binding=binding, policy=policy)
     assert_same_batches(columnar.batches, listed.batches)
-    assert listed.row_count < sp.pack_examples(TRAIN, table, binding, config).row_count
+    assert listed.row_count < sp.pack(table, config, partition=TRAIN, binding=binding).row_count
 
 
 def test_unknown_policy_lists_the_choices(binding):
     table = random_table([3, 4], binding)
     config = sp.PackConfig(8, 1, 8, BIG)
-    message = "unknown packing policy 'worst-fit'; choose one of next-fit, first-fit-decreasing, best-fit-decreasing"
-    for function in (sp.pack_examples, sp.plan_packing):
+    message = "unknown placement policy 'worst-fit'; choose one of next-fit, first-fit-decreasing, best-fit-decreasing"
+    for function in (sp.pack, sp.plan):
         with pytest.raises(sp.InvalidInputError, match=message):
-            function(TRAIN, table, binding, config, policy="worst-fit")
-        function(TRAIN, table, binding, config, policy="best-fit-decreasing")
+            function(table, config, partition=TRAIN, binding=binding, policy="worst-fit")
+        function(table, config, partition=TRAIN, binding=binding, policy="best-fit-decreasing")
 
 
 # --- lazy plans and efficiency reports -----------------------------------------------------
@@ -122,31 +122,31 @@ def multi_call(binding):
 @pytest.mark.parametrize("policy", POLICIES)
 def test_plan_equals_eager(binding, multi_call, policy):
     config = sp.PackConfig(64, 4, 256, BIG)
-    plan = sp.plan_packing(TRAIN, multi_call, binding, config, policy=policy)
-    epoch = sp.pack_examples(TRAIN, multi_call, binding, config, policy=policy)
+    plan = sp.plan(multi_call, config, partition=TRAIN, binding=binding, policy=policy)
+    epoch = sp.pack(multi_call, config, partition=TRAIN, binding=binding, policy=policy)
     assert len(plan) == len(epoch.batches) > 4
     assert (plan.row_count, plan.occurrence_count, plan.policy) == (epoch.row_count, epoch.occurrence_count, policy)
     assert_same_batches(plan, epoch.batches)
     assert_same_batches([plan.batch(len(plan) - 1), plan.batch(0)], [epoch.batches[-1], epoch.batches[0]])
-    assert plan.metadata_peak < epoch.metadata_peak
-    assert plan.call_targets().tolist() == [b.target_count for b in epoch.batches]
+    assert plan.memory_peak < epoch.memory_peak
+    assert plan.batch_targets().tolist() == [b.target_count for b in epoch.batches]
     for call in (-1, len(plan), True, 1.0):
-        with pytest.raises(sp.InvalidInputError, match=f"call {call!r} is outside this plan's {len(plan)} calls"):
+        with pytest.raises(sp.InvalidInputError, match=f"batch {call!r} is outside this plan's {len(plan)} batches"):
             plan.batch(call)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_report_matches_the_materialized_batches(binding, multi_call, policy):
     config = sp.PackConfig(64, 4, 256, BIG)
-    plan = sp.plan_packing(TRAIN, multi_call, binding, config, policy=policy)
-    epoch = sp.pack_examples(TRAIN, multi_call, binding, config, policy=policy)
+    plan = sp.plan(multi_call, config, partition=TRAIN, binding=binding, policy=policy)
+    epoch = sp.pack(multi_call, config, partition=TRAIN, binding=binding, policy=policy)
     report = plan.report()
     batches = epoch.batches
     cells = sum(b.cell_count for b in batches)
     valid = sum(int(b.loss_mask.sum()) for b in batches)
     lengths = [len(o.columns) for b in batches for o in b.occurrences]
     assert report.policy == policy and report.capacity == 64
-    assert (report.rows, report.calls) == (sum(b.shape[0] for b in batches), len(batches))
+    assert (report.rows, report.batches) == (sum(b.shape[0] for b in batches), len(batches))
     assert report.cells == cells and report.valid_targets == valid == int(multi_call.lengths.sum())
     assert report.real_target_fraction == valid / cells
     assert report.padding_cells == cells - valid == sum(int((~b.token_valid).sum()) for b in batches)
@@ -155,11 +155,11 @@ def test_report_matches_the_materialized_batches(binding, multi_call, policy):
         b.counts().permitted_edges for b in batches[3:])
     assert report.dense_score_positions == sum(b.shape[0] * 64 * 64 for b in batches)
     assert report.permitted_fraction == report.permitted_edges / report.dense_score_positions
-    assert report.call_targets == tuple(b.target_count for b in batches)
-    assert sp.efficiency_report(epoch) == report  # every field, policy and call targets included
-    assert sp.efficiency_report(plan) == report
+    assert report.batch_targets == tuple(b.target_count for b in batches)
+    assert sp.packing.efficiency_report(epoch) == report  # every field, policy and call targets included
+    assert sp.packing.efficiency_report(plan) == report
     assert report.as_dict() == {
-        "policy": policy, "capacity": 64, "rows": report.rows, "calls": report.calls, "cells": cells,
+        "policy": policy, "capacity": 64, "rows": report.rows, "batches": report.batches, "cells": cells,
         "valid_targets": valid, "real_target_fraction": valid / cells, "padding_cells": cells - valid,
         "permitted_edges": report.permitted_edges, "dense_score_positions": report.dense_score_positions,
         "permitted_fraction": report.permitted_fraction,
@@ -167,14 +167,14 @@ def test_report_matches_the_materialized_batches(binding, multi_call, policy):
 
 
 def test_efficiency_report_rejects_other_objects():
-    with pytest.raises(sp.InvalidInputError, match="expected a PackingPlan or PackedBatchEpoch, not list"):
-        sp.efficiency_report([])
+    with pytest.raises(sp.InvalidInputError, match="expected a PackingPlan or PackedEpoch, not list"):
+        sp.packing.efficiency_report([])
 
 
 def test_decreasing_policies_use_fewer_rows_on_the_report(binding, multi_call):
     config = sp.PackConfig(64, 4, 256, BIG)
-    reports = {p: sp.plan_packing(TRAIN, multi_call, binding, config, policy=p).report() for p in POLICIES}
-    best = sp.lower_bound_rows(multi_call.lengths, 64)
+    reports = {p: sp.plan(multi_call, config, partition=TRAIN, binding=binding, policy=p).report() for p in POLICIES}
+    best = sp.packing.lower_bound_rows(multi_call.lengths, 64)
     for policy in DECREASING:
         assert best <= reports[policy].rows < reports["next-fit"].rows
         assert reports[policy].real_target_fraction > reports["next-fit"].real_target_fraction
@@ -183,16 +183,16 @@ def test_decreasing_policies_use_fewer_rows_on_the_report(binding, multi_call):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_plan_budget_equal_to_requirement_passes(binding, multi_call, policy):
-    required = sp.plan_packing(TRAIN, multi_call, binding, sp.PackConfig(64, 4, 256, BIG), policy=policy).metadata_peak
-    plan = sp.plan_packing(TRAIN, multi_call, binding, sp.PackConfig(64, 4, 256, required), policy=policy)
-    assert plan.metadata_peak == required
-    with pytest.raises(sp.MetadataBudgetError, match=f"needs {required} metadata bytes") as caught:
-        sp.plan_packing(TRAIN, multi_call, binding, sp.PackConfig(64, 4, 256, required - 1), policy=policy)
+    required = sp.plan(multi_call, sp.PackConfig(64, 4, 256, BIG), partition=TRAIN, binding=binding, policy=policy).memory_peak
+    plan = sp.plan(multi_call, sp.PackConfig(64, 4, 256, required), partition=TRAIN, binding=binding, policy=policy)
+    assert plan.memory_peak == required
+    with pytest.raises(sp.MemoryBudgetError, match=f"needs {required} bytes") as caught:
+        sp.plan(multi_call, sp.PackConfig(64, 4, 256, required - 1), partition=TRAIN, binding=binding, policy=policy)
     assert (caught.value.required, caught.value.maximum) == (required, required - 1)
-    eager = sp.pack_examples(TRAIN, multi_call, binding, sp.PackConfig(64, 4, 256, BIG), policy=policy).metadata_peak
-    sp.pack_examples(TRAIN, multi_call, binding, sp.PackConfig(64, 4, 256, eager), policy=policy)
-    with pytest.raises(sp.MetadataBudgetError, match=f"needs {eager} metadata bytes"):
-        sp.pack_examples(TRAIN, multi_call, binding, sp.PackConfig(64, 4, 256, eager - 1), policy=policy)
+    eager = sp.pack(multi_call, sp.PackConfig(64, 4, 256, BIG), partition=TRAIN, binding=binding, policy=policy).memory_peak
+    sp.pack(multi_call, sp.PackConfig(64, 4, 256, eager), partition=TRAIN, binding=binding, policy=policy)
+    with pytest.raises(sp.MemoryBudgetError, match=f"needs {eager} bytes"):
+        sp.pack(multi_call, sp.PackConfig(64, 4, 256, eager - 1), partition=TRAIN, binding=binding, policy=policy)
 
 
 # --- metadata honesty under tracemalloc ---------------------------------------------------
@@ -207,15 +207,15 @@ def honesty_table(binding):
 
 
 @pytest.mark.parametrize("policy", ["next-fit", "best-fit-decreasing"])
-@pytest.mark.parametrize("function", [sp.pack_examples, sp.plan_packing])
+@pytest.mark.parametrize("function", [sp.pack, sp.plan])
 def test_table_budget_is_honest_under_tracemalloc(binding, honesty_table, policy, function):
-    """Capacity 512, 8 rows per call; for plan_packing the plan alone, nothing materialized."""
+    """Capacity 512, 8 rows per batch; for plan the plan alone, nothing materialized."""
     config = sp.PackConfig(512, 8, 8 * 512, 1 << 34)
     tracemalloc.start()
-    packed = function(TRAIN, honesty_table, binding, config, policy=policy)
+    packed = function(honesty_table, config, partition=TRAIN, binding=binding, policy=policy)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    print(f"{function.__name__} {policy}: traced peak {peak} bytes, metadata_peak {packed.metadata_peak} bytes")
-    assert peak <= packed.metadata_peak + 64 * 1024
-    assert packed.metadata_peak <= 2 * peak
+    print(f"{function.__name__} {policy}: traced peak {peak} bytes, memory_peak {packed.memory_peak} bytes")
+    assert peak <= packed.memory_peak + 64 * 1024
+    assert packed.memory_peak <= 2 * peak
     assert packed.occurrence_count == len(honesty_table)

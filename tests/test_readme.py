@@ -17,15 +17,24 @@ def test_readme_examples_run():
     blocks = python_blocks()
     assert len(blocks) >= 3
     # Names a reader supplies for the bring-your-own-tokenizer snippet.
-    namespace = {
-        "my_tokenizer_sha256_hex": "ab" * 32,
-        "split_receipt_digest": sp.SplitReceipt.fixture().digest,
-    }
+    namespace = {"my_tokenizer_sha256_hex": "ab" * 32}
     for block in blocks:
         exec(compile(block, str(README), "exec"), namespace)
     batch = namespace["batch"]
     assert isinstance(batch, sp.PackedBatch)
     assert batch.segments.tolist() == [[0, 0, 0, 1, 1, -1], [2, 2, 2, 2, -1, -1]]
+
+
+def test_from_raw_text_is_short_and_packs_every_prediction():
+    """The "From raw text" example: under 10 lines, every prediction of every text packed once."""
+    block = python_blocks()[0]
+    assert "from_texts" in block and len([line for line in block.splitlines() if line.strip()]) < 10
+    namespace = {}
+    exec(compile(block, str(README), "exec"), namespace)
+    epoch, texts = namespace["epoch"], namespace["texts"]
+    predictions = sum(len(text.encode()) + 1 for text in texts)  # content plus EOS, BOS is no target
+    assert epoch.target_count == predictions
+    assert len(namespace["table"]) > len(texts)  # the long text was cut, not truncated
 
 
 def test_readme_commands_are_the_setup_commands():

@@ -7,7 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import InvalidInputError, _softmax, range_softmax_backward, range_softmax_forward
+from seqpack import InvalidInputError
+from seqpack.nn import _softmax
+from seqpack.nn.softmax import range_softmax_backward, range_softmax_forward
 
 pytestmark = pytest.mark.kernel
 

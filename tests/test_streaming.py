@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqpack as sp
-from seqpack.packing import stream_packed_batches
+
 from test_table import BIG, assert_same_batches, both_paths, corpora, example_list, predicting, table_of
 
 pytestmark = pytest.mark.kernel
@@ -21,8 +21,8 @@ def binding():
     return sp.BatchBinding.fixture()
 
 
-def stream(items, binding, config):
-    return list(stream_packed_batches(TRAIN, items, binding, config))
+def streamed(items, binding, config):
+    return list(sp.stream(items, config, partition=TRAIN, binding=binding))
 
 
 def spans(table, cuts):
@@ -43,14 +43,14 @@ def test_stream_equals_batch_path(binding, case, extra, max_rows, data):
     table, examples = both_paths(documents, options, binding)
     capacity = int(table.lengths.max()) + extra
     config = sp.PackConfig(capacity, max_rows, max_rows * capacity, BIG)
-    expected = sp.pack_examples(TRAIN, examples, binding, config).batches
+    expected = sp.pack(examples, config, partition=TRAIN, binding=binding).batches
     count = len(table)
     # (a) one SequenceExample at a time
-    assert_same_batches(stream(examples, binding, config), expected)
+    assert_same_batches(streamed(examples, binding, config), expected)
     # (b) table chunks of random sizes, 1-example chunks included
     cuts = data.draw(st.lists(st.integers(1, max(1, count - 1)), max_size=count))
-    assert_same_batches(stream(chunked(table, cuts), binding, config), expected)
-    assert_same_batches(stream(chunked(table, range(count)), binding, config), expected)
+    assert_same_batches(streamed(chunked(table, cuts), binding, config), expected)
+    assert_same_batches(streamed(chunked(table, range(count)), binding, config), expected)
     # (c) a mix: each chunk given as a table or as its examples one by one
     mixed = []
     for start, stop in spans(table, cuts):
@@ -58,7 +58,7 @@ def test_stream_equals_batch_path(binding, case, extra, max_rows, data):
             mixed.append(table.chunk(start, stop))
         else:
             mixed.extend(examples[start:stop])
-    assert_same_batches(stream(mixed, binding, config), expected)
+    assert_same_batches(streamed(mixed, binding, config), expected)
 
 
 def test_final_partial_row_and_call(binding):
@@ -66,11 +66,11 @@ def test_final_partial_row_and_call(binding):
     documents = predicting((3, 4, 2, 5, 2, 3, 4))
     table, examples = table_of(documents, binding), example_list(documents, binding)
     config = sp.PackConfig(5, 4, 20, BIG)
-    expected = sp.pack_examples(TRAIN, table, binding, config).batches
+    expected = sp.pack(table, config, partition=TRAIN, binding=binding).batches
     assert [b.shape for b in expected] == [(4, 5), (2, 5)]
     assert expected[-1].valid_lengths.tolist() == [5, 4]  # the final row is partial
     for items in (examples, [table], chunked(table, [1, 2, 3, 5, 6]), [table.chunk(0, 5), *examples[5:]]):
-        batches = stream(items, binding, config)
+        batches = streamed(items, binding, config)
         assert_same_batches(batches, expected)
         assert [(o.ordinal, o.row, o.segment) for o in batches[-1].occurrences] == [(4, 0, 4), (5, 0, 5), (6, 1, 6)]
 
@@ -80,10 +80,10 @@ def test_exact_fill_at_a_call_boundary(binding):
     documents = predicting((2, 2, 4, 2))
     table, examples = table_of(documents, binding), example_list(documents, binding)
     config = sp.PackConfig(4, 1, 4, BIG)
-    expected = sp.pack_examples(TRAIN, table, binding, config).batches
+    expected = sp.pack(table, config, partition=TRAIN, binding=binding).batches
     assert [b.valid_lengths.tolist() for b in expected] == [[4], [4], [2]]
-    assert_same_batches(stream(examples, binding, config), expected)
-    assert_same_batches(stream(examples[:3], binding, config), expected[:2])
+    assert_same_batches(streamed(examples, binding, config), expected)
+    assert_same_batches(streamed(examples[:3], binding, config), expected[:2])
 
 
 def test_stream_is_lazy(binding):
@@ -98,9 +98,9 @@ def test_stream_is_lazy(binding):
             pulled.append(ordinal)
             yield examples[ordinal % len(examples)]
 
-    batches = stream_packed_batches(TRAIN, endless(), binding, config)
+    batches = sp.stream(endless(), config, partition=TRAIN, binding=binding)
     first, second = next(batches), next(batches)
-    expected = sp.pack_examples(TRAIN, examples * 4, binding, config).batches
+    expected = sp.pack(examples * 4, config, partition=TRAIN, binding=binding).batches
     assert_same_batches([first, second], expected[:2])
     # Next-fit rows [4] [6] | [3] [8] | [2 4] [6] | [3] ...: a call closes when the
     # example opening the next call's first row arrives (ordinals 2, then 4).
@@ -114,8 +114,8 @@ def test_stream_is_lazy(binding):
 def test_stream_of_table_chunks_is_lazy(binding):
     table = table_of(predicting((4, 4, 4, 4)), binding)
     config = sp.PackConfig(4, 1, 4, BIG)
-    batch = next(stream_packed_batches(TRAIN, itertools.cycle([table.chunk(0, 2)]), binding, config))
-    assert batch.valid_lengths.tolist() == [4] and batch.occurrences == [sp.Occurrence(0, 0, range(0, 4), 0)]
+    batch = next(sp.stream(itertools.cycle([table.chunk(0, 2)]), config, partition=TRAIN, binding=binding))
+    assert batch.valid_lengths.tolist() == [4] and batch.occurrences == [sp.layout.Occurrence(0, 0, range(0, 4), 0)]
     batch.verify()
 
 
@@ -123,9 +123,9 @@ def test_chunks_of_different_tables_share_a_call(binding):
     left = table_of([[0, 10, 11, 1], [0, 12, 1]], binding, ids=["a", "b"])
     right = table_of([[0, 20, 1], [0, 21, 22, 23, 1]], binding, ids=["c", "d"])
     config = sp.PackConfig(6, 2, 12, BIG)
-    batches = stream([left, right, left.chunk(1, 2)], binding, config)
+    batches = streamed([left, right, left.chunk(1, 2)], binding, config)
     examples = [left.example(0), left.example(1), right.example(0), right.example(1), left.example(1)]
-    assert_same_batches(batches, sp.pack_examples(TRAIN, examples, binding, config).batches)
+    assert_same_batches(batches, sp.pack(examples, config, partition=TRAIN, binding=binding).batches)
     assert [e.id for b in batches for e in b.examples] == ["a", "b", "c", "d", "b"]
 
 
@@ -134,49 +134,49 @@ def test_stream_errors_name_the_example(binding):
     documents = predicting((2, 3, 7, 2))
     table, examples = table_of(documents, binding, ids=list("abcd")), example_list(documents, binding, ids=list("abcd"))
     config = sp.PackConfig(6, 1, 6, BIG)
-    assert len(stream(examples[:2] + examples[3:], binding, config)) == 2
+    assert len(streamed(examples[:2] + examples[3:], binding, config)) == 2
     for items in (examples, [table.chunk(0, 2), table.chunk(2, 4)], [table]):
         with pytest.raises(sp.CapacityError, match="example 'c' \\(index 2\\) has 7 predictions; capacity is 6"):
-            stream(items, binding, config)
+            streamed(items, binding, config)
 
 
 def test_stream_rejects_bad_input(binding):
     table, examples = table_of([[0, 10, 1]], binding), example_list([[0, 10, 1]], binding)
     config = sp.PackConfig(4, 2, 8, BIG)
-    assert stream([], binding, config) == []
+    assert streamed([], binding, config) == []
     with pytest.raises(sp.InvalidInputError, match="config must be a PackConfig"):
-        stream(examples, binding, sp.VariableBatchConfig(2, 8))
+        streamed(examples, binding, sp.PadConfig(rows_per_batch=2, max_cells=8))
     narrow = sp.PackConfig(4, 2, 7, BIG)  # one row fits max_cells, two do not: as pack_examples
-    assert len(stream(examples, binding, narrow)) == 1
+    assert len(streamed(examples, binding, narrow)) == 1
     with pytest.raises(sp.CapacityError, match="2 rows x 4 columns has 8 cells; max_cells is 7") as caught:
-        stream(example_list(predicting((4, 4)), binding), binding, narrow)
+        streamed(example_list(predicting((4, 4)), binding), binding, narrow)
     assert (caught.value.cells, caught.value.maximum) == (8, 7)
     with pytest.raises(sp.BindingError, match="partition 'train', not 'test'"):
-        list(stream_packed_batches(sp.Partition.TEST, [table], binding, config))
+        list(sp.stream([table], config, partition=sp.Partition.TEST, binding=binding))
     with pytest.raises(sp.InvalidInputError, match="is a str, not a SequenceExample"):
-        stream(["text"], binding, config)
+        streamed(["text"], binding, config)
 
 
 def test_empty_chunk_in_a_stream(binding):
     table = table_of([[0, 10, 1], [0, 11, 12, 1]], binding)
     config = sp.PackConfig(4, 1, 4, BIG)
-    expected = sp.pack_examples(TRAIN, table, binding, config).batches
-    assert_same_batches(stream([table.chunk(0, 0), table.chunk(0, 1), table.chunk(1, 1), table.chunk(1, 2)],
+    expected = sp.pack(table, config, partition=TRAIN, binding=binding).batches
+    assert_same_batches(streamed([table.chunk(0, 0), table.chunk(0, 1), table.chunk(1, 1), table.chunk(1, 2)],
                                binding, config), expected)
 
 
 def test_stream_call_budget(binding):
     examples = example_list(predicting((4, 4, 4)), binding)
     config = sp.PackConfig(4, 1, 4, BIG)
-    assert len(stream(examples, binding, config)) == 3
-    with pytest.raises(sp.MetadataBudgetError, match="model call 0 needs \\d+ metadata bytes") as caught:
-        stream(examples, binding, sp.PackConfig(4, 1, 4, 1000))
+    assert len(streamed(examples, binding, config)) == 3
+    with pytest.raises(sp.MemoryBudgetError, match="batch 0 needs \\d+ bytes") as caught:
+        streamed(examples, binding, sp.PackConfig(4, 1, 4, 1000))
     required = caught.value.required
     assert caught.value.maximum == 1000 < required
-    assert len(stream(examples, binding, sp.PackConfig(4, 1, 4, required))) == 3
-    with pytest.raises(sp.MetadataBudgetError, match=f"needs {required} metadata bytes; max_metadata_bytes is "
+    assert len(streamed(examples, binding, sp.PackConfig(4, 1, 4, required))) == 3
+    with pytest.raises(sp.MemoryBudgetError, match=f"needs {required} bytes; max_memory_bytes is "
                                                      f"{required - 1}"):
-        stream(examples, binding, sp.PackConfig(4, 1, 4, required - 1))
+        streamed(examples, binding, sp.PackConfig(4, 1, 4, required - 1))
 
 
 def test_stream_batches_are_independent_arrays(binding):
@@ -184,9 +184,9 @@ def test_stream_batches_are_independent_arrays(binding):
     rng = np.random.default_rng(3)
     documents = [[0, *rng.integers(2, 266, size=int(n)).tolist(), 1] for n in rng.integers(1, 8, size=40)]
     config = sp.PackConfig(8, 2, 16, BIG)
-    batches = stream_packed_batches(TRAIN, example_list(documents, binding), binding, config)
+    batches = sp.stream(example_list(documents, binding), config, partition=TRAIN, binding=binding)
     first = next(batches)
     snapshot = first.inputs.copy()
     rest = list(batches)
     np.testing.assert_array_equal(first.inputs, snapshot)
-    assert_same_batches([first, *rest], sp.pack_examples(TRAIN, table_of(documents, binding), binding, config).batches)
+    assert_same_batches([first, *rest], sp.pack(table_of(documents, binding), config, partition=TRAIN, binding=binding).batches)

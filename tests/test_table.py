@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqpack as sp
-from seqpack.placement import POLICIES
+from seqpack.packing.placement import POLICIES
 
 pytestmark = pytest.mark.kernel
 
@@ -118,8 +118,8 @@ def test_table_packs_like_the_list(binding, case, extra, max_rows):
     capacity = int(table.lengths.max()) + extra
     config = sp.PackConfig(capacity, max_rows, max_rows * capacity, BIG)
     for policy in POLICIES:
-        columnar = sp.pack_examples(TRAIN, table, binding, config, policy=policy)
-        listed = sp.pack_examples(TRAIN, examples, binding, config, policy=policy)
+        columnar = sp.pack(table, config, partition=TRAIN, binding=binding, policy=policy)
+        listed = sp.pack(examples, config, partition=TRAIN, binding=binding, policy=policy)
         assert (columnar.row_count, columnar.occurrence_count) == (listed.row_count, listed.occurrence_count)
         assert columnar.policy == listed.policy == policy
         assert_same_batches(columnar.batches, listed.batches)
@@ -164,37 +164,37 @@ def test_a_chunk_packs_like_its_examples(binding):
     documents = [[0, *range(5, 5 + n), 1] for n in (3, 1, 4, 2, 2)]
     table = table_of(documents, binding)
     config = sp.PackConfig(6, 2, 12, BIG)
-    assert_same_batches(sp.pack_examples(TRAIN, table.chunk(1, 5), binding, config).batches,
-                        sp.pack_examples(TRAIN, example_list(documents[1:], binding), binding, config).batches)
+    assert_same_batches(sp.pack(table.chunk(1, 5), config, partition=TRAIN, binding=binding).batches,
+                        sp.pack(example_list(documents[1:], binding), config, partition=TRAIN, binding=binding).batches)
 
 
 def test_an_empty_chunk_is_rejected_clearly(binding):
     table = table_of([[0, 5, 1], [0, 6, 1]], binding)
     with pytest.raises(sp.InvalidInputError, match="at least one example"):
-        sp.pack_examples(TRAIN, table.chunk(1, 1), binding, sp.PackConfig(4, 1, 4, BIG))
+        sp.pack(table.chunk(1, 1), sp.PackConfig(4, 1, 4, BIG), partition=TRAIN, binding=binding)
 
 
 def test_table_too_long_example_is_named(binding):
     table = table_of([[0, 5, 1], [0, 5, 6, 7, 8, 1], [0, 5, 6, 1]], binding, ids=["a", "b", "c"])
     config = sp.PackConfig(4, 1, 4, BIG)
-    sp.pack_examples(TRAIN, table.chunk(0, 1), binding, config)
+    sp.pack(table.chunk(0, 1), config, partition=TRAIN, binding=binding)
     with pytest.raises(sp.CapacityError, match="example 'b' \\(index 1\\) has 5 predictions; capacity is 4"):
-        sp.pack_examples(TRAIN, table, binding, config)
+        sp.pack(table, config, partition=TRAIN, binding=binding)
     with pytest.raises(sp.CapacityError, match="example 'b' .*has 5 predictions"):
-        sp.pack_examples(TRAIN, table.chunk(1, 3), binding, config)
+        sp.pack(table.chunk(1, 3), config, partition=TRAIN, binding=binding)
 
 
 def test_table_binding_and_partition_must_match(binding):
     table = table_of([[0, 5, 1]], binding)
     config = sp.PackConfig(4, 1, 4, BIG)
-    sp.pack_examples(TRAIN, table, sp.BatchBinding.fixture(), config)  # equal by value
-    other = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), DIGEST, sp.DecodeLimits(100, 100))
+    sp.pack(table, config, partition=TRAIN, binding=sp.BatchBinding.fixture())  # equal by value
+    other = sp.BatchBinding(sp.ByteTokenizer().identity, DIGEST, sp.DecodeLimits(100, 100), sp.ByteTokenizer())
     with pytest.raises(sp.BindingError, match="different binding"):
-        sp.pack_examples(TRAIN, table, other, config)
+        sp.pack(table, config, partition=TRAIN, binding=other)
     with pytest.raises(sp.BindingError, match="partition 'train', not 'test'"):
-        sp.pack_examples(sp.Partition.TEST, table, binding, config)
+        sp.pack(table, config, partition=sp.Partition.TEST, binding=binding)
     test_table = table_of([[0, 5, 1]], binding, partition=sp.Partition.TEST)
-    assert sp.pack_examples(sp.Partition.TEST, test_table, binding, config).row_count == 1
+    assert sp.pack(test_table, config, partition=sp.Partition.TEST, binding=binding).row_count == 1
 
 
 # --- document faults: each names its example, beside the passing twin --------------------
@@ -237,7 +237,7 @@ def test_document_fault_names_the_example_using_it(binding):
 
 
 def test_decode_limits_name_the_example(binding):
-    limited = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer.fixture(), DIGEST, sp.DecodeLimits(5, 4))
+    limited = sp.BatchBinding(sp.ByteTokenizer.fixture().identity, DIGEST, sp.DecodeLimits(5, 4), sp.ByteTokenizer.fixture())
     ids = ["a", "b", "c"]
     # Token limit counts BOS and EOS: 5 tokens pass, 6 fail.
     table_of([GOOD, [0, 5, 6, 7, 1], GOOD], limited, ids=ids)
@@ -256,10 +256,10 @@ def test_decode_limits_name_the_example(binding):
 def test_external_binding(binding):
     """An external tokenizer: framing, control IDs, ID range and the token limit; never bytes."""
     identity = sp.TokenizerIdentity.external(1000, 7, 7, "ab" * 32)  # BOS == EOS, GPT-2 style
-    external = sp.BatchBinding.external(identity, DIGEST, sp.DecodeLimits(6, 1))
+    external = sp.BatchBinding(identity, DIGEST, sp.DecodeLimits(6, 1))
     table = table_of([[7, 999, 998, 997, 7], [7, 0, 1, 7]], external)  # content far over 1 byte: no byte limit
     assert table.lengths.tolist() == [4, 3]
-    batch = sp.pack_examples(TRAIN, table, external, sp.PackConfig(8, 1, 8, BIG)).batches[0]
+    batch = sp.pack(table, sp.PackConfig(8, 1, 8, BIG), partition=TRAIN, binding=external).batches[0]
     batch.verify()
     with pytest.raises(sp.TokenizerError, match="example '#1' \\(index 1\\), document 1: token 1000 at position 1 "
                                                 "is out of vocabulary \\(vocabulary size 1000\\)") as caught:
@@ -272,7 +272,7 @@ def test_external_binding(binding):
     with pytest.raises(sp.DecodeLimitError, match="example '#0' .*document has 7 tokens; the limit is 6"):
         table_of([[7, 1, 2, 3, 4, 5, 7]], external)
     with pytest.raises(sp.BindingError, match="different binding"):
-        sp.pack_examples(TRAIN, table, binding, sp.PackConfig(8, 1, 8, BIG))
+        sp.pack(table, sp.PackConfig(8, 1, 8, BIG), partition=TRAIN, binding=binding)
 
 
 # --- ranges, offsets, ids, documents: each beside its passing twin ----------------------
@@ -392,5 +392,5 @@ def test_the_table_owns_its_tokens(binding):
     offsets[1] = 3
     assert table.example(0).source_tokens.tolist() == [0, 99, 100, 1]
     assert table.lengths.tolist() == [3, 2]
-    packed = sp.pack_examples(TRAIN, table, binding, sp.PackConfig(6, 1, 6, BIG)).batches[0]
+    packed = sp.pack(table, sp.PackConfig(6, 1, 6, BIG), partition=TRAIN, binding=binding).batches[0]
     assert packed.inputs.tolist() == [[0, 99, 100, 0, 101, -1]]

@@ -5,15 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import (
-    BatchDocument,
-    BatchOrder,
-    CausalWindowConfig,
-    InvalidInputError,
-    MiniBatchConfig,
-    MiniBatchEpoch,
-    Partition,
-)
+from seqpack import BatchDocument, InvalidInputError, Partition
+from seqpack.data import BatchOrder, CausalWindowConfig, MiniBatchConfig, MiniBatchEpoch
 
 SHORT = BatchDocument("short", [0, 99, 1])
 LONG = BatchDocument("long", [0, 100, 101, 102, 1])

@@ -1,92 +1,65 @@
 """seqpack: pad and pack variable-length causal-LM examples without joining their contexts.
 
-Each section below re-exports the public names of one module.
+``seqpack.__all__`` is what a user needs; the layers hold the rest, each importable as
+an attribute: :mod:`seqpack.data` (tokenizers, bindings, examples, tables, corpora),
+:mod:`seqpack.layout` (fields, the batch view, verify), :mod:`seqpack.packing`
+(padding, placement policies, plans, epochs, streams, the memory budget),
+:mod:`seqpack.nn` (autograd tape, range attention, loss, decoder) and
+:mod:`seqpack.chapters` (the spec's fixtures and demo traces).
 """
 
 __version__ = "0.1.0"
 
-# --- errors ---
 from .errors import (
     BindingError,
     CapacityError,
     DecodeLimitError,
     InvalidInputError,
-    MetadataBudgetError,
+    MemoryBudgetError,
     SeqpackError,
     TokenizerError,
     VerificationError,
 )
-
-# --- placement ---
-from .placement import Placement, lower_bound_rows, place, placement_bytes, real_target_fraction
-
-# --- tokenizer ---
-from .tokenizer import ByteTokenizer, DecodeLimits, TokenizerIdentity
-
-# --- binding ---
-from .binding import BatchBinding, Partition, SplitReceipt
-
-# --- documents ---
-from .documents import BatchDocument
-
-# --- windows ---
-from .windows import (
-    BatchOrder,
-    CausalWindow,
-    CausalWindowConfig,
-    MiniBatch,
-    MiniBatchConfig,
-    MiniBatchEpoch,
+from .data import (
+    BatchBinding,
+    BatchDocument,
+    ByteTokenizer,
+    DecodeLimits,
+    ExampleTable,
+    Partition,
+    SequenceExample,
+    SplitReceipt,
+    TokenizerIdentity,
 )
-
-# --- examples ---
-from .examples import SequenceExample
-
-# --- batch ---
-from .batch import (
-    NO_SEGMENT,
-    PAD_CELL,
-    BatchLayout,
-    LayoutCounts,
-    Occurrence,
-    VariableBatch,
-    VariableBatchConfig,
-    VariableBatchEpoch,
-)
-
-# --- packing ---
+from .layout import NO_SEGMENT, PAD_CELL
 from .packing import (
     EfficiencyReport,
     PackConfig,
     PackedBatch,
-    PackedBatchEpoch,
+    PackedEpoch,
     PackingPlan,
-    efficiency_report,
-    pack_examples,
-    plan_packing,
-    stream_packed_batches,
+    PadConfig,
+    PaddedBatch,
+    PaddedEpoch,
+    pack,
+    pad,
+    place,
+    plan,
+    stream,
 )
+from .nn import Decoder, DecoderConfig, masked_loss, range_attention_backward, range_attention_forward
+from . import chapters, data, layout, nn, packing
 
-# --- table ---
-from .table import ExampleTable
-
-# --- autograd ---
-from .autograd import Tensor
-
-# --- functional ---
-from .functional import (
-    causal_attention,
-    causal_attention_with_lengths,
-    causal_attention_with_ranges,
-    range_softmax_backward,
-    range_softmax_forward,
-)
-
-# --- loss ---
-from .loss import MaskedLoss, constructed_logits, loss_probe, masked_loss
-
-# --- decoder ---
-from .decoder import Decoder, DecoderConfig, DecoderForward
-
-# --- attention ---
-from .attention import range_attention_backward, range_attention_forward, segment_spans
+__all__ = [
+    # errors
+    "SeqpackError", "InvalidInputError", "TokenizerError", "DecodeLimitError", "BindingError",
+    "CapacityError", "MemoryBudgetError", "VerificationError",
+    # data
+    "ByteTokenizer", "TokenizerIdentity", "DecodeLimits", "BatchBinding", "SplitReceipt", "Partition",
+    "BatchDocument", "SequenceExample", "ExampleTable",
+    # layout and packing
+    "PAD_CELL", "NO_SEGMENT", "PadConfig", "PackConfig", "pad", "pack", "plan", "stream", "place",
+    "PaddedBatch", "PackedBatch", "PaddedEpoch", "PackedEpoch", "PackingPlan", "EfficiencyReport",
+    # models and kernels
+    "masked_loss", "range_attention_forward", "range_attention_backward", "Decoder", "DecoderConfig",
+]

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from . import __version__, demo
+from . import __version__
+from .chapters import demo
 from .errors import SeqpackError
 
 TRACES = {"padded": demo.padded_trace, "packed": demo.packed_trace}
@@ -40,9 +41,9 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(TRACES[args.trace](), sys.stdout, indent=2)
             sys.stdout.write("\n")
         elif args.command == "bench":
-            from . import attention_bench
+            from .bench import attention
 
-            return attention_bench.main(args.options)
+            return attention.main(args.options)
     except SeqpackError as error:
         print(f"seqpack: error: {error}", file=sys.stderr)
         return 1

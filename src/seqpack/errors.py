@@ -37,9 +37,9 @@ class BindingError(InvalidInputError):
 
 
 class CapacityError(InvalidInputError):
-    """A batch or model call would hold more cells than allowed.
+    """A batch would hold more cells than allowed (or an example more predictions than fit).
 
-    ``cells`` is what the call needs and ``maximum`` the configured limit.
+    ``cells`` is what the batch or example needs and ``maximum`` the configured limit.
     """
 
     def __init__(self, message: str, cells: int, maximum: int):
@@ -48,8 +48,8 @@ class CapacityError(InvalidInputError):
         self.maximum = maximum
 
 
-class MetadataBudgetError(InvalidInputError):
-    """Packing would hold more metadata bytes than ``max_metadata_bytes``.
+class MemoryBudgetError(InvalidInputError):
+    """Padding or packing would hold more bytes than the config's ``max_memory_bytes``.
 
     Raised before anything large is allocated; ``required`` and ``maximum`` are bytes.
     """

@@ -1,0 +1,400 @@
+"""``seqpack bench attention``: fused range attention against dense and PyTorch peers.
+
+Everything runs in one process, one method after another on the same inputs, with the
+same thread count for every method (the kernel's ``threads``, ``torch.set_num_threads``,
+and numpy's BLAS through ``threadpoolctl`` when it is installed; without it numpy's BLAS
+keeps its default, all cores). Each method is timed as a
+forward pass and as a forward plus backward pass with a fixed upstream gradient; a
+sample repeats a call until it lasts about 20 ms, and the report gives the median of
+the samples with their min-max. Useful work counts only permitted edges: 4*head_dim
+FLOPs per edge forward and 12*head_dim forward plus backward, compared with a matmul
+peak measured in the same run.
+
+Workloads (``--workload``) are described in :mod:`seqpack.bench.workloads`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+
+import numpy as np
+
+from .._limits import available_cores
+from ..nn.attention import range_attention_backward, range_attention_forward
+from ..nn.softmax import range_softmax_backward, range_softmax_forward
+from .measure import matmul_peak, measure, optional_torch
+from .workloads import WORKLOADS, Workload, workload
+
+
+# --- methods: each returns (forward, forward_backward) callables, or a reason string ---
+
+
+def fused_method(w: Workload, dtype, threads):
+    q, k, v, dout = w.tensors(dtype)
+    out, lse = np.empty_like(q), np.empty(w.shape[:3], dtype=dtype)
+    grads = [np.empty_like(q) for _ in range(3)]
+    layout = (w.valid_lengths, w.segment_starts)
+
+    def forward():
+        range_attention_forward(q, k, v, *layout, threads=threads, out=out, lse=lse)
+
+    def forward_backward():
+        forward()
+        range_attention_backward(
+            q, k, v, out, lse, dout, *layout, threads=threads, dq=grads[0], dk=grads[1], dv=grads[2]
+        )
+
+    return forward, forward_backward
+
+
+def permission(w: Workload):
+    """Dense [rows, 1, T, T] block-causal permission, kept apart from the attention math."""
+    width = w.segment_starts.shape[1]
+    column = np.arange(width)
+    active = column[None, :] < w.valid_lengths[:, None]
+    keys, queries = column[None, None, :], column[None, :, None]
+    mask = active[:, :, None] & (keys >= w.segment_starts[:, :, None]) & (keys <= queries)
+    return mask[:, None], active[:, None, :, None]
+
+
+def numpy_dense_method(w: Workload, dtype, threads):
+    """Dense scores, the row-level range mask, a masked stable softmax, dense products."""
+    q, k, v, dout = w.tensors(dtype)
+    mask, active = permission(w)
+    scale = np.dtype(dtype).type(1 / math.sqrt(w.head_dim))
+
+    def forward():
+        scores = np.where(mask, q @ k.swapaxes(-1, -2) * scale, -np.inf)  # [rows, heads, T, T]
+        top = scores.max(axis=-1, keepdims=True)
+        weights = np.exp(scores - np.where(active, top, 0))
+        weights /= np.where(active, weights.sum(axis=-1, keepdims=True), 1)
+        weights = np.where(active, weights, 0)
+        return weights, weights @ v
+
+    def forward_backward():
+        weights, _ = forward()
+        dv = weights.swapaxes(-1, -2) @ dout
+        dweights = dout @ v.swapaxes(-1, -2)
+        dscores = weights * (dweights - (weights * dweights).sum(axis=-1, keepdims=True))
+        return dscores @ k * scale, dscores.swapaxes(-1, -2) @ q * scale, dv
+
+    return forward, forward_backward
+
+
+def reference_path_method(w: Workload, dtype, threads):
+    """Dense scores + the range causal softmax kernels of ``seqpack.nn.softmax`` (float64)."""
+    if np.dtype(dtype) != np.float64:
+        return "unavailable: the range softmax kernels are float64 only"
+    q, k, v, dout = w.tensors(dtype)
+    rows, heads, width, _ = w.shape
+    lengths = np.broadcast_to(w.valid_lengths[:, None], (rows, heads))
+    starts = np.broadcast_to(w.segment_starts[:, None], (rows, heads, width))
+    scale = 1 / math.sqrt(w.head_dim)
+
+    def forward():
+        scores = q @ k.swapaxes(-1, -2) * scale  # [rows, heads, T, T]
+        weights = range_softmax_forward(scores, lengths, starts)
+        return weights, weights @ v
+
+    def forward_backward():
+        weights, _ = forward()
+        dv = weights.swapaxes(-1, -2) @ dout
+        dweights = dout @ v.swapaxes(-1, -2)
+        dscores = range_softmax_backward(weights, dweights, lengths, starts)
+        return dscores @ k * scale, dscores.swapaxes(-1, -2) @ q * scale, dv
+
+    return forward, forward_backward
+
+
+def torch_tensors(w: Workload, dtype):
+    torch = optional_torch()
+    return [torch.from_numpy(x) for x in w.tensors(dtype)]
+
+
+def torch_timed(torch, run, inputs, dout):
+    """Forward under no_grad, and forward plus backward through autograd."""
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+
+    def forward():
+        with torch.no_grad():
+            run(*inputs)
+
+    def forward_backward():
+        for leaf in leaves:
+            leaf.grad = None
+        torch.autograd.backward(run(*leaves), dout)
+
+    return forward, forward_backward
+
+
+def torch_dense_mask_method(w: Workload, dtype, threads):
+    torch = optional_torch()
+    if torch is None:
+        return "unavailable: torch is not installed"
+    q, k, v, dout = torch_tensors(w, dtype)
+    mask, active = permission(w)
+    # Inactive queries attend to themselves so that no softmax row is empty (no NaN).
+    mask = mask | (~active[..., 0][..., None] & np.eye(w.shape[2], dtype=bool))
+    mask = torch.from_numpy(mask)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def run(q, k, v):
+        return sdpa(q, k, v, attn_mask=mask)
+
+    return torch_timed(torch, run, (q, k, v), dout)
+
+
+def torch_is_causal_method(w: Workload, dtype, threads):
+    torch = optional_torch()
+    if torch is None:
+        return "unavailable: torch is not installed"
+    q, k, v, dout = torch_tensors(w, dtype)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def run(q, k, v):
+        return sdpa(q, k, v, is_causal=True)
+
+    return torch_timed(torch, run, (q, k, v), dout)
+
+
+def _segment_slices(w: Workload):
+    for row, row_segments in enumerate(w.segments):
+        column = 0
+        for length in row_segments:
+            yield row, column, column + length
+            column += length
+
+
+def torch_per_segment_method(w: Workload, dtype, threads, contiguous: bool):
+    torch = optional_torch()
+    if torch is None:
+        return "unavailable: torch is not installed"
+    q, k, v, dout = torch_tensors(w, dtype)
+    spans = list(_segment_slices(w))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if contiguous:
+        pieces = [
+            [x[row : row + 1, :, start:end].contiguous() for row, start, end in spans]
+            for x in (q, k, v, dout)
+        ]
+
+        def run_contiguous(qs, ks, vs):
+            return [sdpa(a, b, c, is_causal=True) for a, b, c in zip(qs, ks, vs)]
+
+        leaves = [[p.clone().requires_grad_(True) for p in group] for group in pieces[:3]]
+
+        def forward():
+            with torch.no_grad():
+                run_contiguous(*pieces[:3])
+
+        def forward_backward():
+            for group in leaves:
+                for leaf in group:
+                    leaf.grad = None
+            torch.autograd.backward(run_contiguous(*leaves), pieces[3])
+
+        return forward, forward_backward
+
+    def run_slices(q, k, v):
+        outputs = []
+        for row, start, end in spans:
+            window = (slice(row, row + 1), slice(None), slice(start, end))
+            outputs.append(sdpa(q[window], k[window], v[window], is_causal=True))
+        return outputs
+
+    upstream = [dout[row : row + 1, :, start:end] for row, start, end in spans]
+    return torch_timed(torch, run_slices, (q, k, v), upstream)
+
+
+def torch_flex_method(w: Workload, dtype, threads):
+    torch = optional_torch()
+    if torch is None:
+        return "unavailable: torch is not installed"
+    if np.dtype(dtype) != np.float32:
+        return "unavailable: FlexAttention on the CPU supports float32 only"
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        q, k, v, dout = torch_tensors(w, dtype)
+        segment = np.full(w.segment_starts.shape, -1, dtype=np.int64)
+        for index, (row, start, end) in enumerate(_segment_slices(w)):
+            segment[row, start:end] = index
+        segment = torch.from_numpy(segment)
+
+        def document(b, h, query, key):
+            same = segment[b, query] == segment[b, key]
+            return same & (segment[b, query] >= 0) & (key <= query)
+
+        rows, _, width, _ = w.shape
+        block_mask = create_block_mask(document, rows, None, width, width, device="cpu")
+        compiled = torch.compile(flex_attention)
+
+        def forward():
+            with torch.no_grad():
+                compiled(q, k, v, block_mask=block_mask)
+
+        forward()
+    except Exception as error:  # a failed compile is a result to report, not a crash
+        return f"unavailable: {type(error).__name__}: {str(error).splitlines()[0][:80]}"
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+
+    def forward_backward():
+        for leaf in leaves:
+            leaf.grad = None
+        compiled(*leaves, block_mask=block_mask).backward(dout)
+
+    return forward, forward_backward
+
+
+METHODS = [
+    ("seqpack fused", fused_method),
+    ("seqpack reference path", reference_path_method),
+    ("numpy dense masked", numpy_dense_method),
+    ("torch SDPA dense bool mask", torch_dense_mask_method),
+    ("torch SDPA is_causal (no isolation, wrong)", torch_is_causal_method),
+    ("torch SDPA per segment, contiguous", lambda w, d, t: torch_per_segment_method(w, d, t, True)),
+    ("torch SDPA per segment, slices", lambda w, d, t: torch_per_segment_method(w, d, t, False)),
+    ("torch FlexAttention document mask", torch_flex_method),
+]
+
+
+def run(workloads, dtypes, repeats, threads):
+    """Measure every method on every selected (workload, dtype); yield records."""
+    torch = optional_torch()
+    if torch is not None:
+        torch.set_num_threads(threads)
+    peaks = {}
+    for name in workloads:
+        w = workload(name)
+        for dtype in w.dtypes:
+            if dtype not in dtypes:
+                continue
+            if dtype not in peaks:
+                peaks[dtype] = matmul_peak(dtype, threads)
+            for method, build in METHODS:
+                record = {"workload": name, "dtype": dtype, "method": method, "threads": threads}
+                record.update(edges=w.edges, dense_cells=w.dense_cells)
+                record.update(peak_gflops=peaks[dtype][0], peak_source=peaks[dtype][1])
+                timed = build(w, dtype, threads)
+                if isinstance(timed, str):
+                    record["note"] = timed
+                    yield record
+                    continue
+                forward, forward_backward = timed
+                record.update(_milliseconds("forward", measure(forward, repeats)))
+                try:
+                    timing = measure(forward_backward, repeats)
+                    record.update(_milliseconds("forward_backward", timing))
+                except Exception as error:  # e.g. FlexAttention has no CPU backward: report it
+                    record["note"] = f"no backward: {type(error).__name__}"
+                yield record
+
+
+def _milliseconds(name, timing):
+    median, low, high = timing
+    return {f"{name}_ms": 1e3 * median, f"{name}_ms_range": [1e3 * low, 1e3 * high]}
+
+
+def _cell(record, name):
+    median = record[f"{name}_ms"]
+    low, high = record[f"{name}_ms_range"]
+    if median < 10:
+        return f"{median:.3f} ({low:.3f}-{high:.3f})"
+    return f"{median:.1f} ({low:.0f}-{high:.0f})"
+
+
+def print_table(records, out=sys.stdout):
+    """Markdown tables: one per (workload, dtype), ratios against seqpack fused."""
+    groups = {}
+    for record in records:
+        groups.setdefault((record["workload"], record["dtype"]), []).append(record)
+    for (name, dtype), group in groups.items():
+        w, first = workload(name), group[0]
+        rows, heads, width, head_dim = w.shape
+        print(
+            f"\nworkload ({name}) {dtype}: rows {rows}, T {width}, heads {heads}, head_dim "
+            f"{head_dim}; permitted edges {first['edges']:,} of {first['dense_cells']:,} dense "
+            f"cells ({100 * first['edges'] / first['dense_cells']:.1f}%); "
+            f"threads {first['threads']}; "
+            f"matmul peak {first['peak_gflops']:.0f} GFLOP/s ({first['peak_source']})",
+            file=out,
+        )
+        fused = next((r for r in group if r["method"] == "seqpack fused"), {})
+        print(
+            "| method | fwd ms (min-max) | fwd+bwd ms (min-max) | fwd / fused | fwd+bwd / fused "
+            "| useful GFLOP/s fwd+bwd | % of peak |",
+            file=out,
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- |", file=out)
+        for r in group:
+            forward, both = r.get("forward_ms"), r.get("forward_backward_ms")
+            if forward is None:
+                print(f"| {r['method']} | {r['note']} | | | | | |", file=out)
+                continue
+            ratio_f = forward / fused["forward_ms"] if fused.get("forward_ms") else math.nan
+            fused_both = fused.get("forward_backward_ms")
+            ratio_b = both / fused_both if both and fused_both else math.nan
+            if both:
+                gflops = 12 * head_dim * r["edges"] / (both * 1e-3) / 1e9
+            else:
+                gflops = 4 * head_dim * r["edges"] / (forward * 1e-3) / 1e9
+            label = "" if both else " (fwd)"
+            both_cell = _cell(r, "forward_backward") if both else r.get("note", "-")
+            print(
+                f"| {r['method']} | {_cell(r, 'forward')} | {both_cell} | {ratio_f:.2f} | "
+                f"{ratio_b:.2f} | {gflops:.1f}{label} | {100 * gflops / r['peak_gflops']:.1f}% |",
+                file=out,
+            )
+
+
+def _csv(choices):
+    def parse(text):
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        bad = [item for item in items if item not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}; got {text!r}")
+        return items
+
+    return parse
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``seqpack bench attention``: print the comparison table (or JSON records)."""
+    parser = argparse.ArgumentParser(
+        prog="seqpack bench attention", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--json", action="store_true", help="print machine-readable records")
+    parser.add_argument("--repeats", type=int, default=5, help="samples per measurement")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="threads for every method (default: all cores)"
+    )
+    parser.add_argument("--workload", type=_csv(WORKLOADS), default=list(WORKLOADS))
+    dtypes = ("float32", "float64")
+    parser.add_argument("--dtype", type=_csv(dtypes), default=list(dtypes))
+    options = parser.parse_args(argv)
+    if options.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    threads = options.threads if options.threads is not None else available_cores()
+    if threads < 1:
+        parser.error("--threads must be at least 1")
+    if importlib.util.find_spec("threadpoolctl") is not None:  # optional: pin numpy's BLAS too
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(threads):
+            records = list(run(options.workload, options.dtype, options.repeats, threads))
+    else:
+        records = list(run(options.workload, options.dtype, options.repeats, threads))
+    if options.json:
+        json.dump(records, sys.stdout, indent=1)
+        print()
+    else:
+        print_table(records)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

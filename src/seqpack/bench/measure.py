@@ -1,0 +1,60 @@
+"""Timing shared by the ``seqpack bench`` suites: medians of ~20 ms samples, a matmul peak."""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import time
+
+import numpy as np
+
+SAMPLE_SECONDS = 0.02
+
+
+def optional_torch():
+    """The ``torch`` module, or None when it is not installed."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+
+    return torch
+
+
+def measure(function, repeats: int):
+    """Seconds per call: median, min, max over ``repeats`` samples of ~20 ms each."""
+    function()  # warm-up: first-touch pages, compiled code, caches
+    start = time.perf_counter()
+    function()
+    once = time.perf_counter() - start
+    calls = max(1, int(SAMPLE_SECONDS / max(once, 1e-9)))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            function()
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples), min(samples), max(samples)
+
+
+def matmul_peak(dtype, threads):
+    """GFLOP/s of one large matrix product and how it was measured."""
+    torch = optional_torch()
+    if torch is not None:
+        size, label = 4096, "torch.mm 4096^3"
+        a = torch.randn(size, size, dtype=getattr(torch, np.dtype(dtype).name))
+        b = torch.randn(size, size, dtype=a.dtype)
+
+        def product():
+            torch.mm(a, b)
+
+    else:
+        size, label = 2048, "numpy matmul 2048^3"
+        rng = np.random.default_rng(2)
+        a = rng.standard_normal((size, size)).astype(dtype)
+        b = rng.standard_normal((size, size)).astype(dtype)
+
+        def product():
+            a @ b
+
+    seconds = measure(product, 3)[0]
+    return 2 * size**3 / seconds / 1e9, label

@@ -1,0 +1,290 @@
+"""Columnar examples: one flat token array, document offsets, optional per-example ranges.
+
+An ``ExampleTable`` holds millions of examples without one Python object each.
+Documents are validated in bulk by a kernel (framing, control IDs, vocabulary,
+decode limits, content) and ranges by another (document, bounds, length).
+Every error names the example, and packing a table gives exactly what packing
+the equivalent ``SequenceExample`` list gives.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .._limits import INT32_MAX, check_int, kernel_threads
+from ..errors import CapacityError, InvalidInputError, SeqpackError
+from . import _validate
+from .binding import BatchBinding, Partition, check_expectations
+from .documents import BatchDocument
+from .examples import SequenceExample
+from .windows import window_ranges
+
+INT32_MIN = -(2**31)
+LONG_DOCUMENTS = ("error", "cut")
+# Token arrays at least this long are validated by every kernel thread.
+PARALLEL_TOKENS = 1 << 20
+
+
+def _int_array(name: str, values, dtype, ndim: int, copy: bool = True) -> np.ndarray:
+    """Integer ``values`` as a C-contiguous array: a read-only copy the table owns, or
+    (``copy=False``) possibly the caller's own array, to be copied later."""
+    array = np.asarray(values)
+    if array.ndim != ndim:
+        raise InvalidInputError(f"{name} must be {ndim}-dimensional, got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise InvalidInputError(f"{name} must hold integers, got dtype {array.dtype}")
+    if (array.size and dtype == np.int32 and not np.can_cast(array.dtype, np.int32)
+            and (array.min() < INT32_MIN or array.max() > INT32_MAX)):
+        raise InvalidInputError(f"{name} holds values outside the int32 range")
+    if not copy:
+        return np.ascontiguousarray(array, dtype=dtype)
+    result = np.array(array, dtype=dtype, order="C", copy=True)
+    result.flags.writeable = False
+    return result
+
+
+class ExampleTable:
+    """Examples as arrays: document ``d`` is ``token_ids[offsets[d]:offsets[d + 1]]``.
+
+    Every document must be valid under the binding and have content. Without
+    ``ranges`` every document is one full-document example. With ``ranges``
+    (``[n, 2]`` start/stop pairs inside their documents) example ``i`` is the range of
+    document ``documents[i]`` (default: document ``i``). ``ids`` names the examples
+    (default ``"#i"``). All examples share one partition and binding.
+    """
+
+    #: An example source (see ``seqpack.layout.ExampleSource``): ``gather`` hands over
+    #: the table's own token array, and nothing is held per example beyond it.
+    copies_tokens = False
+    held_bytes_per_example = 0
+
+    def __init__(self, tokens, doc_offsets, begins, ends, binding, partition, ids, index_base=0):
+        # Internal: use from_arrays, which validates. ``index_base`` is the position of
+        # this table's first example in the table it was cut from (for default names);
+        # ``first_ordinal`` is the occurrence ordinal packing gives it (0 unless streamed).
+        self.binding = binding
+        self.partition = partition
+        self._tokens = tokens
+        self._doc_offsets = doc_offsets
+        self._begins = begins
+        self._ends = ends
+        self._ids = ids
+        self._index_base = index_base
+        self.first_ordinal = 0
+        lengths = ends - begins - 1
+        lengths.flags.writeable = False
+        self.lengths = lengths
+
+    @classmethod
+    def from_arrays(
+        cls,
+        token_ids,
+        offsets,
+        binding: BatchBinding,
+        *,
+        partition: Partition = Partition.TRAIN,
+        ranges=None,
+        documents=None,
+        ids: Sequence[str] | None = None,
+    ) -> "ExampleTable":
+        """Validate the documents and ranges in bulk and build the table (arrays are copied)."""
+        check_expectations(partition, binding)
+        # The validation kernel copies the tokens into the table as it scans them.
+        supplied = _int_array("token_ids", token_ids, np.int32, 1, copy=False)
+        tokens = np.empty_like(supplied)
+        doc_offsets = _int_array("offsets", offsets, np.int64, 1)
+        _check_offsets(doc_offsets, tokens.shape[0])
+        doc_count = doc_offsets.shape[0] - 1
+        if ranges is None:
+            if documents is not None:
+                raise InvalidInputError("documents selects ranges; give ranges too")
+            begins, ends = doc_offsets[:-1].copy(), doc_offsets[1:].copy()
+            example_docs = np.arange(doc_count, dtype=np.int64)
+        else:
+            spans = _int_array("ranges", ranges, np.int64, 2)
+            if spans.shape[1:] != (2,):
+                raise InvalidInputError(f"ranges must have shape [n, 2], got {spans.shape}")
+            if documents is None:
+                if spans.shape[0] != doc_count:
+                    raise InvalidInputError(
+                        f"{spans.shape[0]} ranges for {doc_count} documents: give documents= to map them"
+                    )
+                example_docs = np.arange(doc_count, dtype=np.int64)
+            else:
+                example_docs = _int_array("documents", documents, np.int64, 1)
+                if example_docs.shape[0] != spans.shape[0]:
+                    raise InvalidInputError(
+                        f"documents has {example_docs.shape[0]} entries for {spans.shape[0]} ranges"
+                    )
+            begins, ends = _check_ranges(spans, example_docs, doc_offsets, ids)
+        if ids is not None:
+            ids = _check_ids(ids, begins.shape[0])
+        if begins.shape[0] == 0:
+            raise InvalidInputError("an example table needs at least one example")
+        table = cls(tokens, doc_offsets, begins, ends, binding, partition, ids)
+        table._check_documents(example_docs, supplied)
+        tokens.flags.writeable = False
+        return table
+
+    @classmethod
+    def from_texts(
+        cls,
+        texts: Sequence[str | bytes],
+        binding: BatchBinding,
+        *,
+        capacity: int,
+        long: str = "error",
+        partition: Partition = Partition.TRAIN,
+        ids: Sequence[str] | None = None,
+    ) -> "ExampleTable":
+        """Tokenize raw texts with the binding's tokenizer into a table of whole documents.
+
+        Each text becomes one framed document ``[BOS, content..., EOS]``. A document
+        with more than ``capacity`` predictions (``capacity + 1`` tokens) is an error
+        naming it (``long="error"``, the default), or (``long="cut"``) is cut into the
+        overlapping ranges of :func:`~seqpack.data.window_ranges`, so that every
+        prediction appears exactly once and no range adds BOS or EOS; nothing is ever
+        truncated. ``ids`` names the texts (default ``"#i"``); cut examples are named
+        ``"name[start:stop]"``.
+        """
+        capacity = check_int("capacity", capacity, maximum=INT32_MAX)
+        if long not in LONG_DOCUMENTS:
+            raise InvalidInputError(f"long must be one of {LONG_DOCUMENTS}, not {long!r}")
+        check_expectations(partition, binding)
+        if binding.tokenizer is None:
+            raise InvalidInputError("from_texts needs a binding with a tokenizer to encode the texts")
+        if isinstance(texts, (str, bytes)):
+            raise InvalidInputError("texts must be a sequence of str or bytes, not a single text")
+        texts = list(texts)
+        names = None if ids is None else _check_ids(ids, len(texts))
+        documents = [binding.tokenizer.encode_document(text) for text in texts]
+        if not documents:
+            raise InvalidInputError("an example table needs at least one example")
+        lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
+        offsets = np.concatenate(([0], np.cumsum(lengths)))
+        tokens = np.concatenate(documents)
+        if long == "error":
+            too_long = np.flatnonzero(lengths - 1 > capacity)
+            if too_long.size:
+                index = int(too_long[0])
+                name = names[index] if names is not None else f"#{index}"
+                raise CapacityError(
+                    f"text {name!r} (index {index}) has {lengths[index] - 1} predictions; capacity is "
+                    f"{capacity} (long='cut' cuts it into overlapping windows)",
+                    cells=int(lengths[index] - 1), maximum=capacity,
+                )
+            return cls.from_arrays(tokens, offsets, binding, partition=partition, ids=names)
+        which, ranges = window_ranges(lengths, capacity)
+        cut_ids = None
+        if names is not None:
+            cut_ids = [f"{names[d]}[{a}:{b}]" for d, (a, b) in zip(which.tolist(), ranges.tolist())]
+        return cls.from_arrays(tokens, offsets, binding, partition=partition, ranges=ranges,
+                               documents=which, ids=cut_ids)
+
+    def _check_documents(self, example_docs: np.ndarray, supplied: np.ndarray) -> None:
+        """Validate every document of ``supplied`` in bulk while copying it into the table;
+        raise naming the first example that uses a bad document."""
+        binding = self.binding
+        if binding.tokenizer is not None:
+            pieces, max_bytes = binding.tokenizer.piece_lengths, binding.limits.max_bytes
+        else:  # an external tokenizer: no bytes to count
+            pieces, max_bytes = np.zeros(binding.vocabulary_size, dtype=np.int64), np.iinfo(np.int64).max
+        threads = kernel_threads() if supplied.shape[0] >= PARALLEL_TOKENS else 1
+        document, fault = _validate.first_bad_document(
+            supplied, self._doc_offsets, pieces, binding.bos_id, binding.eos_id,
+            binding.limits.max_tokens, max_bytes, self._tokens, threads,
+        )
+        if document < 0:
+            return
+        users = np.flatnonzero(example_docs == document)
+        name = f"example {self.example_id(int(users[0]))!r} (index {users[0]}), " if users.size else ""
+        if fault == _validate.DocumentFault.EMPTY_CONTENT:
+            raise InvalidInputError(f"{name}document {document} has empty content and supplies no example")
+        tokens = supplied[self._doc_offsets[document] : self._doc_offsets[document + 1]]
+        try:
+            binding.validate_document(tokens)
+        except SeqpackError as error:
+            error.args = (f"{name}document {document}: {error}",)
+            raise
+        raise AssertionError(f"document {document} failed the bulk check but passed the per-document one")
+
+    def __len__(self) -> int:
+        return self._begins.shape[0]
+
+    @property
+    def document_count(self) -> int:
+        return self._doc_offsets.shape[0] - 1
+
+    def example_id(self, ordinal: int) -> str:
+        index = ordinal - self.first_ordinal
+        return self._ids[index] if self._ids is not None else f"#{self._index_base + index}"
+
+    def example(self, ordinal: int) -> SequenceExample:
+        """Example ``ordinal`` as a SequenceExample over a copy of its document."""
+        index = ordinal - self.first_ordinal
+        document = int(np.searchsorted(self._doc_offsets, self._begins[index], side="right")) - 1
+        start = int(self._doc_offsets[document])
+        doc = BatchDocument(f"document {document}", self._tokens[start : self._doc_offsets[document + 1]],
+                            self.partition)
+        source_range = (int(self._begins[index]) - start, int(self._ends[index]) - start)
+        return SequenceExample(self.example_id(ordinal), doc, range(*source_range), self.binding)
+
+    def gather(self, ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The whole token array, with the begins and ends of ``ordinals``' source tokens."""
+        index = np.asarray(ordinals) - self.first_ordinal
+        return self._tokens, self._begins[index], self._ends[index]
+
+    def chunk(self, start: int, stop: int) -> "ExampleTable":
+        """Examples ``[start, stop)`` as a table sharing this one's arrays (and example names)."""
+        start, stop, _ = slice(start, stop).indices(len(self))
+        ids = None if self._ids is None else self._ids[start:stop]
+        return ExampleTable(self._tokens, self._doc_offsets, self._begins[start:stop], self._ends[start:stop],
+                            self.binding, self.partition, ids, self._index_base + start)
+
+
+def _check_offsets(offsets: np.ndarray, token_count: int) -> None:
+    if offsets.shape[0] < 2:
+        raise InvalidInputError("offsets needs at least two entries (one document)")
+    if offsets[0] != 0 or offsets[-1] != token_count:
+        raise InvalidInputError(
+            f"offsets must start at 0 and end at the token count {token_count}; "
+            f"got {offsets[0]} and {offsets[-1]}"
+        )
+    step = np.diff(offsets)
+    if (step < 0).any():
+        document = int(np.argmax(step < 0))
+        raise InvalidInputError(f"offsets decrease at document {document}")
+
+
+def _check_ranges(spans, example_docs, doc_offsets, ids):
+    """Absolute token bounds of every range, checked in bulk; raise naming the first bad example."""
+    begins = np.empty(spans.shape[0], dtype=np.int64)
+    ends = np.empty(spans.shape[0], dtype=np.int64)
+    index, fault = _validate.first_bad_range(spans, example_docs, doc_offsets, begins, ends)
+    if index < 0:
+        return begins, ends
+    Fault = _validate.RangeFault
+    start, stop, document = spans[index, 0], spans[index, 1], example_docs[index]
+    if fault == Fault.DOCUMENT_INDEX:
+        why = f"document {document} is outside [0, {doc_offsets.shape[0] - 1})"
+    elif fault == Fault.NEGATIVE_BOUND:
+        why = f"source range [{start}, {stop}) has a negative bound"
+    elif fault == Fault.OUTSIDE_DOCUMENT:
+        length = doc_offsets[document + 1] - doc_offsets[document]
+        why = f"source range [{start}, {stop}) must lie inside its document of {length} tokens"
+    else:
+        why = f"source range [{start}, {stop}) has {stop - start} tokens; a prediction needs at least 2"
+    name = ids[index] if ids is not None and index < len(ids) else f"#{index}"
+    raise InvalidInputError(f"example {name!r} (index {index}): {why}")
+
+
+def _check_ids(ids, count: int) -> tuple[str, ...]:
+    ids = tuple(ids)
+    if len(ids) != count:
+        raise InvalidInputError(f"{len(ids)} ids for {count} examples")
+    for index, name in enumerate(ids):
+        if not isinstance(name, str) or not name:
+            raise InvalidInputError(f"example id at index {index} must be a non-empty string, not {name!r}")
+    return ids

@@ -1,0 +1,358 @@
+"""The byte tokenizer, its identity and the framed-document rules.
+
+A document is framed ``[BOS, content..., EOS]``. Content tokens are byte tokens
+(byte ``b`` has ID ``b + 2``) or byte-pair merge tokens (IDs from 258 up, one per
+merge, in rank order); BOS and EOS never appear inside the content. Decoding is
+bounded: a document over the token or byte limit is an error, never truncated.
+Every check is vectorized; errors name the offending position and ID.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.resources
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._limits import check_int, is_int
+from ..errors import DecodeLimitError, InvalidInputError, TokenizerError
+
+BOS_ID = 0
+EOS_ID = 1
+BYTE_OFFSET = 2
+BASE_VOCABULARY_SIZE = BYTE_OFFSET + 256
+MAX_VOCABULARY_SIZE = 2**31  # token IDs are int32
+# Encoding maps each content token to the code point ``id - BYTE_OFFSET``.
+MAX_MERGES = 0x110000 - 256
+
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def canonical_json(payload: object) -> bytes:
+    """The canonical JSON bytes that seqpack digests: sorted keys, no whitespace, UTF-8."""
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sha256_hex(payload: object) -> str:
+    """Lowercase hex SHA-256 of ``canonical_json(payload)``."""
+    return hashlib.sha256(canonical_json(payload)).hexdigest()
+
+
+def check_digest(name: str, digest: object) -> str:
+    """Return ``digest`` if it is a 64-character lowercase hex SHA-256, else raise."""
+    if not isinstance(digest, str) or not _HEX_DIGEST.fullmatch(digest):
+        raise InvalidInputError(f"{name} must be 64 lowercase hex characters, got {digest!r}")
+    return digest
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """Upper bounds for one document: ``max_tokens`` counts the framed sequence
+    (BOS and EOS included), ``max_bytes`` the decoded content bytes."""
+
+    max_tokens: int
+    max_bytes: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "max_tokens", check_int("max_tokens", self.max_tokens))
+        object.__setattr__(self, "max_bytes", check_int("max_bytes", self.max_bytes))
+
+
+@dataclass(frozen=True)
+class TokenizerIdentity:
+    """What a binding records about a tokenizer: vocabulary size, control IDs and
+    the SHA-256 digest of its canonical payload.
+
+    BOS and EOS may share an ID (GPT-2 style ``<|endoftext|>``): framing still
+    works because the first and last positions are checked by place and no
+    control ID may appear between them.
+    """
+
+    vocabulary_size: int
+    bos_id: int
+    eos_id: int
+    digest: str
+
+    def __post_init__(self):
+        size = check_int("vocabulary_size", self.vocabulary_size, 1, MAX_VOCABULARY_SIZE)
+        object.__setattr__(self, "vocabulary_size", size)
+        for name in ("bos_id", "eos_id"):
+            value = getattr(self, name)
+            if not is_int(value):
+                raise InvalidInputError(f"{name} must be an int, got {type(value).__name__}")
+            if not 0 <= value < size:
+                raise InvalidInputError(
+                    f"{name} {value} is outside the vocabulary [0, {size})"
+                )
+            object.__setattr__(self, name, int(value))
+        check_digest("tokenizer digest", self.digest)
+
+    @classmethod
+    def external(
+        cls, vocabulary_size: int, bos_id: int, eos_id: int, digest: str
+    ) -> TokenizerIdentity:
+        """Identify a tokenizer seqpack cannot decode (GPT-2 BPE, SentencePiece...).
+
+        ``digest`` is the caller's SHA-256 of that tokenizer's canonical payload
+        (for example its vocabulary and merges files). seqpack checks framing,
+        control IDs and the ID range of documents bound to it, never their text.
+        """
+        return cls(vocabulary_size, bos_id, eos_id, digest)
+
+
+def _as_token_array(token_ids: object) -> np.ndarray:
+    """A 1-D integer view of ``token_ids`` (any integer dtype, or a list)."""
+    ids = np.asarray(token_ids)
+    if ids.ndim != 1:
+        raise InvalidInputError(f"token IDs must be 1-D, got shape {ids.shape}")
+    if ids.size == 0:
+        return ids.astype(np.int32)
+    if ids.dtype.kind not in "iu":
+        raise InvalidInputError(f"token IDs must be integers, got dtype {ids.dtype}")
+    return ids
+
+
+def check_framed_document(
+    token_ids: object, identity: TokenizerIdentity, max_tokens: int
+) -> np.ndarray:
+    """Check framing, control IDs, ID range and the token limit; return the IDs.
+
+    The first failing position (in index order) is reported: an out-of-vocabulary
+    or negative ID, a missing BOS at 0, a missing EOS at the end, or BOS/EOS inside
+    the content. The token limit is checked first, before any per-token work.
+    """
+    ids = _as_token_array(token_ids)
+    count = ids.shape[0]
+    if count == 0:
+        raise TokenizerError("an empty token sequence is not a framed document", None)
+    if count > max_tokens:
+        raise DecodeLimitError(
+            f"document has {count} tokens; the limit is {max_tokens} "
+            f"(first token over it at position {max_tokens})",
+            max_tokens,
+        )
+    bos, eos, size = identity.bos_id, identity.eos_id, identity.vocabulary_size
+    outside = (ids < 0) | (ids >= size)
+    control = (ids == bos) | (ids == eos)
+    bad = outside | control
+    bad[0] = outside[0] or ids[0] != bos
+    bad[-1] = outside[-1] or ids[-1] != eos or count == 1
+    if not bad.any():
+        return ids
+    position = int(np.argmax(bad))
+    token = int(ids[position])
+    if outside[position]:
+        kind = "negative" if token < 0 else "out of vocabulary"
+        raise TokenizerError(
+            f"token {token} at position {position} is {kind} "
+            f"(vocabulary size {size})",
+            position,
+        )
+    if position == 0 and token != bos:
+        raise TokenizerError(
+            f"document must start with BOS {bos}; position 0 holds {token}", 0
+        )
+    if count == 1:
+        raise TokenizerError(
+            f"document [{token}] has no EOS: a framed document needs at least "
+            f"BOS and EOS (position 0)",
+            0,
+        )
+    if position == count - 1:
+        raise TokenizerError(
+            f"document must end with EOS {eos}; position {position} holds {token}",
+            position,
+        )
+    name = "BOS" if token == bos else "EOS"
+    raise TokenizerError(
+        f"control token {token} ({name}) at position {position} is inside the content",
+        position,
+    )
+
+
+@functools.cache
+def _fixture_merges() -> tuple[tuple[int, int], ...]:
+    text = importlib.resources.files("seqpack.fixtures").joinpath("byte_merges.json").read_text(
+        encoding="utf-8"
+    )
+    entries = json.loads(text)["merges"]
+    merges = tuple((entry["left"], entry["right"]) for entry in entries)
+    tokenizer = ByteTokenizer(merges)
+    for rank, entry in enumerate(entries):
+        expected = entry["text"].encode()
+        if tokenizer.token_bytes(BASE_VOCABULARY_SIZE + rank) != expected:
+            raise InvalidInputError(
+                f"fixture merge {rank} spells "
+                f"{tokenizer.token_bytes(BASE_VOCABULARY_SIZE + rank)!r}, not {expected!r}"
+            )
+    return merges
+
+
+class ByteTokenizer:
+    """Byte-level tokenizer with optional byte-pair merges.
+
+    BOS = 0, EOS = 1, byte ``b`` -> ``b + 2``; merge of rank ``k`` (a pair of
+    existing content IDs) gets ID ``258 + k``. Encoding applies merges by rank, the
+    lowest first, each as a non-overlapping left-to-right pass; that equals standard
+    BPE because a merge can only use tokens created before it. Decoding accepts any
+    content IDs, merged or not.
+    """
+
+    __slots__ = ("_merges", "_piece_bytes", "_piece_start", "_piece_length", "_identity")
+
+    bos_id = BOS_ID
+    eos_id = EOS_ID
+
+    def __init__(self, merges: Iterable[tuple[int, int]] = ()):
+        checked: list[tuple[int, int]] = []
+        seen: set[tuple[int, int]] = set()
+        for rank, merge in enumerate(merges):
+            if rank >= MAX_MERGES:
+                raise InvalidInputError(f"at most {MAX_MERGES} merges are supported")
+            try:
+                left, right = merge
+            except (TypeError, ValueError):
+                raise InvalidInputError(f"merge {rank} must be a pair of IDs, got {merge!r}")
+            pair = []
+            for value in (left, right):
+                if not is_int(value):
+                    raise InvalidInputError(f"merge {rank} holds a non-int ID {value!r}")
+                if not BYTE_OFFSET <= value < BASE_VOCABULARY_SIZE + rank:
+                    raise InvalidInputError(
+                        f"merge {rank} uses ID {value}; it must be a content ID in "
+                        f"[{BYTE_OFFSET}, {BASE_VOCABULARY_SIZE + rank})"
+                    )
+                pair.append(int(value))
+            key = (pair[0], pair[1])
+            if key in seen:
+                raise InvalidInputError(f"merge {rank} repeats the pair {key}")
+            seen.add(key)
+            checked.append(key)
+        self._merges = tuple(checked)
+        pieces = [b"", b""] + [bytes([b]) for b in range(256)]
+        for left, right in self._merges:
+            pieces.append(pieces[left] + pieces[right])
+        self._piece_length = np.array([len(p) for p in pieces], dtype=np.intp)
+        self._piece_start = np.concatenate(([0], np.cumsum(self._piece_length)[:-1]))
+        self._piece_bytes = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        payload = {
+            "kind": "seqpack-byte-bpe",
+            "bos_id": BOS_ID,
+            "eos_id": EOS_ID,
+            "byte_offset": BYTE_OFFSET,
+            "merges": [list(m) for m in self._merges],
+        }
+        self._identity = TokenizerIdentity(
+            BASE_VOCABULARY_SIZE + len(self._merges), BOS_ID, EOS_ID, sha256_hex(payload)
+        )
+
+    @classmethod
+    def fixture(cls) -> ByteTokenizer:
+        """The 266-entry fixture vocabulary: 258 base entries and the 8 merges in
+        ``fixtures/byte_merges.json``."""
+        return cls(_fixture_merges())
+
+    @property
+    def merges(self) -> tuple[tuple[int, int], ...]:
+        """The merge pairs in rank order; merge ``k`` has ID ``258 + k``."""
+        return self._merges
+
+    @property
+    def vocabulary_size(self) -> int:
+        return self._identity.vocabulary_size
+
+    @property
+    def identity(self) -> TokenizerIdentity:
+        """Vocabulary size, control IDs and the digest of the canonical payload."""
+        return self._identity
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ByteTokenizer):
+            return NotImplemented
+        return self._merges == other._merges
+
+    def __hash__(self) -> int:
+        return hash(self._merges)
+
+    def __repr__(self) -> str:
+        return f"ByteTokenizer(vocabulary_size={self.vocabulary_size}, merges={len(self._merges)})"
+
+    @property
+    def piece_lengths(self) -> np.ndarray:
+        """Decoded bytes of every ID (controls decode to nothing), a read-only int64 array."""
+        lengths = self._piece_length.astype(np.int64)
+        lengths.flags.writeable = False
+        return lengths
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a content token stands for (empty for BOS and EOS)."""
+        if not 0 <= token_id < self.vocabulary_size:
+            raise TokenizerError(
+                f"token {token_id} is outside the vocabulary [0, {self.vocabulary_size})"
+            )
+        start = self._piece_start[token_id]
+        return self._piece_bytes[start : start + self._piece_length[token_id]].tobytes()
+
+    def encode_document(self, text: str | bytes) -> np.ndarray:
+        """``[BOS, content..., EOS]`` as int32; ``str`` is encoded as UTF-8 first."""
+        if isinstance(text, str):
+            data = text.encode("utf-8")
+        elif isinstance(text, (bytes, bytearray, memoryview)):
+            data = bytes(text)
+        else:
+            raise InvalidInputError(f"encode_document takes str or bytes, got {type(text).__name__}")
+        # Code point = token ID - BYTE_OFFSET, so each merge is one str.replace pass.
+        content = data.decode("latin-1")
+        for rank, (left, right) in enumerate(self._merges):
+            content = content.replace(
+                chr(left - BYTE_OFFSET) + chr(right - BYTE_OFFSET), chr(256 + rank)
+            )
+        codes = np.frombuffer(content.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+        ids = np.empty(codes.shape[0] + 2, dtype=np.int32)
+        ids[0] = BOS_ID
+        ids[1:-1] = codes + BYTE_OFFSET
+        ids[-1] = EOS_ID
+        return ids
+
+    def _checked_content(
+        self, token_ids: object, limits: DecodeLimits
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Content IDs, their byte lengths and the byte total of a checked document."""
+        ids = check_framed_document(token_ids, self._identity, limits.max_tokens)
+        content = ids[1:-1].astype(np.intp)
+        lengths = self._piece_length[content]
+        total = int(lengths.sum())
+        if total > limits.max_bytes:
+            ends = np.cumsum(lengths)
+            position = int(np.searchsorted(ends, limits.max_bytes, side="right")) + 1
+            raise DecodeLimitError(
+                f"document decodes to {total} bytes; the limit is {limits.max_bytes} "
+                f"(exceeded by token {int(ids[position])} at position {position})",
+                position,
+            )
+        return content, lengths, total
+
+    def check_document(self, token_ids: object, limits: DecodeLimits) -> int:
+        """Check a framed document under ``limits`` without building its bytes;
+        return its decoded content byte count."""
+        return self._checked_content(token_ids, limits)[2]
+
+    def decode_document_bounded(self, token_ids: object, limits: DecodeLimits) -> bytes:
+        """The content bytes of a framed document (BOS and EOS removed).
+
+        Raises :class:`TokenizerError` for a broken frame, a control ID inside the
+        content or an ID outside the vocabulary, and :class:`DecodeLimitError` when
+        the document has more than ``limits.max_tokens`` tokens or its content more
+        than ``limits.max_bytes`` bytes; both name the position. The limits are
+        checked before any byte is materialized.
+        """
+        content, lengths, total = self._checked_content(token_ids, limits)
+        # Output byte j of a piece comes from piece byte (piece start - output start) + j.
+        shift = self._piece_start[content] - (np.cumsum(lengths) - lengths)
+        source = np.repeat(shift, lengths) + np.arange(total)
+        return self._piece_bytes[source].tobytes()

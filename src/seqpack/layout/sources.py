@@ -1,0 +1,129 @@
+"""Example sources: where a batch reads its examples' tokens from, by occurrence ordinal.
+
+Three kinds of source follow :class:`ExampleSource`: a list of ``SequenceExample``
+objects (:class:`ExampleList`, here), a columnar ``ExampleTable`` (in
+:mod:`seqpack.data`), and the joined pieces of a stream (in :mod:`seqpack.packing`).
+Batches fill their cells from ``gather`` and name examples in errors with
+``example_id``; the memory budget reads ``copies_tokens`` and ``held_bytes_per_example``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from .._limits import INT32_MAX
+from ..data.binding import BatchBinding, Partition, check_expectations, check_owner
+from ..data.examples import SequenceExample
+from ..data.table import ExampleTable
+from ..errors import CapacityError, InvalidInputError
+
+
+class ExampleSource(Protocol):
+    """Examples by ordinal: ``first_ordinal`` up to ``first_ordinal + len(source)``.
+
+    ``gather(ordinals)`` returns int32 tokens and int64 ``begins``/``ends`` such that
+    example ``ordinals[i]``'s source tokens (its inputs plus its last target) are
+    ``tokens[begins[i]:ends[i]]``. ``copies_tokens`` says whether ``gather`` copies
+    them into a fresh array (a list of objects must) or hands over an array it already
+    holds (a table does); ``held_bytes_per_example`` is what the source costs per
+    example beyond the packer's own arrays. Both feed the memory budget.
+    """
+
+    first_ordinal: int
+    copies_tokens: bool
+    held_bytes_per_example: int
+
+    def __len__(self) -> int: ...
+
+    def example(self, ordinal: int) -> SequenceExample: ...
+
+    def example_id(self, ordinal: int) -> str: ...
+
+    def gather(self, ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+class ExampleList:
+    """``SequenceExample`` objects as an :class:`ExampleSource`."""
+
+    __slots__ = ("_examples", "first_ordinal")
+
+    copies_tokens = True
+    #: Each example's length and tuple slot.
+    held_bytes_per_example = 16
+
+    def __init__(self, examples: Sequence[SequenceExample], first_ordinal: int = 0):
+        self._examples = tuple(examples)
+        self.first_ordinal = first_ordinal
+
+    def __len__(self) -> int:
+        return len(self._examples)
+
+    def example(self, ordinal: int) -> SequenceExample:
+        return self._examples[ordinal - self.first_ordinal]
+
+    def example_id(self, ordinal: int) -> str:
+        return self._examples[ordinal - self.first_ordinal].id
+
+    def gather(self, ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Flat int32 source tokens of ``ordinals``' examples with their int64 begins and ends."""
+        base = self.first_ordinal
+        selected = [self._examples[i - base].source_tokens for i in ordinals.tolist()]
+        ends = np.cumsum([len(tokens) for tokens in selected], dtype=np.int64)
+        begins = np.concatenate(([0], ends[:-1])).astype(np.int64) if selected else ends.copy()
+        tokens = np.concatenate(selected).astype(np.int32, copy=False) if selected else np.empty(0, np.int32)
+        return tokens, begins, ends
+
+
+def check_examples(examples: Sequence[SequenceExample], partition: Partition, binding: BatchBinding) -> np.ndarray:
+    """Validate a list of examples against the partition and binding; return their prediction lengths."""
+    check_expectations(partition, binding)
+    if isinstance(examples, (str, bytes)) or not isinstance(examples, Sequence):
+        raise InvalidInputError("examples must be a list or tuple of SequenceExample, or an ExampleTable")
+    if len(examples) == 0:
+        raise InvalidInputError("a batch needs at least one example")
+    for index, example in enumerate(examples):
+        if not isinstance(example, SequenceExample):
+            raise InvalidInputError(
+                f"example {index} is a {type(example).__name__}, not a SequenceExample"
+            )
+        check_owner(f"example {example.id!r} (index {index})", example.binding, example.partition,
+                    binding, partition)
+    return np.fromiter((len(example) for example in examples), dtype=np.int64, count=len(examples))
+
+
+def source_of(examples, partition: Partition, binding: BatchBinding) -> tuple[ExampleSource, np.ndarray]:
+    """The :class:`ExampleSource` of a list of examples or a table, checked against the
+    expected partition and binding, with its examples' prediction lengths (int64)."""
+    if isinstance(examples, ExampleTable):
+        check_expectations(partition, binding)
+        check_owner("the example table", examples.binding, examples.partition, binding, partition)
+        if len(examples) == 0:
+            raise InvalidInputError("a batch needs at least one example")
+        return examples, examples.lengths
+    lengths = check_examples(examples, partition, binding)
+    return ExampleList(examples), lengths
+
+
+def check_example_count(count: int) -> None:
+    """Segments are int32 example ordinals: at most 2**31 examples."""
+    if count > INT32_MAX + 1:
+        raise InvalidInputError(
+            f"{count} examples exceed the int32 segment namespace of {INT32_MAX + 1}"
+        )
+
+
+def reject_longer(source: ExampleSource, lengths: np.ndarray, limit: int, limit_name: str) -> None:
+    """Raise CapacityError naming the first example with more than ``limit`` predictions."""
+    too_long = np.flatnonzero(lengths > limit)
+    if too_long.size:
+        index = int(too_long[0])
+        ordinal = source.first_ordinal + index
+        raise CapacityError(
+            f"example {source.example_id(ordinal)!r} (index {ordinal}) has {int(lengths[index])} "
+            f"predictions; {limit_name} is {limit}",
+            cells=int(lengths[index]),
+            maximum=limit,
+        )

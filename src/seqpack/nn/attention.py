@@ -1,0 +1,276 @@
+"""Range attention: the fused edge-only kernels' numpy API, and attention ops on the tape.
+
+The rule (ch05): in row ``r``, a valid query at column ``t < valid_lengths[r]`` attends
+to exactly the keys ``segment_starts[r, t] .. t`` (inclusive); segments are contiguous,
+so every query of a segment has the segment's first column as its start. Starts of
+inactive queries (``t >= valid_lengths[r]``) are ignored. Inactive queries get a zero
+output, a zero log-sum-exp and zero gradients, and their q/k/v never enter any valid
+result. Scores are scaled by ``1/sqrt(head_dim)``.
+
+The kernels only visit permitted edges (see ``seqpack.nn._attention``); results are
+bitwise identical for any thread count. The compiled module (and scipy's BLAS behind
+it) is loaded on first use, so ``import seqpack`` stays light.
+
+On the tape (float64 :class:`~seqpack.nn.autograd.Tensor` values): the chapters' three
+variants :func:`causal_attention_with_ranges` (per-row valid length and per-query
+segment start, for packed rows), :func:`causal_attention_with_lengths` (valid prefix
+only, for padded rows) and :func:`causal_attention` (every query valid), computed with
+dense score grids and the range softmax; :func:`fused_range_attention` computes the
+first with the edge-only kernels instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._limits import kernel_threads
+from ..errors import InvalidInputError
+from .autograd import Tensor, as_tensor, record
+from .ops import batched_matmul, scale, swap_last_axes
+from .softmax import causal_layout, range_softmax
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_INTP = np.dtype(np.intp)
+# Kernel status codes (see seqpack._attention) and the messages they become.
+_LAYOUT_ERRORS = {
+    1: "valid_lengths[{row}] = {length} is outside [0, {width}]",
+    2: "segment_starts[{row}, {column}] = {start} for valid query {column} of row {row} "
+    "is outside [0, {column}]",
+    3: "segment_starts[{row}, {column}] = {start} neither starts a segment at column "
+    "{column} nor continues the segment of column {previous} (start {previous_start}): "
+    "segments must be contiguous",
+}
+_OUT_OF_MEMORY = 4
+_kernels = None
+
+
+def _kernel():
+    global _kernels
+    if _kernels is None:
+        from . import _attention
+
+        _kernels = _attention
+    return _kernels
+
+
+def _thread_count(threads) -> int:
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
+                                or threads < 1):
+        raise InvalidInputError(f"threads must be an integer >= 1, got {threads!r}")
+    return kernel_threads(None if threads is None else int(min(threads, 1 << 16)))
+
+
+def _layout_arrays(valid_lengths, segment_starts, rows: int, width: int):
+    """Integer layout arrays coerced to C-contiguous intp after shape and dtype checks."""
+    lengths = np.asarray(valid_lengths)
+    starts = np.asarray(segment_starts)
+    if lengths.dtype.kind not in "iu":
+        raise InvalidInputError(f"valid_lengths must have an integer dtype, got {lengths.dtype}")
+    if starts.dtype.kind not in "iu":
+        raise InvalidInputError(f"segment_starts must have an integer dtype, got {starts.dtype}")
+    if lengths.shape != (rows,):
+        raise InvalidInputError(f"valid_lengths has shape {lengths.shape}; expected ({rows},)")
+    if starts.shape != (rows, width):
+        raise InvalidInputError(
+            f"segment_starts has shape {starts.shape}; expected ({rows}, {width})"
+        )
+    if lengths.dtype != _INTP or not lengths.flags.c_contiguous:
+        lengths = np.ascontiguousarray(lengths, dtype=_INTP)
+    if starts.dtype != _INTP or not starts.flags.c_contiguous:
+        starts = np.ascontiguousarray(starts, dtype=_INTP)
+    return lengths, starts
+
+
+def _raise_for(status, row, column, lengths, starts):
+    if status == _OUT_OF_MEMORY:
+        raise MemoryError("range attention could not allocate its work plan or scratch")
+    width = starts.shape[1]
+    previous = max(column - 1, 0)
+    raise InvalidInputError(
+        _LAYOUT_ERRORS[status].format(
+            row=row,
+            column=column,
+            length=lengths[row],
+            width=width,
+            start=starts[row, column] if width else 0,
+            previous=previous,
+            previous_start=starts[row, previous] if width else 0,
+        )
+    )
+
+
+def segment_spans(valid_lengths, segment_starts) -> np.ndarray:
+    """The segments of a layout as an ``[n, 3]`` intp array of (row, start, end), row order.
+
+    ``end`` is exclusive; the kernels work per (row, head, segment). Raises
+    :class:`InvalidInputError` for a layout that breaks the module's rule.
+    """
+    starts = np.asarray(segment_starts)
+    if starts.ndim != 2:
+        raise InvalidInputError(f"segment_starts must be [rows, T], got shape {starts.shape}")
+    rows, width = starts.shape
+    lengths, starts = _layout_arrays(valid_lengths, starts, rows, width)
+    spans = np.empty((rows * width + 1, 3), dtype=_INTP)
+    status, row, column, count = _kernel().plan_layout(lengths, starts, spans)
+    if status:
+        _raise_for(status, row, column, lengths, starts)
+    return spans[:count].copy()
+
+
+def _floats(names, arrays):
+    """Same-dtype float32/float64 arrays in C order with the shape of the first (4-D)."""
+    # Plain loops and attribute checks: this runs on every call, tiny inputs included.
+    first = arrays[0] if type(arrays[0]) is np.ndarray else np.asarray(arrays[0])
+    dtype, shape = first.dtype, first.shape
+    if dtype not in _FLOATS:
+        raise InvalidInputError(f"q must be float32 or float64, got {dtype}")
+    if len(shape) != 4:
+        raise InvalidInputError(f"q must be [rows, heads, T, head_dim], got shape {shape}")
+    if shape[3] < 1:
+        raise InvalidInputError("head_dim must be at least 1")
+    coerced = []
+    for name, array in zip(names, arrays):
+        if type(array) is not np.ndarray:
+            array = np.asarray(array)
+        if array.dtype != dtype:
+            raise InvalidInputError(f"{name} has dtype {array.dtype}; q has {dtype}")
+        if array.shape != (shape[:3] if name == "lse" else shape):
+            expected = shape[:3] if name == "lse" else shape
+            raise InvalidInputError(f"{name} has shape {array.shape}; expected {expected}")
+        coerced.append(array if array.flags.c_contiguous else np.ascontiguousarray(array))
+    return coerced
+
+
+def _output(name, given, shape, dtype):
+    """A caller's output buffer after checks, or a fresh one."""
+    if given is None:
+        return np.empty(shape, dtype=dtype)
+    if not isinstance(given, np.ndarray):
+        raise InvalidInputError(f"{name} must be a numpy array, got {type(given).__name__}")
+    if given.shape != shape or given.dtype != dtype:
+        raise InvalidInputError(
+            f"{name} has shape {given.shape} and dtype {given.dtype}; expected {shape} {dtype}"
+        )
+    if not (given.flags.c_contiguous and given.flags.writeable):
+        raise InvalidInputError(f"{name} must be C-contiguous and writeable")
+    return given
+
+
+def range_attention_forward(q, k, v, valid_lengths, segment_starts, *, threads=None,
+                            out=None, lse=None):
+    """Range attention: ``out = softmax(q k^T / sqrt(head_dim)) v`` over permitted keys.
+
+    ``q, k, v``: ``[rows, heads, T, head_dim]``, all float32 or all float64 (any
+    strides; copied to C order when needed). ``valid_lengths`` ``[rows]`` and
+    ``segment_starts`` ``[rows, T]``: any integer dtype. Returns ``out``
+    ``[rows, heads, T, head_dim]`` and the per-query log-sum-exp of the scaled scores
+    ``lse`` ``[rows, heads, T]`` (0 for inactive queries). ``out`` and ``lse`` may be
+    given (C-contiguous, writeable, matching) to skip fresh allocations. ``threads``:
+    OpenMP threads, None for all available cores (always 1 in a forked child);
+    results do not depend on it.
+    """
+    threads = _thread_count(threads)
+    q, k, v = _floats(("q", "k", "v"), (q, k, v))
+    rows, heads, width, _ = q.shape
+    lengths, starts = _layout_arrays(valid_lengths, segment_starts, rows, width)
+    out = _output("out", out, q.shape, q.dtype)
+    lse = _output("lse", lse, q.shape[:3], q.dtype)
+    if out.size == 0:
+        segment_spans(lengths, starts)
+        lse.fill(0)
+        return out, lse
+    status, row, column = _kernel().forward(q, k, v, lengths, starts, out, lse, threads)
+    if status:
+        _raise_for(status, row, column, lengths, starts)
+    return out, lse
+
+
+def range_attention_backward(q, k, v, out, lse, dout, valid_lengths, segment_starts, *,
+                             threads=None, dq=None, dk=None, dv=None):
+    """Gradients ``dq, dk, dv`` of range attention from the forward's ``out`` and ``lse``.
+
+    ``dout`` is the gradient of the objective with respect to ``out``; everything else
+    is as in :func:`range_attention_forward` (same dtype for all six arrays). Gradients
+    are zero at inactive cells; ``dq, dk, dv`` may be given as buffers.
+    """
+    threads = _thread_count(threads)
+    q, k, v, out, lse, dout = _floats(
+        ("q", "k", "v", "out", "lse", "dout"), (q, k, v, out, lse, dout)
+    )
+    rows, heads, width, _ = q.shape
+    lengths, starts = _layout_arrays(valid_lengths, segment_starts, rows, width)
+    dq = _output("dq", dq, q.shape, q.dtype)
+    dk = _output("dk", dk, q.shape, q.dtype)
+    dv = _output("dv", dv, q.shape, q.dtype)
+    if dq.size == 0:
+        segment_spans(lengths, starts)
+        return dq, dk, dv
+    status, row, column = _kernel().backward(
+        q, k, v, out, lse, dout, lengths, starts, dq, dk, dv, threads
+    )
+    if status:
+        _raise_for(status, row, column, lengths, starts)
+    return dq, dk, dv
+
+
+# --- on the autograd tape ---
+
+
+def causal_attention_with_ranges(q: Tensor, k: Tensor, v: Tensor, lengths, starts) -> Tensor:
+    """Scaled range-causal attention of ``q, k, v`` ``[rows, (heads,) T, d]``.
+
+    ``lengths`` ``[rows]`` and ``starts`` ``[rows, T]`` are shared by every head: valid
+    query ``t`` of row ``r`` attends to keys ``[starts[r, t], t]``; queries at or past
+    ``lengths[r]`` give a zero mixture. Scores are ``q @ k^T / sqrt(d)``.
+    """
+    q, k, v = as_tensor(q), as_tensor(k), as_tensor(v)
+    lengths, starts = _per_grid(q, lengths, starts)
+    scores = scale(batched_matmul(q, swap_last_axes(k)), 1.0 / math.sqrt(q.shape[-1]))
+    return batched_matmul(range_softmax(scores, lengths, starts), v)
+
+
+def causal_attention_with_lengths(q: Tensor, k: Tensor, v: Tensor, lengths) -> Tensor:
+    """Padded attention: valid prefix ``lengths`` ``[rows]``, every valid query sees keys ``[0, t]``."""
+    return causal_attention_with_ranges(q, k, v, lengths, np.zeros(q.shape[:1] + q.shape[-2:-1], dtype=np.int32))
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Plain causal attention: every query of every row is valid."""
+    return causal_attention_with_lengths(q, k, v, np.full(q.shape[0], q.shape[-2], dtype=np.int64))
+
+
+def fused_range_attention(q: Tensor, k: Tensor, v: Tensor, lengths, starts) -> Tensor:
+    """:func:`causal_attention_with_ranges` through the edge-only kernel above.
+
+    ``q, k, v`` are ``[rows, heads, T, d]``; the kernel saves the output and per-query
+    log-sum-exp and recomputes scores in the backward.
+    """
+    q, k, v = as_tensor(q), as_tensor(k), as_tensor(v)
+    lengths, starts = _per_row(q, lengths, starts)
+    out, lse = range_attention_forward(q.value, k.value, v.value, lengths, starts)
+
+    def backward(grad):
+        dq, dk, dv = range_attention_backward(
+            q.value, k.value, v.value, out, lse, np.ascontiguousarray(grad), lengths, starts
+        )
+        q.accumulate(dq)
+        k.accumulate(dk)
+        v.accumulate(dv)
+
+    return record(out, (q, k, v), backward)
+
+
+def _per_row(q: Tensor, lengths, starts) -> tuple[np.ndarray, np.ndarray]:
+    """Check a per-row layout for ``q`` ``[rows, ..., T, d]`` (see :func:`causal_layout`)."""
+    if q.value.ndim < 3 or q.shape[-1] == 0:
+        raise InvalidInputError(f"attention inputs must be [rows, (heads,) T, d] with d > 0, got {q.shape}")
+    return causal_layout(q.shape[0], q.shape[-2], lengths, starts)
+
+
+def _per_grid(q: Tensor, lengths, starts) -> tuple[np.ndarray, np.ndarray]:
+    """Repeat a per-row layout over the middle (head) axes, one entry per score grid."""
+    lengths, starts = _per_row(q, lengths, starts)
+    shared = int(np.prod(q.shape[1:-2], dtype=np.int64))
+    return np.repeat(lengths, shared), np.repeat(starts, shared, axis=0)

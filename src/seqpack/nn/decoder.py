@@ -1,0 +1,272 @@
+"""The reference decoder: one model for separate, padded and packed execution.
+
+Architecture (pre-norm, no biases, weights stored ``[in, out]``)::
+
+    x = embedding[inputs]                       PAD_CELL cells are zero rows
+    for each block:
+        h = x + Attention(RMSNorm(x; attn_norm))
+        x = h + SwiGLU(RMSNorm(h; ffn_norm))
+    logits = RMSNorm(x; final_norm) @ embedding.T   tied output
+
+RMSNorm is ``x / sqrt(mean(x**2) + 1e-5) * gain``. Attention projects ``q, k, v = x @ wq,
+x @ wk, x @ wv``, splits heads by contiguous column blocks, applies rotate-half rotary
+embedding at each cell's local position (inactive cells skipped), scales scores by
+``1/sqrt(head_dim)``, takes the range causal softmax (valid query ``t`` of row ``r`` sees
+keys ``[segment_starts[r, t], t]``), mixes values, merges heads and projects with ``wo``.
+SwiGLU is ``(silu(x @ w_gate) * (x @ w_up)) @ w_down``.
+
+Initialisation from ``numpy.random.default_rng(seed)``: parameters are drawn in
+:meth:`Decoder.parameter_shapes` order, every matrix from ``normal(0, 0.02)``, every
+norm gain set to ones (no draw).
+
+A separate example is a one-row batch with starts 0; a padded batch has starts 0 and a
+valid prefix per row; a packed batch adds per-query segment starts. All three run the
+same :meth:`Decoder.forward_arrays`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import CapacityError, InvalidInputError
+from ..packing.packed import PackedBatch
+from ..packing.padding import PaddedBatch
+from . import ops as F
+from .attention import causal_attention_with_ranges, fused_range_attention
+from .autograd import Tensor
+from .loss import MaskedLoss, masked_nll
+from .softmax import causal_layout
+
+RMS_EPS = 1e-5
+INIT_STD = 0.02
+ATTENTION_MODES = ("reference", "fused")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Vocabulary size V, model width D, heads, feed-forward width F, layers, max positions."""
+
+    vocabulary_size: int
+    width: int
+    heads: int
+    ffn_width: int
+    layers: int
+    max_positions: int
+
+    def __post_init__(self):
+        for name in ("vocabulary_size", "width", "heads", "ffn_width", "layers", "max_positions"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise InvalidInputError(f"decoder {name} must be a positive integer, not {value!r}")
+        if self.width % self.heads or (self.width // self.heads) % 2:
+            raise InvalidInputError(
+                f"width {self.width} must split into {self.heads} heads of even size (rotary halves)"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    @classmethod
+    def small(cls, vocabulary_size: int = 266) -> DecoderConfig:
+        """The chapters' smaller CPU profile: D 4, 2 heads, F 4, 1 layer, 4 positions."""
+        return cls(vocabulary_size, width=4, heads=2, ffn_width=4, layers=1, max_positions=4)
+
+    @classmethod
+    def large(cls, vocabulary_size: int = 266) -> DecoderConfig:
+        """The chapters' larger CPU profile: D 8, 2 heads, F 16, 2 layers, 16 positions."""
+        return cls(vocabulary_size, width=8, heads=2, ffn_width=16, layers=2, max_positions=16)
+
+
+@dataclass
+class DecoderForward:
+    """A forward pass: ``logits`` ``[rows, T, V]`` as an array, and the same on the tape."""
+
+    logits: np.ndarray
+    tensor: Tensor
+
+
+class Decoder:
+    """The reference decoder with seeded initialisation (see the module docstring).
+
+    ``attention="fused"`` (the default) calls the edge-only range attention kernels;
+    ``"reference"`` computes the chapters' dense score grids and the range causal
+    softmax kernel. Both give the same results within float64 rounding.
+    """
+
+    def __init__(self, config: DecoderConfig, seed: int, attention: str = "fused"):
+        if attention not in ATTENTION_MODES:
+            raise InvalidInputError(f"attention must be one of {ATTENTION_MODES}, not {attention!r}")
+        self.config = config
+        self.attention = attention
+        rng = np.random.default_rng(seed)
+        self._parameters: dict[str, Tensor] = {}
+        for name, shape in self.parameter_shapes().items():
+            value = np.ones(shape) if name.endswith("norm") else rng.normal(0.0, INIT_STD, shape)
+            self._parameters[name] = Tensor(value, requires_grad=True)
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every parameter name and shape, in initialisation order."""
+        c = self.config
+        width, ffn = c.width, c.ffn_width
+        shapes = {"embedding": (c.vocabulary_size, width)}
+        for i in range(c.layers):
+            shapes[f"blocks.{i}.attn_norm"] = (width,)
+            for name in ("wq", "wk", "wv", "wo"):
+                shapes[f"blocks.{i}.{name}"] = (width, width)
+            shapes[f"blocks.{i}.ffn_norm"] = (width,)
+            shapes[f"blocks.{i}.w_gate"] = (width, ffn)
+            shapes[f"blocks.{i}.w_up"] = (width, ffn)
+            shapes[f"blocks.{i}.w_down"] = (ffn, width)
+        shapes["final_norm"] = (width,)
+        return shapes
+
+    def parameter_count(self) -> int:
+        return sum(int(np.prod(shape)) for shape in self.parameter_shapes().values())
+
+    def named_parameters(self) -> dict[str, np.ndarray]:
+        """Name to the live parameter array (writing into it changes the model)."""
+        return {name: tensor.value for name, tensor in self._parameters.items()}
+
+    # --- the one decoder ---
+
+    def forward_embedded(self, x: Tensor, positions, valid_lengths, segment_starts) -> Tensor:
+        """Logits ``[rows, T, V]`` from embedded inputs ``x`` ``[rows, T, D]`` on the tape.
+
+        ``x`` may be any tensor, so a caller can take derivatives into the activations.
+        Cells at or past a row's valid length are excluded first: whatever they hold
+        (NaN included) becomes exact zeros, and their gradient is exactly zero.
+        """
+        rows, width = x.shape[:2]
+        lengths, starts = causal_layout(rows, width, valid_lengths, segment_starts)
+        active = np.arange(width) < lengths[:, None]  # [rows, T]
+        positions = np.asarray(positions)
+        p = self._parameters
+        x = F.select_cells(x, active)
+        for i in range(self.config.layers):
+            normed = F.rmsnorm(x, p[f"blocks.{i}.attn_norm"], RMS_EPS)
+            x = F.add(x, self._attention(i, normed, positions, active, lengths, starts))
+            normed = F.rmsnorm(x, p[f"blocks.{i}.ffn_norm"], RMS_EPS)
+            x = F.add(x, self._swiglu(i, normed))
+        normed = F.rmsnorm(x, p["final_norm"], RMS_EPS)
+        return F.matmul(normed, F.transpose(p["embedding"]))
+
+    def _attention(self, i, x, positions, active, lengths, starts) -> Tensor:
+        p, heads = self._parameters, self.config.heads
+        q = F.rotary(F.split_heads(F.matmul(x, p[f"blocks.{i}.wq"]), heads), positions, active)
+        k = F.rotary(F.split_heads(F.matmul(x, p[f"blocks.{i}.wk"]), heads), positions, active)
+        v = F.split_heads(F.matmul(x, p[f"blocks.{i}.wv"]), heads)
+        if self.attention == "fused":
+            mixed = fused_range_attention(q, k, v, lengths, starts)
+        else:
+            mixed = causal_attention_with_ranges(q, k, v, lengths, starts)
+        return F.matmul(F.merge_heads(mixed), p[f"blocks.{i}.wo"])
+
+    def _swiglu(self, i, x) -> Tensor:
+        p = self._parameters
+        gate = F.silu(F.matmul(x, p[f"blocks.{i}.w_gate"]))
+        return F.matmul(F.mul(gate, F.matmul(x, p[f"blocks.{i}.w_up"])), p[f"blocks.{i}.w_down"])
+
+    def embed(self, inputs) -> Tensor:
+        """Embedding rows ``[rows, T, D]`` of int ``inputs`` ``[rows, T]`` on the tape.
+
+        Every ID must be PAD_CELL (a zero row, never looked up) or in ``[0, V)``; the
+        check runs before any lookup.
+        """
+        ids = np.asarray(inputs)
+        if ids.ndim != 2:
+            raise InvalidInputError(f"inputs must be [rows, T], got shape {ids.shape}")
+        ids = F.check_token_ids(ids, self.config.vocabulary_size)
+        return F.embedding(self._parameters["embedding"], ids)
+
+    def masked_loss(self, logits: Tensor, targets, loss_mask) -> MaskedLoss:
+        """The token-weighted loss of ``logits``; ``backward()`` gives every parameter's gradient."""
+        loss = masked_nll(logits, targets, loss_mask)
+        loss.parameters = dict(self._parameters)
+        return loss
+
+    def forward_arrays(self, inputs, positions, valid_lengths, segment_starts) -> DecoderForward:
+        """Run the decoder on raw int arrays ``[rows, T]`` (plus ``valid_lengths`` ``[rows]``).
+
+        Checks the width against ``max_positions`` and every token ID before any lookup;
+        the valid cells of a row are its prefix.
+        """
+        self._check_width(np.shape(inputs)[-1])
+        logits = self.forward_embedded(self.embed(inputs), positions, valid_lengths, segment_starts)
+        return DecoderForward(logits=logits.value, tensor=logits)
+
+    def loss_arrays(self, inputs, positions, valid_lengths, segment_starts, targets, loss_mask) -> MaskedLoss:
+        """The masked loss of :meth:`forward_arrays` over cells where ``loss_mask`` is true."""
+        forward = self.forward_arrays(inputs, positions, valid_lengths, segment_starts)
+        return self.masked_loss(forward.tensor, targets, loss_mask)
+
+    def _check_width(self, width: int) -> None:
+        if width > self.config.max_positions:
+            raise CapacityError(
+                f"a batch {width} columns wide exceeds the decoder's max_positions "
+                f"{self.config.max_positions}",
+                cells=width,
+                maximum=self.config.max_positions,
+            )
+
+    # --- entry points ---
+
+    def forward_separate(self, example) -> DecoderForward:
+        """Logits ``[1, len, V]`` of one example run alone."""
+        return self.forward_arrays(*self._separate_arrays(example)[:4])
+
+    def loss_separate(self, example) -> MaskedLoss:
+        """The example's own token-weighted loss (every prediction is a target)."""
+        return self.loss_arrays(*self._separate_arrays(example))
+
+    def forward_padded(self, batch) -> DecoderForward:
+        """Logits ``[rows, T, V]`` of a padded batch: each row's valid prefix attends causally."""
+        return self.forward_arrays(*self._batch_arrays(batch, PaddedBatch, "forward_padded")[:4])
+
+    def loss_padded(self, batch) -> MaskedLoss:
+        """A padded batch's token-weighted loss over its loss-eligible cells."""
+        return self.loss_arrays(*self._batch_arrays(batch, PaddedBatch, "loss_padded"))
+
+    def forward_packed(self, batch) -> DecoderForward:
+        """Logits ``[rows, T, V]`` of a packed batch: the same blocks, with each query
+        restricted to its own segment by its segment start."""
+        return self.forward_arrays(*self._batch_arrays(batch, PackedBatch, "forward_packed")[:4])
+
+    def loss_packed(self, batch) -> MaskedLoss:
+        """A packed batch's token-weighted loss over its loss-eligible cells."""
+        return self.loss_arrays(*self._batch_arrays(batch, PackedBatch, "loss_packed"))
+
+    def _separate_arrays(self, example):
+        self._check_vocabulary(example.binding.vocabulary_size, f"example {example.id!r}")
+        inputs = np.asarray(example.inputs, dtype=np.int32)[None, :]
+        length = inputs.shape[1]
+        return (
+            inputs,
+            np.arange(length, dtype=np.int32)[None, :],
+            np.array([length], dtype=np.int64),
+            np.zeros((1, length), dtype=np.int32),
+            np.asarray(example.targets, dtype=np.int32)[None, :],
+            np.ones((1, length), dtype=bool),
+        )
+
+    def _batch_arrays(self, batch, kind, method: str):
+        if not isinstance(batch, kind):
+            raise InvalidInputError(f"{method} takes a {kind.__name__}, not {type(batch).__name__}")
+        self._check_vocabulary(batch.binding.vocabulary_size, "the batch binding")
+        return (
+            batch.inputs,
+            batch.positions,
+            batch.valid_lengths,
+            batch.segment_starts,
+            batch.targets,
+            batch.loss_mask,
+        )
+
+    def _check_vocabulary(self, vocabulary_size: int, what: str) -> None:
+        if vocabulary_size != self.config.vocabulary_size:
+            raise InvalidInputError(
+                f"{what} has vocabulary size {vocabulary_size}; the decoder has "
+                f"{self.config.vocabulary_size}"
+            )

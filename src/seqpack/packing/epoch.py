@@ -1,0 +1,26 @@
+"""What padded and packed epochs share: their batches, in order, as a sequence."""
+
+from __future__ import annotations
+
+
+class Epoch:
+    """Every batch of one ``pad`` or ``pack`` call: ``len``, indexing and iteration go to
+    ``batches``; ``memory_peak`` is the byte requirement checked against the budget."""
+
+    def __init__(self, batches, memory_peak: int):
+        self.batches = batches
+        self.memory_peak = memory_peak
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __getitem__(self, index):
+        return self.batches[index]
+
+    @property
+    def target_count(self) -> int:
+        """Supervised targets of the whole epoch."""
+        return sum(batch.target_count for batch in self.batches)

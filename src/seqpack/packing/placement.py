@@ -1,0 +1,194 @@
+"""Placement: which row and start column every example gets, from its prediction length alone.
+
+Examples are never split, truncated or dropped; an example longer than the capacity is
+an error naming it. ``"next-fit"`` (the default, and the packing chapter's policy) fills
+only the current row in input order. ``"first-fit-decreasing"`` and
+``"best-fit-decreasing"`` visit examples longest first (equal lengths in input order)
+and usually need fewer rows. Whatever the policy, ``rows[i]`` and ``starts[i]`` describe
+example ``i`` of the input, rows are numbered in the order they are opened, and an
+example occupies columns ``[starts[i], starts[i] + lengths[i])`` of its row.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._limits import INT64_MAX
+from ..errors import CapacityError, InvalidInputError
+from . import _placement
+
+POLICIES = ("next-fit", "first-fit-decreasing", "best-fit-decreasing")
+
+# Best-fit-decreasing keeps one bucket per possible remaining room, O(capacity) workspace.
+BEST_FIT_MAX_CAPACITY = 2**24
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each example lives: ``rows[i]`` and ``starts[i]`` (read-only int64) for example ``i``."""
+
+    rows: np.ndarray
+    starts: np.ndarray
+    row_count: int
+    policy: str
+
+
+def place(lengths, capacity: int, policy: str = "next-fit") -> Placement:
+    """Assign every example a row and a start column under ``policy``.
+
+    ``lengths`` holds each example's prediction count (1-D integers, each in
+    ``[1, capacity]``). Next-fit reads examples in input order and opens a new row when
+    an example does not fit the current row's remaining cells; an exact fill opens no
+    empty row. The decreasing policies sort by length descending (ties keep input
+    order); first-fit puts each example in the lowest-numbered row with room, best-fit
+    in the row with the least room that still fits (ties to the lowest-numbered row).
+    Within a row, examples take increasing start columns in the order they are assigned.
+    """
+    capacity = checked_capacity(capacity)
+    check_policy(policy, capacity)
+    return placed(checked_lengths(lengths, capacity), capacity, policy)
+
+
+def placed(lengths: np.ndarray, capacity: int, policy: str) -> Placement:
+    """:func:`place` on arguments already checked: C-contiguous int64 ``lengths`` in
+    ``[1, capacity]``, a Python int ``capacity`` and a policy that allows it."""
+    count = lengths.shape[0]
+    rows = np.empty(count, dtype=np.int64)
+    starts = np.empty(count, dtype=np.int64)
+    if policy == "next-fit":
+        row_count, _ = _placement.next_fit(lengths, capacity, rows, starts)
+    else:
+        order, visit_lengths = _longest_first(lengths, capacity)
+        visit_rows = np.empty(count, dtype=np.int64)
+        visit_starts = np.empty(count, dtype=np.int64)
+        max_rows = any_fit_row_bound(lengths, capacity)
+        if policy == "first-fit-decreasing":
+            room_tree = np.empty(2 * power_of_two_at_least(max_rows), dtype=np.int64)
+            row_count = _placement.first_fit(visit_lengths, capacity, visit_rows, visit_starts, room_tree)
+        else:
+            row_count = _placement.best_fit(
+                visit_lengths,
+                capacity,
+                visit_rows,
+                visit_starts,
+                np.empty(capacity, dtype=np.int64),  # bucket roots, by remaining room
+                np.empty(2 * power_of_two_at_least(capacity + 1), dtype=np.uint8),
+                np.empty((max_rows, 3), dtype=np.int64),  # leftist heaps: left, right, rank per row
+            )
+        rows[order] = visit_rows
+        starts[order] = visit_starts
+    rows.flags.writeable = False
+    starts.flags.writeable = False
+    return Placement(rows=rows, starts=starts, row_count=int(row_count), policy=policy)
+
+
+def lower_bound_rows(lengths, capacity: int) -> int:
+    """The fewest rows any placement can use: ``ceil(sum(lengths) / capacity)``."""
+    capacity = checked_capacity(capacity)
+    total = _total(checked_lengths(lengths, capacity), capacity)
+    return -(-total // capacity)
+
+
+def real_target_fraction(lengths, row_count: int, capacity: int) -> float:
+    """The share of stored cells that hold real targets: ``sum(lengths) / (row_count * capacity)``."""
+    capacity = checked_capacity(capacity)
+    total = _total(checked_lengths(lengths, capacity), capacity)
+    if isinstance(row_count, (bool, np.bool_)) or not isinstance(row_count, (int, np.integer)):
+        raise InvalidInputError(f"row_count must be an integer, got {row_count!r}")
+    row_count = int(row_count)
+    if row_count < 1 or row_count * capacity < total:
+        raise InvalidInputError(
+            f"{row_count} rows of capacity {capacity} cannot hold {total} predictions"
+        )
+    return total / (row_count * capacity)
+
+
+def check_policy(policy: str, capacity: int) -> None:
+    if policy not in POLICIES:
+        raise InvalidInputError(f"unknown placement policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if policy == "best-fit-decreasing" and capacity > BEST_FIT_MAX_CAPACITY:
+        raise InvalidInputError(
+            f"capacity {capacity} is too large for best-fit-decreasing, "
+            f"which keeps one bucket per remaining room; its limit is {BEST_FIT_MAX_CAPACITY}"
+        )
+
+
+def checked_capacity(capacity) -> int:
+    if isinstance(capacity, (bool, np.bool_)):
+        raise InvalidInputError(f"capacity must be a positive integer, got {capacity!r}")
+    try:
+        capacity = operator.index(capacity)
+    except TypeError:
+        raise InvalidInputError(f"capacity must be a positive integer, got {capacity!r}") from None
+    if not 1 <= capacity <= INT64_MAX:
+        raise InvalidInputError(f"capacity must be in [1, {INT64_MAX}], got {capacity}")
+    return capacity
+
+
+def checked_lengths(lengths, capacity: int) -> np.ndarray:
+    """Coerce to C-contiguous int64 after checking every length is in ``[1, capacity]``."""
+    array = np.asarray(lengths)
+    if array.ndim != 1:
+        raise InvalidInputError(f"lengths must be one-dimensional, got shape {array.shape}")
+    if array.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if array.dtype.kind not in "iu":
+        raise InvalidInputError(f"lengths must be integers, got dtype {array.dtype}")
+    if array.min() < 1:
+        index = int(np.argmax(array < 1))
+        raise InvalidInputError(
+            f"example {index} has {int(array[index])} predictions; every example needs at least 1"
+        )
+    if array.max() > capacity:
+        index = int(np.argmax(array > capacity))
+        length = int(array[index])
+        raise CapacityError(
+            f"example {index} has {length} predictions; capacity is {capacity}",
+            cells=length,
+            maximum=capacity,
+        )
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def _longest_first(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Example indices longest first (equal lengths in input order), and their lengths.
+
+    A counting sort when its ``capacity + 1`` counters cost no more than the examples
+    themselves (or 64 Ki), else numpy's stable sort.
+    """
+    count = lengths.shape[0]
+    if counting_sort_fits(count, capacity):
+        order = np.empty(count, dtype=np.int64)
+        sorted_lengths = np.empty(count, dtype=np.int64)
+        counts = np.empty(capacity + 1, dtype=np.int64)
+        _placement.order_longest_first(lengths, capacity, counts, order, sorted_lengths)
+        return order, sorted_lengths
+    order = np.ascontiguousarray(np.argsort(capacity - lengths, kind="stable"), dtype=np.int64)
+    return order, lengths[order]
+
+
+def counting_sort_fits(count: int, capacity: int) -> bool:
+    return capacity <= max(count, 2**16)
+
+
+def _total(lengths: np.ndarray, capacity: int) -> int:
+    """Exact sum of validated lengths, in int64 chunks that cannot overflow."""
+    chunk = max(1, INT64_MAX // capacity)
+    return sum(int(lengths[i : i + chunk].sum()) for i in range(0, lengths.shape[0], chunk))
+
+
+def any_fit_row_bound(lengths: np.ndarray, capacity: int) -> int:
+    """At most ``ceil(2 * total / capacity)`` rows (and one per example).
+
+    A policy that opens a row only when no open row fits leaves at most one row at most
+    half full: every later row's first example did not fit that row's room.
+    """
+    total = _total(lengths, capacity)
+    return min(lengths.shape[0], -(-2 * total // capacity))
+
+
+def power_of_two_at_least(value: int) -> int:
+    return 1 << max(0, value - 1).bit_length()

@@ -1,0 +1,45 @@
+"""What packing stores and computes: the efficiency report of a plan or an epoch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EfficiencyReport:
+    """Rows, cells, real targets, padding and attention edges of a packed epoch.
+
+    ``batch_targets`` are the valid-target counts of each batch, the loss
+    denominators a trainer needs before the forward pass. Attention counts are per head.
+    """
+
+    policy: str
+    capacity: int
+    rows: int
+    batches: int
+    cells: int
+    valid_targets: int
+    permitted_edges: int
+    dense_score_positions: int
+    batch_targets: tuple
+
+    @property
+    def real_target_fraction(self) -> float:
+        return self.valid_targets / self.cells if self.cells else 0.0
+
+    @property
+    def padding_cells(self) -> int:
+        return self.cells - self.valid_targets
+
+    @property
+    def permitted_fraction(self) -> float:
+        return self.permitted_edges / self.dense_score_positions if self.dense_score_positions else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "policy": self.policy, "capacity": self.capacity, "rows": self.rows, "batches": self.batches,
+            "cells": self.cells, "valid_targets": self.valid_targets,
+            "real_target_fraction": self.real_target_fraction, "padding_cells": self.padding_cells,
+            "permitted_edges": self.permitted_edges, "dense_score_positions": self.dense_score_positions,
+            "permitted_fraction": self.permitted_fraction,
+        }

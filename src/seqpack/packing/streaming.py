@@ -1,0 +1,129 @@
+"""Streaming next-fit: batches packed as examples arrive, equal to packing the whole input."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Union
+
+import numpy as np
+
+from ..data.binding import BatchBinding, Partition, check_expectations
+from ..data.examples import SequenceExample
+from ..data.table import ExampleTable
+from ..errors import InvalidInputError
+from ..layout.sources import ExampleList, check_example_count, reject_longer, source_of
+from . import _placement, budget
+from .config import PackConfig
+from .packed import PackedBatch, packed_batch
+from .planning import check_batch_cells, check_config
+
+
+class StreamSource:
+    """Several sources whose ordinal ranges follow each other, seen as one :class:`ExampleSource`."""
+
+    copies_tokens = True  # joining the parts may copy every token
+    held_bytes_per_example = ExampleList.held_bytes_per_example
+
+    def __init__(self, sources):
+        self._sources = sources
+        self._firsts = np.array([source.first_ordinal for source in sources], dtype=np.int64)
+        self.first_ordinal = sources[0].first_ordinal
+
+    def __len__(self) -> int:
+        return sum(len(source) for source in self._sources)
+
+    def _source_of(self, ordinal: int):
+        return self._sources[int(np.searchsorted(self._firsts, ordinal, side="right")) - 1]
+
+    def example(self, ordinal: int) -> SequenceExample:
+        return self._source_of(ordinal).example(ordinal)
+
+    def example_id(self, ordinal: int) -> str:
+        return self._source_of(ordinal).example_id(ordinal)
+
+    def gather(self, ordinals: np.ndarray):
+        """Each source's part, with token arrays joined (once, when the sources differ)."""
+        which = np.searchsorted(self._firsts, ordinals, side="right") - 1
+        parts = [self._sources[i].gather(ordinals[which == i]) for i in np.unique(which).tolist()]
+        if all(tokens is parts[0][0] for tokens, _, _ in parts):
+            return parts[0][0], np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+        shift = np.cumsum([0] + [len(tokens) for tokens, _, _ in parts[:-1]])
+        return (
+            np.concatenate([tokens for tokens, _, _ in parts]),
+            np.concatenate([b + k for (_, b, _), k in zip(parts, shift)]),
+            np.concatenate([e + k for (_, _, e), k in zip(parts, shift)]),
+        )
+
+
+def stream(
+    examples: Iterable[Union[SequenceExample, ExampleTable]], config: PackConfig, *,
+    partition: Partition, binding: BatchBinding,
+) -> Iterator[PackedBatch]:
+    """Next-fit over a stream of ``SequenceExample`` objects and/or ``ExampleTable`` chunks.
+
+    Yields each batch once no later example can join it, so memory is bounded by one
+    batch plus the open row; ordinals count across the whole stream and empty chunks
+    are skipped. The batches equal ``seqpack.pack`` on the concatenated input. The
+    arguments are checked when ``stream`` is called; each example when it arrives;
+    each batch's bytes (fields, records, gathering) against ``max_memory_bytes``
+    before it is built.
+    """
+    config = check_config(config)
+    check_expectations(partition, binding)
+    try:
+        items = iter(examples)
+    except TypeError:
+        raise InvalidInputError(f"examples must be iterable, not {type(examples).__name__}") from None
+    return _packed_stream(items, config, partition, binding)
+
+
+def _packed_stream(items, config: PackConfig, partition, binding) -> Iterator[PackedBatch]:
+    capacity, per_batch = config.capacity, config.rows_per_batch
+    pending = []  # (source, ordinals, global rows, starts, lengths) of the current batch
+    number, open_row, used, ordinal = 0, -1, -1, 0
+
+    def flush(last_row: int) -> PackedBatch:
+        if len(pending) == 1:  # the batch lies inside one piece: no joining
+            source, ordinals, rows, starts, lengths = pending[0]
+        else:
+            sources = list({id(p[0]): p[0] for p in pending}.values())
+            source = sources[0] if len(sources) == 1 else StreamSource(sources)
+            ordinals, rows, starts, lengths = (np.concatenate([p[k] for p in pending]) for k in range(1, 5))
+        batch_rows = last_row + 1 - number * per_batch
+        check_batch_cells(batch_rows, config)
+        tokens = int(lengths.sum()) + len(lengths)
+        required = (budget.batch_bytes(batch_rows, len(lengths), capacity)
+                    + budget.gather_bytes(source.copies_tokens, tokens, len(lengths)))
+        budget.require(required, config.max_memory_bytes, f"batch {number}")
+        return packed_batch(partition, binding, source, ordinals, rows - number * per_batch, starts, lengths,
+                            (batch_rows, capacity))
+
+    for item in items:
+        if isinstance(item, ExampleTable):
+            if len(item) == 0:
+                continue
+            source, lengths = source_of(item.chunk(0, len(item)), partition, binding)
+            source.first_ordinal = ordinal
+        else:
+            source, lengths = source_of([item], partition, binding)
+            source.first_ordinal = ordinal
+        check_example_count(ordinal + len(lengths))
+        reject_longer(source, lengths, capacity, "capacity")
+        rows = np.empty(len(lengths), dtype=np.int64)
+        starts = np.empty(len(lengths), dtype=np.int64)
+        _, used = _placement.next_fit(lengths, capacity, rows, starts, used)
+        rows += max(open_row, 0)  # the kernel numbers the open row (or the first new one) 0
+        ordinals = np.arange(ordinal, ordinal + len(lengths), dtype=np.int64)
+        ordinal += len(lengths)
+        # Batches that this piece completes: every batch before the one holding its last row.
+        # Rows never decrease, so each batch's examples are one slice of the piece.
+        batches = rows // per_batch
+        cuts = np.searchsorted(batches, np.arange(number, int(batches[-1]) + 2)).tolist()
+        for finished, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]), start=number):
+            pending.append((source, ordinals[a:b], rows[a:b], starts[a:b], lengths[a:b]))
+            if finished < int(batches[-1]):
+                yield flush((finished + 1) * per_batch - 1)
+                pending, number = [], finished + 1
+        open_row = int(rows[-1])
+    if pending:
+        yield flush(open_row)
