@@ -1,6 +1,7 @@
 """Build the Cython kernels in pyx/ as private extension modules of seqpack.
 
-``pyx/`` mirrors the package: ``pyx/LAYER/_NAME.pyx`` becomes ``seqpack.LAYER._NAME``. ``SEQPACK_CYTHON_DEBUG=1`` turns
+``pyx/`` mirrors the package: ``pyx/LAYER/_NAME.pyx`` becomes ``seqpack.LAYER._NAME``
+(and ``pyx/_NAME.pyx`` ``seqpack._NAME``). ``SEQPACK_CYTHON_DEBUG=1`` turns
 bounds, wraparound and initialization checks on and optimizations off, so an
 out-of-range index in a kernel raises instead of reading garbage. OpenMP is used
 when the compiler accepts ``-fopenmp``; otherwise the kernels build single-threaded.
@@ -76,15 +77,18 @@ class OptionalOpenMPBuild(build_ext):
 
 
 def extensions():
-    compile_args = ["-O0", "-g"] if DEBUG else ["-O3"]
+    # No contraction of a * b + c into one fused instruction: every CPU path of a kernel
+    # (and every compiler default) then rounds the same way, so results are bitwise equal.
+    compile_args = (["-O0", "-g"] if DEBUG else ["-O3"]) + ["-ffp-contract=off"]
     modules = []
     only = {name for name in os.environ.get("SEQPACK_BUILD_ONLY", "").split(",") if name}
-    for source in sorted((HERE / "pyx").glob("*/*.pyx")):
+    for source in sorted((HERE / "pyx").glob("**/*.pyx")):
         if only and source.stem not in only:
             continue
+        package = ".".join(("seqpack",) + source.relative_to(HERE / "pyx").parent.parts)
         modules.append(
             Extension(
-                f"seqpack.{source.parent.name}.{source.stem}",
+                f"{package}.{source.stem}",
                 [str(source.relative_to(HERE))],
                 extra_compile_args=compile_args + [OPENMP_FLAG],
                 extra_link_args=[OPENMP_FLAG],

@@ -135,7 +135,7 @@ def epoch_rows(count: int, repeats: int) -> list[dict]:
         "reused": traced_peak(lambda: columnar_reused(binding, *arrays)),
         "list": traced_peak(lambda: list_epoch(binding, examples)),
     }
-    del examples
+    examples = None  # released before the next measurement
     peaks["objects"] = traced_peak(lambda: example_objects(binding, *arrays))
     listed_total = objects + listed
     rows = [

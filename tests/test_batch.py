@@ -194,6 +194,7 @@ def example_sets(draw):
     return chosen
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=150, deadline=None)
 @given(example_sets(), st.sampled_from(["int32", "int64", "uint16", "list"]))
 def test_kernel_matches_reference(binding, chosen, dtype):

@@ -55,6 +55,7 @@ def test_demo_padded_json():
     assert abs(decoder["loss_sum"]["separate"] - decoder["loss_sum"]["padded"]) <= 1e-9 * decoder["loss_sum"]["separate"]
 
 
+@pytest.mark.slow
 def test_module_entry_point_matches_script():
     module = subprocess.run([sys.executable, "-m", "seqpack", "demo", "padded"],
                             capture_output=True, text=True, timeout=120)
@@ -108,6 +109,7 @@ def test_demo_packed_json():
     assert max(sums.values()) - min(sums.values()) <= 1e-9 * sums["separate"]
 
 
+@pytest.mark.slow
 def test_bench_attention_json_on_the_fixture_shape():
     result = run("bench", "attention", "--workload", "c", "--dtype", "float64", "--repeats", "1", "--json")
     assert result.returncode == 0, result.stderr

@@ -29,6 +29,7 @@ def corpus(binding):
     return stdlib_table(binding, capacity=CAPACITY)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", POLICIES)
 def test_stdlib_packs_verified_and_conserved(binding, corpus, policy):
     """Every model call verifies and the valid targets are exactly the table's predictions."""

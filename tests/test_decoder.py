@@ -59,7 +59,7 @@ def test_named_parameters_are_live():
 def test_config_is_validated():
     with pytest.raises(InvalidInputError, match="heads of even size"):
         DecoderConfig(266, width=6, heads=2, ffn_width=4, layers=1, max_positions=4)
-    with pytest.raises(InvalidInputError, match="layers must be a positive integer"):
+    with pytest.raises(InvalidInputError, match="decoder layers must be at least 1"):
         DecoderConfig(266, width=4, heads=2, ffn_width=4, layers=0, max_positions=4)
     with pytest.raises(InvalidInputError, match="attention must be one of"):
         Decoder(DecoderConfig.small(), seed=0, attention="dense")
@@ -143,6 +143,7 @@ def fd_batch():
     return packed_batch(examples, BINDING, 4)
 
 
+@pytest.mark.slow
 def test_whole_small_decoder_matches_central_differences():
     decoder = randomized(Decoder(DecoderConfig.small(), seed=3), seed=3)
     batch = fd_batch()

@@ -148,7 +148,8 @@ def reference_first_bad(tokens, offsets, pieces, bos, eos, max_tokens, max_bytes
 
 def run_kernel(tokens, offsets, pieces, max_tokens, max_bytes, threads=2):
     copy = np.full_like(tokens, -7)
-    found = _validate.first_bad_document(tokens, offsets, pieces, 0, 1, max_tokens, max_bytes, copy, threads)
+    found = _validate.first_bad_document(tokens, offsets, pieces, len(pieces), 0, 1, max_tokens, max_bytes,
+                                         copy, threads)
     return found, copy
 
 
@@ -165,6 +166,7 @@ def document_sets(draw):
     return documents
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=200, deadline=None)
 @given(document_sets(), st.integers(2, 12), st.integers(0, 30), st.sampled_from([1, 2, 5]))
 def test_first_bad_document_matches_the_reference(documents, max_tokens, max_bytes, threads):

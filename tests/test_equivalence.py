@@ -49,6 +49,7 @@ def randomize(decoder, rng):
             value[...] = rng.normal(0.0, 0.4, value.shape)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ATTENTION)
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_separate_padded_and_packed_agree_on_100_seeds(profile, attention):

@@ -216,6 +216,7 @@ def test_size_arithmetic_near_integer_limits():
     packing_requirement(0, 1, 1, 1, 1, 0, (2**63 - 1) // 19)
 
 
+@pytest.mark.slow
 def test_budget_is_honest_under_tracemalloc(binding):
     """About 30k examples, lognormal lengths around 40, capacity 512, 8 rows per call."""
     rng = np.random.default_rng(7)
@@ -251,6 +252,7 @@ def packings(draw):
     return capacity, [[0, *b, 1] for b in bodies], lengths, max_rows, duplicate
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=150, deadline=None)
 @given(packings())
 def test_matches_reference_and_verifies(binding, case):

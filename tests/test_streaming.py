@@ -36,6 +36,7 @@ def chunked(table, cuts):
     return [table.chunk(a, b) for a, b in spans(table, cuts)]
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=60, deadline=None)
 @given(corpora(max_documents=8), st.integers(0, 8), st.integers(1, 4), st.data())
 def test_stream_equals_batch_path(binding, case, extra, max_rows, data):

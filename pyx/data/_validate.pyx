@@ -7,10 +7,11 @@ then explains that document's fault with the per-document checker.
 """
 
 cimport cython
-from cython.parallel cimport prange
+from cython.parallel cimport prange, threadid
 from libc.stdint cimport int64_t, uint32_t
 from libc.string cimport memcpy
 
+from _interrupt cimport Interrupt, interrupt_requested, interrupt_start, interrupted, raise_pending
 from _kernel_types cimport cell_t
 
 cpdef enum DocumentFault:
@@ -19,9 +20,11 @@ cpdef enum DocumentFault:
     EMPTY_CONTENT = 2    # framed [BOS, EOS]: valid, but it supplies no example
 
 # Documents are scanned in this many runs, split between the threads; the first
-# faulty run names the first faulty document.
+# faulty run names the first faulty document. Pending signals are looked at once per
+# CHECK_EVERY documents or ranges.
 cdef enum:
     RUNS = 64
+    CHECK_EVERY = 1 << 12
 
 
 @cython.cdivision(True)
@@ -61,7 +64,8 @@ cdef DocumentFault document_fault(
 def first_bad_document(
     const cell_t[::1] tokens not None,            # all documents, concatenated
     const int64_t[::1] offsets not None,          # [documents + 1], non-decreasing, within tokens
-    const int64_t[::1] piece_lengths not None,    # [V] decoded bytes per ID, >= 0 (0 for BOS/EOS)
+    const int64_t[::1] piece_lengths not None,    # [V] decoded bytes per ID (0 for BOS/EOS), or [0]
+    uint32_t vocabulary_size,                     # V
     cell_t bos,
     cell_t eos,
     int64_t max_tokens,
@@ -72,36 +76,46 @@ def first_bad_document(
     """Return ``(document, fault)`` of the first document that is not a valid framed document.
 
     Each document must be ``[BOS, content..., EOS]`` with content IDs in ``[0, V)``
-    (``V = len(piece_lengths)``) other than BOS and EOS (the control IDs), at most
-    ``max_tokens`` tokens and at most ``max_bytes`` decoded content bytes (pass
-    zero piece lengths and an unreachable byte limit to check no bytes).
-    ``(-1, DOCUMENT_OK)`` when all pass. Every document found valid is copied into
-    ``copy_into`` while it is still in cache; after a fault, documents other than
-    those before it may or may not have been copied.
+    other than BOS and EOS (the control IDs), at most ``max_tokens`` tokens and at
+    most ``max_bytes`` decoded content bytes (pass no piece lengths to count no bytes:
+    the workspace never depends on ``V``). ``(-1, DOCUMENT_OK)`` when all pass. Every
+    document found valid is copied into ``copy_into`` while it is still in cache;
+    after a fault, documents other than those before it may or may not have been
+    copied. Interruptible: Ctrl-C raises ``KeyboardInterrupt``.
     """
     cdef Py_ssize_t documents = offsets.shape[0] - 1
     cdef Py_ssize_t runs = documents if documents < RUNS else RUNS
-    cdef Py_ssize_t run, d, first, end
+    cdef Py_ssize_t run, d, first, end, begin
     cdef Py_ssize_t found[RUNS]
     cdef DocumentFault faults[RUNS]
     cdef DocumentFault fault
     cdef int64_t v, longest_piece = 0
-    cdef uint32_t vocabulary_size = <uint32_t>piece_lengths.shape[0]
+    cdef Interrupt interrupt
+    cdef Interrupt* state = &interrupt
     if tokens.shape[0] == 0:
         return 0, BROKEN_RULE  # the first document is empty: no frame
     cdef const cell_t* source = &tokens[0]
     cdef cell_t* target = &copy_into[0]
-    cdef const int64_t* pieces = &piece_lengths[0]
+    cdef const int64_t* pieces = NULL
+    if piece_lengths.shape[0]:
+        pieces = &piece_lengths[0]
     for v in range(piece_lengths.shape[0]):
         if piece_lengths[v] > longest_piece:
             longest_piece = piece_lengths[v]
     with nogil:
+        interrupt_start(state)
         for run in prange(runs, schedule="dynamic", num_threads=threads, use_threads_if=threads > 1):
             found[run] = -1
             faults[run] = DOCUMENT_OK
-            d = run_start(run, documents, runs)
+            begin = run_start(run, documents, runs)
+            d = begin
             end = run_start(run + 1, documents, runs)
             while d < end:
+                if ((d - begin) & (CHECK_EVERY - 1)) == 0:
+                    if threadid() == 0:
+                        interrupted(state)
+                    if interrupt_requested(state):
+                        break
                 first = offsets[d]
                 fault = document_fault(source + first, offsets[d + 1] - first, pieces, vocabulary_size,
                                        longest_piece, bos, eos, max_tokens, max_bytes)
@@ -111,6 +125,8 @@ def first_bad_document(
                     break
                 memcpy(target + first, source + first, (offsets[d + 1] - first) * sizeof(cell_t))
                 d = d + 1
+    if interrupt.stop:
+        raise_pending()
     for run in range(runs):
         if found[run] >= 0:
             return found[run], faults[run]
@@ -141,8 +157,12 @@ def first_bad_range(
     cdef Py_ssize_t n = spans.shape[0], i
     cdef int64_t document_count = offsets.shape[0] - 1, document, start, stop
     cdef RangeFault fault = RANGE_OK
+    cdef Interrupt interrupt
     with nogil:
+        interrupt_start(&interrupt)
         for i in range(n):
+            if (i & (CHECK_EVERY - 1)) == 0 and interrupted(&interrupt):
+                break
             document = documents[i]
             start = spans[i, 0]
             stop = spans[i, 1]
@@ -158,6 +178,8 @@ def first_bad_range(
                 break
             begins[i] = offsets[document] + start
             ends[i] = offsets[document] + stop
+    if interrupt.stop:
+        raise_pending()
     if fault == RANGE_OK:
         return -1, RANGE_OK
     return i, fault

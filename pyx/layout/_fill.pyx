@@ -9,8 +9,9 @@ The kernels trust their arguments: ``seqpack.layout`` validates them first.
 
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy, memset
-from cython.parallel cimport prange
+from cython.parallel cimport prange, threadid
 
+from _interrupt cimport Interrupt, interrupt_requested, interrupt_start, interrupted, raise_pending
 from _kernel_types cimport cell_t, flag_t
 
 # Sentinels (mirrored in seqpack.layout.fields); fill_rows writes them as 0xFF bytes.
@@ -83,14 +84,22 @@ def fill_rows(
     without gaps (every planner's do). Every cell is written exactly once, in
     contiguous runs (copies and fills, not cell by cell), whatever the thread
     count; several threads also spread the first touch of fresh memory.
+    Interruptible: Ctrl-C raises ``KeyboardInterrupt``, the fields then undefined.
     """
     cdef Py_ssize_t n = rows.shape[0]
     cdef Py_ssize_t row_count = cells.shape[1]
     cdef Py_ssize_t width = cells.shape[2]
     cdef Py_ssize_t r, i, j, c, first, length, end, rest, field
     cdef cell_t* position
+    cdef Interrupt interrupt
+    cdef Interrupt* state = &interrupt
     with nogil:
+        interrupt_start(state)
         for r in prange(row_count, schedule="static", num_threads=threads, use_threads_if=threads > 1):
+            if threadid() == 0:
+                interrupted(state)
+            if interrupt_requested(state):
+                continue
             end = 0
             i = first_of_row(rows, r)
             while i < n and rows[i] == r:
@@ -117,6 +126,8 @@ def fill_rows(
                 memset(&cells[SEGMENT, r, end], 0xFF, rest * sizeof(cell_t))
                 for field in range(FLAG_COUNT):
                     memset(&flags[field, r, end], 0, rest)
+    if interrupt.stop:
+        raise_pending()
 
 
 cdef inline Violation padding_violation(

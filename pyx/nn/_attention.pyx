@@ -12,8 +12,9 @@ log-sum-exp; the backward recomputes the probabilities from it and
 Tile products go to BLAS (``scipy.linalg.cython_blas``), always in the no-transpose
 form that OpenBLAS runs fastest on small tiles, so K and V are transposed once per
 segment and the probability tiles once per tile. Every product has at most 64**3
-multiply-adds (tiles shrink for head_dim > 64; this holds up to head_dim 4096), the
-size at which OpenBLAS never starts its own threads, so BLAS stays single-threaded
+multiply-adds (tiles shrink for head_dim > 64; this holds up to MAX_HEAD_DIM = 4096,
+which the Python layer enforces), the size at which OpenBLAS never starts its own
+threads, so BLAS stays single-threaded
 inside the OpenMP region. Each work item writes only its own segment's output rows and
 sums in a fixed order, so results are bitwise identical for any thread count. The
 exponentials use a vectorizable polynomial exp (below); the rest of the per-edge work
@@ -26,6 +27,14 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from scipy.linalg.cython_blas cimport dgemm, sgemm
 
+from _interrupt cimport (
+    INTERRUPTED,
+    Interrupt,
+    interrupt_requested,
+    interrupt_start,
+    interrupted,
+    raise_pending,
+)
 from _kernel_types cimport real
 
 cdef extern from *:
@@ -40,53 +49,102 @@ cdef extern from *:
     #pragma GCC optimize("no-trapping-math")
     #endif
 
-    /* The exp loops carry most of the non-BLAS work. On x86-64 Linux with gcc they are
-       also compiled for AVX2 and AVX-512 and picked at load time by the CPU (function
-       multiversioning), so the wheel stays portable; elsewhere the baseline build runs. */
-    #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-    #define SEQPACK_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+    /* The exp loops carry most of the non-BLAS work. On x86-64 with gcc or clang they are
+       compiled three times, for AVX-512, AVX2 and baseline x86-64, and one is chosen at
+       load time by the CPU (a function pointer, not an ifunc, so musl builds too); the
+       wheel stays portable. The module is built with -ffp-contract=off, so no path fuses
+       a multiply and an add the others do not: every path gives the same bits. */
+    #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+    #define SEQPACK_X86_PATHS 1
+    #define SEQPACK_AVX512 __attribute__((target("avx512f")))
+    #define SEQPACK_AVX2 __attribute__((target("avx2")))
     #else
-    #define SEQPACK_CLONES
+    #define SEQPACK_X86_PATHS 0
     #endif
 
-    /* exp(x - shift) over a row, branch-free so that gcc vectorizes it on plain SSE2.
+    /* exp(x - shift) over a row, branch-free so that the compiler vectorizes it.
        Range reduction x = n ln2 + r with n rounded by the 1.5 * 2**mantissa trick (MAGIC)
        and ln2 split in two, Taylor polynomial of DEGREE on |r| <= ln2 / 2 by Horner's rule
        (coefficients 1/k! folded at compile time from LAST = 1/DEGREE!; truncation below
        1 ulp), 2**n built in the exponent bits.
        Arguments below LO (including -inf) give exactly 0; above HI they saturate. */
-    #define SEQPACK_EXP_SHIFT(T, I, SUFFIX, DEGREE, LAST, LO, HI, MAGIC, MANTISSA, BIAS, LN2_HI, \\
-                              LN2_LO)                                                         \\
-    SEQPACK_CLONES static void seqpack_exp_shift_##SUFFIX(T *restrict dst, const T *restrict src, \\
-                                                          ptrdiff_t n, T shift)                 \\
-    {                                                                                         \\
-        for (ptrdiff_t j = 0; j < n; j++) {                                                   \\
-            T x = src[j] - shift;                                                             \\
-            T xc = x < (T)(LO) ? (T)(LO) : x;                                                 \\
-            xc = xc > (T)(HI) ? (T)(HI) : xc;                                                 \\
-            union { T f; I i; } t, s, magic;                                                  \\
-            magic.f = (T)(MAGIC);                                                             \\
-            t.f = xc * (T)1.4426950408889634074 + magic.f;                                    \\
-            T nf = t.f - magic.f;                                                             \\
-            I e = t.i - magic.i;                                                              \\
-            T r = xc - nf * (T)(LN2_HI);                                                      \\
-            r = r - nf * (T)(LN2_LO);                                                         \\
-            T c = (T)(LAST), p = c;                                                           \\
-            _Pragma("GCC unroll 16")                                                          \\
-            for (int k = DEGREE; k > 0; k--) {                                                \\
-                c = c * (T)k;                                                                 \\
-                p = p * r + c;                                                                \\
-            }                                                                                 \\
-            s.i = (e + BIAS) << MANTISSA;                                                     \\
-            T y = p * s.f;                                                                    \\
-            dst[j] = x < (T)(LO) ? 0 : y;                                                     \\
-        }                                                                                     \\
+    #define SEQPACK_EXP_BODY(T, I, DEGREE, LAST, LO, HI, MAGIC, MANTISSA, BIAS, LN2_HI, LN2_LO) \
+    {                                                                                         \
+        for (ptrdiff_t j = 0; j < n; j++) {                                                   \
+            T x = src[j] - shift;                                                             \
+            T xc = x < (T)(LO) ? (T)(LO) : x;                                                 \
+            xc = xc > (T)(HI) ? (T)(HI) : xc;                                                 \
+            union { T f; I i; } t, s, magic;                                                  \
+            magic.f = (T)(MAGIC);                                                             \
+            t.f = xc * (T)1.4426950408889634074 + magic.f;                                    \
+            T nf = t.f - magic.f;                                                             \
+            I e = t.i - magic.i;                                                              \
+            T r = xc - nf * (T)(LN2_HI);                                                      \
+            r = r - nf * (T)(LN2_LO);                                                         \
+            T c = (T)(LAST), p = c;                                                           \
+            _Pragma("GCC unroll 16")                                                          \
+            for (int k = DEGREE; k > 0; k--) {                                                \
+                c = c * (T)k;                                                                 \
+                p = p * r + c;                                                                \
+            }                                                                                 \
+            s.i = (e + BIAS) << MANTISSA;                                                     \
+            T y = p * s.f;                                                                    \
+            dst[j] = x < (T)(LO) ? 0 : y;                                                     \
+        }                                                                                     \
     }
+    #define SEQPACK_EXP_SIGNATURE(T, NAME) \
+        static void NAME(T *restrict dst, const T *restrict src, ptrdiff_t n, T shift)
+    #if SEQPACK_X86_PATHS
+    #define SEQPACK_EXP_SHIFT(T, I, SUFFIX, ...)                                               \
+        SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_baseline) SEQPACK_EXP_BODY(T, I, __VA_ARGS__) \
+        SEQPACK_AVX2 SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_avx2)                     \
+            SEQPACK_EXP_BODY(T, I, __VA_ARGS__)                                                \
+        SEQPACK_AVX512 SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_avx512)                 \
+            SEQPACK_EXP_BODY(T, I, __VA_ARGS__)
+    #else
+    #define SEQPACK_EXP_SHIFT(T, I, SUFFIX, ...)                                               \
+        SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_baseline) SEQPACK_EXP_BODY(T, I, __VA_ARGS__)
+    #endif
     SEQPACK_EXP_SHIFT(float, int32_t, f, 7, 1.0 / 5040.0, -87.0, 88.0, 12582912.0, 23, 127,
                       0.693359375, -2.12194440e-4)
     SEQPACK_EXP_SHIFT(double, int64_t, d, 12, 1.0 / 479001600.0, -708.0, 709.0,
                       6755399441055744.0, 52, 1023,
                       6.93147180369123816490e-01, 1.90821492927058770002e-10)
+
+    /* The chosen path: 0 baseline, 1 AVX2, 2 AVX-512. */
+    static void (*seqpack_exp_shift_f)(float *restrict, const float *restrict, ptrdiff_t, float) =
+        seqpack_exp_f_baseline;
+    static void (*seqpack_exp_shift_d)(double *restrict, const double *restrict, ptrdiff_t, double) =
+        seqpack_exp_d_baseline;
+
+    /* Whether this CPU can run path ``path``. */
+    static int seqpack_exp_path_supported(int path)
+    {
+        if (path == 0) return 1;
+    #if SEQPACK_X86_PATHS
+        __builtin_cpu_init();
+        if (path == 1) return __builtin_cpu_supports("avx2");
+        if (path == 2) return __builtin_cpu_supports("avx512f");
+    #endif
+        return 0;
+    }
+
+    /* Use ``path`` (or, with -1, the best this CPU runs); return the path in use, or -1
+       when ``path`` cannot run here. */
+    static int seqpack_exp_use_path(int path)
+    {
+        if (path < 0) {
+            path = seqpack_exp_path_supported(2) ? 2 : seqpack_exp_path_supported(1) ? 1 : 0;
+        }
+        if (!seqpack_exp_path_supported(path)) return -1;
+        seqpack_exp_shift_f = seqpack_exp_f_baseline;
+        seqpack_exp_shift_d = seqpack_exp_d_baseline;
+    #if SEQPACK_X86_PATHS
+        if (path == 1) { seqpack_exp_shift_f = seqpack_exp_f_avx2; seqpack_exp_shift_d = seqpack_exp_d_avx2; }
+        if (path == 2) { seqpack_exp_shift_f = seqpack_exp_f_avx512; seqpack_exp_shift_d = seqpack_exp_d_avx512; }
+    #endif
+        return path;
+    }
 
     /* Sums and maxima in eight fixed lanes: a vectorizable order that never depends on
        the thread or the call, so results stay bitwise reproducible. */
@@ -138,6 +196,8 @@ cdef extern from *:
     void seqpack_exp_shift_f(float *dst, const float *src, Py_ssize_t n, float shift) noexcept nogil
     void seqpack_exp_shift_d(double *dst, const double *src, Py_ssize_t n,
                              double shift) noexcept nogil
+    int seqpack_exp_path_supported(int path) noexcept nogil
+    int seqpack_exp_use_path(int path) noexcept nogil
     float seqpack_sum_f(const float *x, Py_ssize_t n) noexcept nogil
     double seqpack_sum_d(const double *x, Py_ssize_t n) noexcept nogil
     float seqpack_dot_f(const float *x, const float *y, Py_ssize_t n) noexcept nogil
@@ -163,6 +223,25 @@ cdef enum:
     BAD_START = 2         # segment_starts[row, column] outside [0, column]
     BROKEN_SEGMENT = 3    # neither a new segment at column nor the previous one's start
     OUT_OF_MEMORY = 4
+
+
+#: The largest head_dim whose smallest tile product (8 x 8 x head_dim) keeps BLAS on one thread.
+MAX_HEAD_DIM = SINGLE_THREAD_MNK // 64
+
+#: The exp paths by number; the best one this CPU runs is chosen at import.
+EXP_PATHS = ("baseline", "avx2", "avx512")
+seqpack_exp_use_path(-1)
+
+
+def exp_paths():
+    """The exp paths this CPU can run, by name (baseline always)."""
+    return [name for path, name in enumerate(EXP_PATHS) if seqpack_exp_path_supported(path)]
+
+
+def use_exp_path(int path):
+    """Switch every later call to exp path ``path`` (-1: the best); return the path now in
+    use, or -1 (nothing changed) when this CPU cannot run it. For tests and benchmarks."""
+    return seqpack_exp_use_path(path)
 
 
 cdef struct Plan:
@@ -387,8 +466,13 @@ cdef inline void transpose(const real *src, Py_ssize_t rows, Py_ssize_t cols,
 
 cdef void forward_segment(const real *q, const real *k, const real *v, Py_ssize_t start,
                           Py_ssize_t end, Py_ssize_t d, Py_ssize_t tile, real scale,
-                          real *out, real *lse, real *scratch) noexcept nogil:
-    """One (row, head, segment): ``q, k, v, out`` point at the head's [T, d] block."""
+                          real *out, real *lse, real *scratch, Interrupt *state,
+                          bint caller) noexcept nogil:
+    """One (row, head, segment): ``q, k, v, out`` point at the head's [T, d] block.
+
+    Stops early (output undefined) when an interrupt is requested; the calling thread
+    (``caller``) looks for pending signals once per query tile.
+    """
     cdef Py_ssize_t length = end - start
     cdef Py_ssize_t ld = padded(length)
     cdef real *kt = scratch                    # [d, ld]: K of the segment, transposed
@@ -402,6 +486,8 @@ cdef void forward_segment(const real *q, const real *k, const real *v, Py_ssize_
     cdef bint diagonal
     transpose(k + start * d, length, d, d, kt, ld)
     for a in range((length + tile - 1) // tile):
+        if (caller and interrupted(state)) or interrupt_requested(state):
+            return
         qa = start + a * tile
         nq = min(tile, end - qa)
         for b in range(a + 1):
@@ -442,8 +528,12 @@ cdef void forward_segment(const real *q, const real *k, const real *v, Py_ssize_
 cdef void backward_segment(const real *q, const real *k, const real *v, const real *out,
                            const real *lse, const real *dout, Py_ssize_t start,
                            Py_ssize_t end, Py_ssize_t d, Py_ssize_t tile, real scale,
-                           real *dq, real *dk, real *dv, real *scratch) noexcept nogil:
-    """One (row, head, segment) of the backward; every pointer is the head's block."""
+                           real *dq, real *dk, real *dv, real *scratch, Interrupt *state,
+                           bint caller) noexcept nogil:
+    """One (row, head, segment) of the backward; every pointer is the head's block.
+
+    Interrupted as ``forward_segment`` is.
+    """
     cdef Py_ssize_t length = end - start
     cdef Py_ssize_t ld = padded(length)
     cdef real *kt = scratch                    # [d, ld]: K of the segment, transposed
@@ -462,6 +552,8 @@ cdef void backward_segment(const real *q, const real *k, const real *v, const re
     transpose(k + start * d, length, d, d, kt, ld)
     transpose(v + start * d, length, d, d, vt, ld)
     for a in range((length + tile - 1) // tile):
+        if (caller and interrupted(state)) or interrupt_requested(state):
+            return
         qa = start + a * tile
         nq = min(tile, end - qa)
         for i in range(nq):
@@ -521,28 +613,28 @@ cdef int thread_count(int threads, Py_ssize_t items, Py_ssize_t work) noexcept n
 cdef inline void forward_item(Py_ssize_t item, const Plan *plan, Py_ssize_t heads,
                               Py_ssize_t width, Py_ssize_t d, Py_ssize_t tile, real scale,
                               const real *q, const real *k, const real *v, real *out,
-                              real *lse, real *scratch) noexcept nogil:
+                              real *lse, real *scratch, Interrupt *state, bint caller) noexcept nogil:
     """Work item ``item`` of the plan: (segment order[item // heads], head item % heads)."""
     cdef Py_ssize_t span = plan.order[item // heads]
     cdef Py_ssize_t block = plan.spans[3 * span] * heads + item % heads
     cdef Py_ssize_t offset = block * width * d
     forward_segment(q + offset, k + offset, v + offset, plan.spans[3 * span + 1],
                     plan.spans[3 * span + 2], d, tile, scale, out + offset,
-                    lse + block * width, scratch)
+                    lse + block * width, scratch, state, caller)
 
 
 cdef inline void backward_item(Py_ssize_t item, const Plan *plan, Py_ssize_t heads,
                                Py_ssize_t width, Py_ssize_t d, Py_ssize_t tile, real scale,
                                const real *q, const real *k, const real *v, const real *out,
                                const real *lse, const real *dout, real *dq, real *dk,
-                               real *dv, real *scratch) noexcept nogil:
+                               real *dv, real *scratch, Interrupt *state, bint caller) noexcept nogil:
     """Backward of work item ``item``, laid out as in ``forward_item``."""
     cdef Py_ssize_t span = plan.order[item // heads]
     cdef Py_ssize_t block = plan.spans[3 * span] * heads + item % heads
     cdef Py_ssize_t offset = block * width * d
     backward_segment(q + offset, k + offset, v + offset, out + offset, lse + block * width,
                      dout + offset, plan.spans[3 * span + 1], plan.spans[3 * span + 2], d,
-                     tile, scale, dq + offset, dk + offset, dv + offset, scratch)
+                     tile, scale, dq + offset, dk + offset, dv + offset, scratch, state, caller)
 
 
 cdef int start_run(const Py_ssize_t[::1] valid_lengths, const Py_ssize_t[:, ::1] segment_starts,
@@ -572,7 +664,8 @@ cdef int start_run(const Py_ssize_t[::1] valid_lengths, const Py_ssize_t[:, ::1]
 cdef int forward_impl(const real[:, :, :, ::1] q, const real[:, :, :, ::1] k,
                       const real[:, :, :, ::1] v, const Py_ssize_t[::1] valid_lengths,
                       const Py_ssize_t[:, ::1] segment_starts, real[:, :, :, ::1] out,
-                      real[:, :, ::1] lse, int threads, Plan *plan) noexcept nogil:
+                      real[:, :, ::1] lse, int threads, Plan *plan,
+                      Interrupt *state) noexcept nogil:
     cdef Py_ssize_t heads = q.shape[1], width = q.shape[2], d = q.shape[3]
     cdef Py_ssize_t tile = tile_edge(d), item, items, size
     cdef real scale = <real>(1.0 / sqrt(<double>d))
@@ -585,20 +678,27 @@ cdef int forward_impl(const real[:, :, :, ::1] q, const real[:, :, :, ::1] k,
         return status
     zero_padding(&out[0, 0, 0, 0], valid_lengths, heads, width, d)
     zero_padding(&lse[0, 0, 0], valid_lengths, heads, width, 1)
+    interrupt_start(state)
     if threads == 1:
         for item in range(items):
+            if interrupted(state):
+                break
             forward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
                          &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0], &lse[0, 0, 0],
-                         scratch)
+                         scratch, state, True)
     else:
         with parallel(num_threads=threads):
             for item in prange(items, schedule='dynamic'):
-                forward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
-                             &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0],
-                             &lse[0, 0, 0], scratch + threadid() * size)
+                if threadid() == 0:
+                    interrupted(state)
+                if not interrupt_requested(state):
+                    forward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
+                                 &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0],
+                                 &lse[0, 0, 0], scratch + threadid() * size, state,
+                                 threadid() == 0)
     free(scratch)
     free_plan(plan)
-    return LAYOUT_OK
+    return INTERRUPTED if state.stop else LAYOUT_OK
 
 
 cdef int backward_impl(const real[:, :, :, ::1] q, const real[:, :, :, ::1] k,
@@ -607,7 +707,7 @@ cdef int backward_impl(const real[:, :, :, ::1] q, const real[:, :, :, ::1] k,
                        const Py_ssize_t[::1] valid_lengths,
                        const Py_ssize_t[:, ::1] segment_starts, real[:, :, :, ::1] dq,
                        real[:, :, :, ::1] dk, real[:, :, :, ::1] dv, int threads,
-                       Plan *plan) noexcept nogil:
+                       Plan *plan, Interrupt *state) noexcept nogil:
     cdef Py_ssize_t heads = q.shape[1], width = q.shape[2], d = q.shape[3]
     cdef Py_ssize_t tile = tile_edge(d), item, items, size
     cdef real scale = <real>(1.0 / sqrt(<double>d))
@@ -621,22 +721,29 @@ cdef int backward_impl(const real[:, :, :, ::1] q, const real[:, :, :, ::1] k,
     zero_padding(&dq[0, 0, 0, 0], valid_lengths, heads, width, d)
     zero_padding(&dk[0, 0, 0, 0], valid_lengths, heads, width, d)
     zero_padding(&dv[0, 0, 0, 0], valid_lengths, heads, width, d)
+    interrupt_start(state)
     if threads == 1:
         for item in range(items):
+            if interrupted(state):
+                break
             backward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
                           &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0], &lse[0, 0, 0],
                           &dout[0, 0, 0, 0], &dq[0, 0, 0, 0], &dk[0, 0, 0, 0],
-                          &dv[0, 0, 0, 0], scratch)
+                          &dv[0, 0, 0, 0], scratch, state, True)
     else:
         with parallel(num_threads=threads):
             for item in prange(items, schedule='dynamic'):
-                backward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
-                              &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0],
-                              &lse[0, 0, 0], &dout[0, 0, 0, 0], &dq[0, 0, 0, 0],
-                              &dk[0, 0, 0, 0], &dv[0, 0, 0, 0], scratch + threadid() * size)
+                if threadid() == 0:
+                    interrupted(state)
+                if not interrupt_requested(state):
+                    backward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
+                                  &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0],
+                                  &lse[0, 0, 0], &dout[0, 0, 0, 0], &dq[0, 0, 0, 0],
+                                  &dk[0, 0, 0, 0], &dv[0, 0, 0, 0], scratch + threadid() * size,
+                                  state, threadid() == 0)
     free(scratch)
     free_plan(plan)
-    return LAYOUT_OK
+    return INTERRUPTED if state.stop else LAYOUT_OK
 
 
 def forward(const real[:, :, :, ::1] q not None, const real[:, :, :, ::1] k not None,
@@ -647,11 +754,16 @@ def forward(const real[:, :, :, ::1] q not None, const real[:, :, :, ::1] k not 
 
     Returns ``(status, row, column)``: 0 when done, else the layout status (see
     ``plan_layout``) and the first offending cell, with the outputs untouched.
+    Interruptible: Ctrl-C raises ``KeyboardInterrupt`` (outputs then undefined).
     """
     cdef Plan plan
+    cdef Interrupt interrupt
     cdef int status
     with nogil:
-        status = forward_impl(q, k, v, valid_lengths, segment_starts, out, lse, threads, &plan)
+        status = forward_impl(q, k, v, valid_lengths, segment_starts, out, lse, threads, &plan,
+                              &interrupt)
+    if status == INTERRUPTED:
+        raise_pending()
     return status, plan.bad_row, plan.bad_column
 
 
@@ -663,8 +775,11 @@ def backward(const real[:, :, :, ::1] q not None, const real[:, :, :, ::1] k not
              real[:, :, :, ::1] dk not None, real[:, :, :, ::1] dv not None, int threads):
     """Range attention backward into ``dq, dk, dv``; returns like ``forward``."""
     cdef Plan plan
+    cdef Interrupt interrupt
     cdef int status
     with nogil:
         status = backward_impl(q, k, v, out, lse, dout, valid_lengths, segment_starts,
-                               dq, dk, dv, threads, &plan)
+                               dq, dk, dv, threads, &plan, &interrupt)
+    if status == INTERRUPTED:
+        raise_pending()
     return status, plan.bad_row, plan.bad_column

@@ -6,9 +6,17 @@ numbered in the order they are opened, a row is opened only when an example is p
 it, and an example occupies the columns ``[starts[i], starts[i] + lengths[i])`` of its row.
 The kernels trust their arguments: every length is in ``[1, capacity]`` and the
 workspaces have the documented sizes (``seqpack.packing.placement`` checks all of this first).
+Every loop is interruptible: Ctrl-C raises ``KeyboardInterrupt`` within ~20 ms, the
+outputs then undefined.
 """
 
 from libc.stdint cimport int64_t, uint8_t
+
+from _interrupt cimport Interrupt, interrupt_start, interrupted, raise_pending
+
+# Placement loops look for pending signals once per this many examples.
+cdef enum:
+    CHECK_EVERY = 1 << 16
 
 
 def next_fit(
@@ -30,8 +38,12 @@ def next_fit(
     cdef int64_t row = -1 if open_used < 0 else 0
     cdef int64_t used = capacity if open_used < 0 else open_used
     cdef int64_t length
+    cdef Interrupt interrupt
     with nogil:
+        interrupt_start(&interrupt)
         for i in range(lengths.shape[0]):
+            if (i & (CHECK_EVERY - 1)) == 0 and interrupted(&interrupt):
+                break
             length = lengths[i]
             if length > capacity - used:
                 row += 1
@@ -39,6 +51,8 @@ def next_fit(
             rows[i] = row
             starts[i] = used
             used += length
+    if interrupt.stop:
+        raise_pending()
     return row + 1, used
 
 
@@ -56,19 +70,28 @@ def order_longest_first(
     """
     cdef Py_ssize_t i, key
     cdef int64_t total = 0, count
+    cdef Interrupt interrupt
     with nogil:
+        interrupt_start(&interrupt)
         counts[:] = 0
         for i in range(lengths.shape[0]):
+            if (i & (CHECK_EVERY - 1)) == 0 and interrupted(&interrupt):
+                break
             counts[capacity - lengths[i]] += 1
-        for key in range(counts.shape[0]):
-            count = counts[key]
-            sorted_lengths[total:total + count] = capacity - key
-            counts[key] = total
-            total += count
-        for i in range(lengths.shape[0]):
-            key = capacity - lengths[i]
-            order[counts[key]] = i
-            counts[key] += 1
+        if not interrupt.stop:
+            for key in range(counts.shape[0]):
+                count = counts[key]
+                counts[key] = total
+                total += count
+            for i in range(lengths.shape[0]):
+                if (i & (CHECK_EVERY - 1)) == 0 and interrupted(&interrupt):
+                    break
+                key = capacity - lengths[i]
+                order[counts[key]] = i
+                sorted_lengths[counts[key]] = lengths[i]
+                counts[key] += 1
+    if interrupt.stop:
+        raise_pending()
 
 
 cdef inline void _set_room(int64_t[::1] room_tree, Py_ssize_t leaf_count, Py_ssize_t row,
@@ -119,9 +142,13 @@ def first_fit(
     cdef Py_ssize_t i, row
     cdef int64_t row_count = 0
     cdef int64_t room
+    cdef Interrupt interrupt
     with nogil:
+        interrupt_start(&interrupt)
         room_tree[:] = capacity
         for i in range(lengths.shape[0]):
+            if (i & (CHECK_EVERY - 1)) == 0 and interrupted(&interrupt):
+                break
             row = _first_row_with_room(room_tree, leaf_count, lengths[i])
             room = room_tree[leaf_count + row]
             rows[i] = row
@@ -129,6 +156,8 @@ def first_fit(
             _set_room(room_tree, leaf_count, row, room - lengths[i])
             if row == row_count:
                 row_count += 1
+    if interrupt.stop:
+        raise_pending()
     return row_count
 
 
@@ -228,10 +257,14 @@ def best_fit(
     cdef Py_ssize_t i
     cdef int64_t row_count = 0
     cdef int64_t row, room, length
+    cdef Interrupt interrupt
     with nogil:
+        interrupt_start(&interrupt)
         bucket_root[:] = -1
         fit_tree[:] = 0
         for i in range(lengths.shape[0]):
+            if (i & (CHECK_EVERY - 1)) == 0 and interrupted(&interrupt):
+                break
             length = lengths[i]
             room = _least_room_at_least(fit_tree, leaf_count, length)
             if room < 0:
@@ -246,4 +279,6 @@ def best_fit(
             rows[i] = row
             starts[i] = capacity - room
             _file_row(row, room - length, bucket_root, fit_tree, leaf_count, heap)
+    if interrupt.stop:
+        raise_pending()
     return row_count

@@ -48,7 +48,7 @@ from .packing import (
     stream,
 )
 from .nn import Decoder, DecoderConfig, masked_loss, range_attention_backward, range_attention_forward
-from . import chapters, data, layout, nn, packing
+from . import chapters, data, layout, nn, packing  # noqa: F401 (the layers, as attributes)
 
 __all__ = [
     # errors

@@ -60,6 +60,10 @@ class MemoryBudgetError(InvalidInputError):
         self.maximum = maximum
 
 
+class OutOfMemoryError(SeqpackError, MemoryError):
+    """A kernel could not allocate its workspace (the machine, not a budget, ran out)."""
+
+
 class VerificationError(SeqpackError):
     """A batch's arrays break an invariant that downstream training relies on.
 

@@ -23,11 +23,14 @@ import sys
 
 import numpy as np
 
-from .._limits import available_cores
+from .._limits import check_int, default_threads
+from ..errors import InvalidInputError
 from ..nn.attention import range_attention_backward, range_attention_forward
 from ..nn.softmax import range_softmax_backward, range_softmax_forward
 from .measure import matmul_peak, measure, optional_torch
 from .workloads import WORKLOADS, Workload, workload
+
+DTYPES = ("float32", "float64")
 
 
 # --- methods: each returns (forward, forward_backward) callables, or a reason string ---
@@ -263,16 +266,15 @@ METHODS = [
 
 
 def run(workloads, dtypes, repeats, threads):
-    """Measure every method on every selected (workload, dtype); yield records."""
+    """Measure every method on every selected workload, in ``dtypes`` (None: each
+    workload's own); yield records."""
     torch = optional_torch()
     if torch is not None:
         torch.set_num_threads(threads)
     peaks = {}
     for name in workloads:
         w = workload(name)
-        for dtype in w.dtypes:
-            if dtype not in dtypes:
-                continue
+        for dtype in dtypes or w.dtypes:
             if dtype not in peaks:
                 peaks[dtype] = matmul_peak(dtype, threads)
             for method, build in METHODS:
@@ -362,25 +364,25 @@ def _csv(choices):
     return parse
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``seqpack bench attention``: print the comparison table (or JSON records)."""
-    parser = argparse.ArgumentParser(
-        prog="seqpack bench attention", description=__doc__.splitlines()[0]
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``seqpack bench attention``."""
     parser.add_argument("--json", action="store_true", help="print machine-readable records")
-    parser.add_argument("--repeats", type=int, default=5, help="samples per measurement")
+    parser.add_argument("--repeats", type=int, default=5, help="samples per measurement (default 5)")
     parser.add_argument(
-        "--threads", type=int, default=None, help="threads for every method (default: all cores)"
+        "--threads", type=int, default=None,
+        help="threads for every method (default: seqpack's default thread count)",
     )
-    parser.add_argument("--workload", type=_csv(WORKLOADS), default=list(WORKLOADS))
-    dtypes = ("float32", "float64")
-    parser.add_argument("--dtype", type=_csv(dtypes), default=list(dtypes))
-    options = parser.parse_args(argv)
+    parser.add_argument("--workload", type=_csv(WORKLOADS), default=list(WORKLOADS),
+                        help="comma-separated workloads (default a,b,c)")
+    parser.add_argument("--dtype", type=_csv(DTYPES), default=None,
+                        help="comma-separated dtypes for every workload (default: a in both, b and c in float64)")
+
+
+def run_command(options: argparse.Namespace) -> int:
+    """Measure and print the comparison table (or JSON records)."""
     if options.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    threads = options.threads if options.threads is not None else available_cores()
-    if threads < 1:
-        parser.error("--threads must be at least 1")
+        raise InvalidInputError("--repeats must be at least 1")
+    threads = default_threads() if options.threads is None else check_int("--threads", options.threads)
     if importlib.util.find_spec("threadpoolctl") is not None:  # optional: pin numpy's BLAS too
         from threadpoolctl import threadpool_limits
 
@@ -394,7 +396,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_table(records)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .._limits import INT32_MAX, check_int, kernel_threads
+from .._limits import INT32_MAX, check_int, check_threads, integer_array, kernel_threads
 from ..errors import CapacityError, InvalidInputError, SeqpackError
 from . import _validate
 from .binding import BatchBinding, Partition, check_expectations
@@ -21,7 +21,6 @@ from .documents import BatchDocument
 from .examples import SequenceExample
 from .windows import window_ranges
 
-INT32_MIN = -(2**31)
 LONG_DOCUMENTS = ("error", "cut")
 # Token arrays at least this long are validated by every kernel thread.
 PARALLEL_TOKENS = 1 << 20
@@ -30,16 +29,9 @@ PARALLEL_TOKENS = 1 << 20
 def _int_array(name: str, values, dtype, ndim: int, copy: bool = True) -> np.ndarray:
     """Integer ``values`` as a C-contiguous array: a read-only copy the table owns, or
     (``copy=False``) possibly the caller's own array, to be copied later."""
-    array = np.asarray(values)
-    if array.ndim != ndim:
-        raise InvalidInputError(f"{name} must be {ndim}-dimensional, got shape {array.shape}")
-    if array.size and array.dtype.kind not in "iu":
-        raise InvalidInputError(f"{name} must hold integers, got dtype {array.dtype}")
-    if (array.size and dtype == np.int32 and not np.can_cast(array.dtype, np.int32)
-            and (array.min() < INT32_MIN or array.max() > INT32_MAX)):
-        raise InvalidInputError(f"{name} holds values outside the int32 range")
+    array = integer_array(name, values, dtype, ndim)
     if not copy:
-        return np.ascontiguousarray(array, dtype=dtype)
+        return array
     result = np.array(array, dtype=dtype, order="C", copy=True)
     result.flags.writeable = False
     return result
@@ -88,9 +80,15 @@ class ExampleTable:
         ranges=None,
         documents=None,
         ids: Sequence[str] | None = None,
+        threads: int | None = None,
     ) -> "ExampleTable":
-        """Validate the documents and ranges in bulk and build the table (arrays are copied)."""
+        """Validate the documents and ranges in bulk and build the table (arrays are copied).
+
+        ``threads`` (None: ``seqpack._limits.default_threads()``) split the validation of
+        a large token array; the result never depends on it.
+        """
         check_expectations(partition, binding)
+        threads = check_threads(threads)
         # The validation kernel copies the tokens into the table as it scans them.
         supplied = _int_array("token_ids", token_ids, np.int32, 1, copy=False)
         tokens = np.empty_like(supplied)
@@ -124,7 +122,7 @@ class ExampleTable:
         if begins.shape[0] == 0:
             raise InvalidInputError("an example table needs at least one example")
         table = cls(tokens, doc_offsets, begins, ends, binding, partition, ids)
-        table._check_documents(example_docs, supplied)
+        table._check_documents(example_docs, supplied, threads)
         tokens.flags.writeable = False
         return table
 
@@ -183,18 +181,18 @@ class ExampleTable:
         return cls.from_arrays(tokens, offsets, binding, partition=partition, ranges=ranges,
                                documents=which, ids=cut_ids)
 
-    def _check_documents(self, example_docs: np.ndarray, supplied: np.ndarray) -> None:
+    def _check_documents(self, example_docs: np.ndarray, supplied: np.ndarray, threads: int | None) -> None:
         """Validate every document of ``supplied`` in bulk while copying it into the table;
         raise naming the first example that uses a bad document."""
         binding = self.binding
         if binding.tokenizer is not None:
-            pieces, max_bytes = binding.tokenizer.piece_lengths, binding.limits.max_bytes
-        else:  # an external tokenizer: no bytes to count
-            pieces, max_bytes = np.zeros(binding.vocabulary_size, dtype=np.int64), np.iinfo(np.int64).max
-        threads = kernel_threads() if supplied.shape[0] >= PARALLEL_TOKENS else 1
+            pieces = binding.tokenizer.piece_lengths
+        else:  # a tokenizer seqpack does not decode: no bytes to count, nothing sized by V
+            pieces = np.empty(0, dtype=np.int64)
+        threads = kernel_threads(threads) if supplied.shape[0] >= PARALLEL_TOKENS else 1
         document, fault = _validate.first_bad_document(
-            supplied, self._doc_offsets, pieces, binding.bos_id, binding.eos_id,
-            binding.limits.max_tokens, max_bytes, self._tokens, threads,
+            supplied, self._doc_offsets, pieces, binding.vocabulary_size, binding.bos_id, binding.eos_id,
+            binding.limits.max_tokens, binding.limits.max_bytes, self._tokens, threads,
         )
         if document < 0:
             return
@@ -217,13 +215,26 @@ class ExampleTable:
     def document_count(self) -> int:
         return self._doc_offsets.shape[0] - 1
 
+    def _index(self, ordinal) -> int:
+        """The row of example ``ordinal`` (``first_ordinal`` up to ``first_ordinal + len``)."""
+        if isinstance(ordinal, (bool, np.bool_)) or not isinstance(ordinal, (int, np.integer)):
+            raise InvalidInputError(f"an example ordinal must be an int, not {type(ordinal).__name__}")
+        index = int(ordinal) - self.first_ordinal
+        if not 0 <= index < len(self):
+            raise InvalidInputError(
+                f"example {int(ordinal)} is outside this table's examples "
+                f"[{self.first_ordinal}, {self.first_ordinal + len(self)})"
+            )
+        return index
+
     def example_id(self, ordinal: int) -> str:
-        index = ordinal - self.first_ordinal
+        """The name of example ``ordinal`` (its id, or ``"#i"``)."""
+        index = self._index(ordinal)
         return self._ids[index] if self._ids is not None else f"#{self._index_base + index}"
 
     def example(self, ordinal: int) -> SequenceExample:
         """Example ``ordinal`` as a SequenceExample over a copy of its document."""
-        index = ordinal - self.first_ordinal
+        index = self._index(ordinal)
         document = int(np.searchsorted(self._doc_offsets, self._begins[index], side="right")) - 1
         start = int(self._doc_offsets[document])
         doc = BatchDocument(f"document {document}", self._tokens[start : self._doc_offsets[document + 1]],

@@ -301,7 +301,13 @@ class ByteTokenizer:
     def encode_document(self, text: str | bytes) -> np.ndarray:
         """``[BOS, content..., EOS]`` as int32; ``str`` is encoded as UTF-8 first."""
         if isinstance(text, str):
-            data = text.encode("utf-8")
+            try:
+                data = text.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise TokenizerError(
+                    f"text holds {text[error.start]!r} (a lone surrogate) at character {error.start}: "
+                    f"it has no UTF-8 encoding", error.start,
+                ) from None
         elif isinstance(text, (bytes, bytearray, memoryview)):
             data = bytes(text)
         else:

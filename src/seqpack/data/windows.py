@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._limits import check_int
+from .._limits import INT32_MAX, check_int, integer_array
 from ..errors import InvalidInputError
 from .binding import Partition
 from .documents import BatchDocument, as_int32_tokens
@@ -35,12 +35,17 @@ def window_ranges(lengths, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     the first of the next), so every prediction of the document appears exactly once,
     no range adds BOS or EOS, and nothing is truncated.
     """
-    capacity = check_int("capacity", capacity)
-    lengths = np.asarray(lengths)
-    if lengths.ndim != 1 or (lengths.size and lengths.dtype.kind not in "iu"):
-        raise InvalidInputError(f"lengths must be a 1-D integer array, got {lengths.dtype} {lengths.shape}")
-    lengths = lengths.astype(np.int64)
+    capacity = check_int("capacity", capacity, maximum=INT32_MAX)
+    lengths = integer_array("lengths", lengths, np.int64, 1)
+    if lengths.size and lengths.min() < 0:
+        raise InvalidInputError(f"lengths must not be negative, got {int(lengths.min())}")
     pieces = np.maximum(0, -(-(lengths - 1) // capacity))  # ceil((n - 1) / capacity) predictions blocks
+    total = int(pieces.sum(dtype=object)) if pieces.size else 0
+    if total > INT32_MAX + 1:
+        raise InvalidInputError(
+            f"cutting these documents at capacity {capacity} gives {total} ranges; a table holds at most "
+            f"{INT32_MAX + 1} examples"
+        )
     documents = np.repeat(np.arange(len(lengths), dtype=np.int64), pieces)
     first_piece = np.repeat(np.cumsum(pieces) - pieces, pieces)
     starts = (np.arange(len(documents), dtype=np.int64) - first_piece) * capacity

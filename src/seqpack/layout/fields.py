@@ -100,9 +100,13 @@ class Placements(NamedTuple):
         return Placements(*(p[first:end] for p in self))
 
 
-def fill_fields(source, placements: Placements, fields: FieldArrays) -> None:
-    """Write every cell of ``fields`` from ``placements`` of ``source``'s examples."""
+def fill_fields(source, placements: Placements, fields: FieldArrays, threads: int | None = None) -> None:
+    """Write every cell of ``fields`` from ``placements`` of ``source``'s examples.
+
+    ``threads`` (checked by the caller; None for the default) splits the rows of a
+    fill of at least ``PARALLEL_CELLS`` cells; smaller fills run on one thread.
+    """
     tokens, begins, ends = source.gather(placements.ordinals)
-    threads = kernel_threads() if fields.cells[0].size >= PARALLEL_CELLS else 1
+    threads = kernel_threads(threads) if fields.cells[0].size >= PARALLEL_CELLS else 1
     _fill.fill_rows(tokens, begins, ends, placements.rows, placements.starts, placements.segments,
                     fields.cells, fields.flags.view(np.uint8), fields.valid_lengths, threads)

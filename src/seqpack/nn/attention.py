@@ -25,8 +25,8 @@ import math
 
 import numpy as np
 
-from .._limits import kernel_threads
-from ..errors import InvalidInputError
+from .._limits import check_disjoint, integer_array, kernel_threads
+from ..errors import InvalidInputError, OutOfMemoryError
 from .autograd import Tensor, as_tensor, record
 from .ops import batched_matmul, scale, swap_last_axes
 from .softmax import causal_layout, range_softmax
@@ -43,6 +43,9 @@ _LAYOUT_ERRORS = {
     "segments must be contiguous",
 }
 _OUT_OF_MEMORY = 4
+#: The largest head_dim (``seqpack.nn._attention.MAX_HEAD_DIM``): every tile product then
+#: stays at or under 64**3 multiply-adds, where BLAS never starts threads of its own.
+MAX_HEAD_DIM = 4096
 _kernels = None
 
 
@@ -53,13 +56,6 @@ def _kernel():
 
         _kernels = _attention
     return _kernels
-
-
-def _thread_count(threads) -> int:
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
-                                or threads < 1):
-        raise InvalidInputError(f"threads must be an integer >= 1, got {threads!r}")
-    return kernel_threads(None if threads is None else int(min(threads, 1 << 16)))
 
 
 def _layout_arrays(valid_lengths, segment_starts, rows: int, width: int):
@@ -76,16 +72,12 @@ def _layout_arrays(valid_lengths, segment_starts, rows: int, width: int):
         raise InvalidInputError(
             f"segment_starts has shape {starts.shape}; expected ({rows}, {width})"
         )
-    if lengths.dtype != _INTP or not lengths.flags.c_contiguous:
-        lengths = np.ascontiguousarray(lengths, dtype=_INTP)
-    if starts.dtype != _INTP or not starts.flags.c_contiguous:
-        starts = np.ascontiguousarray(starts, dtype=_INTP)
-    return lengths, starts
+    return integer_array("valid_lengths", lengths, _INTP), integer_array("segment_starts", starts, _INTP)
 
 
 def _raise_for(status, row, column, lengths, starts):
     if status == _OUT_OF_MEMORY:
-        raise MemoryError("range attention could not allocate its work plan or scratch")
+        raise OutOfMemoryError("range attention could not allocate its work plan or scratch")
     width = starts.shape[1]
     previous = max(column - 1, 0)
     raise InvalidInputError(
@@ -130,6 +122,11 @@ def _floats(names, arrays):
         raise InvalidInputError(f"q must be [rows, heads, T, head_dim], got shape {shape}")
     if shape[3] < 1:
         raise InvalidInputError("head_dim must be at least 1")
+    if shape[3] > MAX_HEAD_DIM:
+        raise InvalidInputError(
+            f"head_dim {shape[3]} exceeds {MAX_HEAD_DIM}: past it a tile product could make BLAS start "
+            f"threads of its own inside the kernel's"
+        )
     coerced = []
     for name, array in zip(names, arrays):
         if type(array) is not np.ndarray:
@@ -143,19 +140,25 @@ def _floats(names, arrays):
     return coerced
 
 
-def _output(name, given, shape, dtype):
-    """A caller's output buffer after checks, or a fresh one."""
-    if given is None:
-        return np.empty(shape, dtype=dtype)
-    if not isinstance(given, np.ndarray):
-        raise InvalidInputError(f"{name} must be a numpy array, got {type(given).__name__}")
-    if given.shape != shape or given.dtype != dtype:
-        raise InvalidInputError(
-            f"{name} has shape {given.shape} and dtype {given.dtype}; expected {shape} {dtype}"
-        )
-    if not (given.flags.c_contiguous and given.flags.writeable):
-        raise InvalidInputError(f"{name} must be C-contiguous and writeable")
-    return given
+def _outputs(specs: dict, dtype, inputs: dict) -> list:
+    """Output arrays: each caller's buffer after checks (shape, dtype, C order, writeable,
+    no memory shared with an input or another output), a fresh array for the rest.
+
+    ``specs`` maps each output's name to ``(given or None, shape)``.
+    """
+    for name, (given, shape) in specs.items():
+        if given is None:
+            continue
+        if not isinstance(given, np.ndarray):
+            raise InvalidInputError(f"{name} must be a numpy array, got {type(given).__name__}")
+        if given.shape != shape or given.dtype != dtype:
+            raise InvalidInputError(
+                f"{name} has shape {given.shape} and dtype {given.dtype}; expected {shape} {dtype}"
+            )
+        if not (given.flags.c_contiguous and given.flags.writeable):
+            raise InvalidInputError(f"{name} must be C-contiguous and writeable")
+    check_disjoint({name: given for name, (given, _) in specs.items()}, inputs)
+    return [np.empty(shape, dtype=dtype) if given is None else given for given, shape in specs.values()]
 
 
 def range_attention_forward(q, k, v, valid_lengths, segment_starts, *, threads=None,
@@ -167,16 +170,17 @@ def range_attention_forward(q, k, v, valid_lengths, segment_starts, *, threads=N
     ``segment_starts`` ``[rows, T]``: any integer dtype. Returns ``out``
     ``[rows, heads, T, head_dim]`` and the per-query log-sum-exp of the scaled scores
     ``lse`` ``[rows, heads, T]`` (0 for inactive queries). ``out`` and ``lse`` may be
-    given (C-contiguous, writeable, matching) to skip fresh allocations. ``threads``:
-    OpenMP threads, None for all available cores (always 1 in a forked child);
-    results do not depend on it.
+    given (C-contiguous, writeable, matching, sharing no memory with any input or each
+    other) to skip fresh allocations. ``threads``: None for the default of
+    ``seqpack._limits.default_threads()``; results do not depend on it. Ctrl-C
+    interrupts the call (``KeyboardInterrupt``; outputs then undefined).
     """
-    threads = _thread_count(threads)
+    threads = kernel_threads(threads)
+    given = {"q": q, "k": k, "v": v, "valid_lengths": valid_lengths, "segment_starts": segment_starts}
     q, k, v = _floats(("q", "k", "v"), (q, k, v))
     rows, heads, width, _ = q.shape
     lengths, starts = _layout_arrays(valid_lengths, segment_starts, rows, width)
-    out = _output("out", out, q.shape, q.dtype)
-    lse = _output("lse", lse, q.shape[:3], q.dtype)
+    out, lse = _outputs({"out": (out, q.shape), "lse": (lse, q.shape[:3])}, q.dtype, given)
     if out.size == 0:
         segment_spans(lengths, starts)
         lse.fill(0)
@@ -193,17 +197,18 @@ def range_attention_backward(q, k, v, out, lse, dout, valid_lengths, segment_sta
 
     ``dout`` is the gradient of the objective with respect to ``out``; everything else
     is as in :func:`range_attention_forward` (same dtype for all six arrays). Gradients
-    are zero at inactive cells; ``dq, dk, dv`` may be given as buffers.
+    are zero at inactive cells; ``dq, dk, dv`` may be given as buffers (sharing no
+    memory with any input or each other).
     """
-    threads = _thread_count(threads)
+    threads = kernel_threads(threads)
+    given = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "dout": dout,
+             "valid_lengths": valid_lengths, "segment_starts": segment_starts}
     q, k, v, out, lse, dout = _floats(
         ("q", "k", "v", "out", "lse", "dout"), (q, k, v, out, lse, dout)
     )
     rows, heads, width, _ = q.shape
     lengths, starts = _layout_arrays(valid_lengths, segment_starts, rows, width)
-    dq = _output("dq", dq, q.shape, q.dtype)
-    dk = _output("dk", dk, q.shape, q.dtype)
-    dv = _output("dv", dv, q.shape, q.dtype)
+    dq, dk, dv = _outputs({"dq": (dq, q.shape), "dk": (dk, q.shape), "dv": (dv, q.shape)}, q.dtype, given)
     if dq.size == 0:
         segment_spans(lengths, starts)
         return dq, dk, dv

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._limits import INT32_MAX, check_int
 from ..errors import CapacityError, InvalidInputError
 from ..packing.packed import PackedBatch
 from ..packing.padding import PaddedBatch
@@ -57,9 +58,7 @@ class DecoderConfig:
 
     def __post_init__(self):
         for name in ("vocabulary_size", "width", "heads", "ffn_width", "layers", "max_positions"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise InvalidInputError(f"decoder {name} must be a positive integer, not {value!r}")
+            object.__setattr__(self, name, check_int(f"decoder {name}", getattr(self, name), maximum=INT32_MAX))
         if self.width % self.heads or (self.width // self.heads) % 2:
             raise InvalidInputError(
                 f"width {self.width} must split into {self.heads} heads of even size (rotary halves)"
@@ -183,9 +182,7 @@ class Decoder:
 
     def masked_loss(self, logits: Tensor, targets, loss_mask) -> MaskedLoss:
         """The token-weighted loss of ``logits``; ``backward()`` gives every parameter's gradient."""
-        loss = masked_nll(logits, targets, loss_mask)
-        loss.parameters = dict(self._parameters)
-        return loss
+        return masked_nll(logits, targets, loss_mask, parameters=dict(self._parameters))
 
     def forward_arrays(self, inputs, positions, valid_lengths, segment_starts) -> DecoderForward:
         """Run the decoder on raw int arrays ``[rows, T]`` (plus ``valid_lengths`` ``[rows]``).

@@ -1,21 +1,28 @@
-"""The token-weighted masked loss, and the chapters' constructed loss probe.
+"""The token-weighted masked loss.
 
 The loss is ``-sum(m * log p(y)) / sum(m)`` over loss-eligible cells ``m`` (natural log):
 every real target weighs the same, whatever its row or document. Eligible cells are
 selected first and only their logit rows are read, so excluded cells (padding, or
 anything in them, NaN included) never enter the arithmetic and get exactly zero
 gradient. Zero eligible targets is an error: the mean has no denominator.
+
+Logits given as an array are read in their own precision (float32 or float64, never
+copied to float64; sums accumulate in float64) and their gradient has their dtype, so
+the loss and its backward hold about twice the logits' bytes at most. Logits given as
+a :class:`~seqpack.nn.autograd.Tensor` go on the float64 tape.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import InvalidInputError
+from ..layout.batch import BatchLayout
 from . import _loss
-from .autograd import Tensor, as_tensor, record
+from .autograd import Tensor, record
 
 
 @dataclass
@@ -23,8 +30,10 @@ class MaskedLoss:
     """A token-weighted mean loss: ``mean = loss_sum / count``.
 
     ``target_losses`` holds ``-log p(y)`` of each eligible cell and ``cells`` its flat
-    cell index (row-major order). ``backward()`` returns a new dict from each name in
-    ``parameters`` to the gradient of ``mean`` with respect to it.
+    cell index (row-major order). ``backward()`` returns a new dict from each
+    parameter's name to the gradient of ``mean`` with respect to it (``"logits"``
+    unless a model named its parameters); ``tensor`` is the mean on the tape, when the
+    logits were a tensor.
     """
 
     mean: float
@@ -32,25 +41,15 @@ class MaskedLoss:
     count: int
     target_losses: np.ndarray
     cells: np.ndarray
-    tensor: Tensor = field(repr=False)
-    parameters: dict[str, Tensor] = field(repr=False)
+    gradients: Callable[[], dict[str, np.ndarray]] = field(repr=False)
+    tensor: Tensor | None = field(default=None, repr=False)
 
     def backward(self) -> dict[str, np.ndarray]:
-        self.tensor.backward()
-        return {
-            name: np.zeros_like(leaf.value) if leaf.grad is None else leaf.grad.copy()
-            for name, leaf in self.parameters.items()
-        }
+        return self.gradients()
 
 
-def masked_nll(logits: Tensor, targets: np.ndarray, loss_mask: np.ndarray) -> MaskedLoss:
-    """Mean NLL of ``logits`` ``[rows, T, V]`` over cells where ``loss_mask`` is true.
-
-    ``targets`` ``[rows, T]`` is read only at eligible cells, where it must lie in
-    ``[0, V)``. The returned loss has ``parameters = {"logits": logits}``.
-    """
-    logits = as_tensor(logits)
-    classes = logits.shape[-1]
+def _eligible(targets, loss_mask, classes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flat eligible cells, their row indices (intp) and their gold classes (int32)."""
     cells = np.flatnonzero(np.asarray(loss_mask, dtype=bool))
     if cells.size == 0:
         raise InvalidInputError("the batch has zero loss-eligible targets; the mean loss is undefined")
@@ -62,11 +61,55 @@ def masked_nll(logits: Tensor, targets: np.ndarray, loss_mask: np.ndarray) -> Ma
             f"eligible target {int(gold[bad])} at flat cell {int(cells[bad])} is not below "
             f"the vocabulary size {classes}"
         )
-    rows = np.ascontiguousarray(cells, dtype=np.intp)
-    gold = np.ascontiguousarray(gold, dtype=np.int32)
+    return cells, np.ascontiguousarray(cells, dtype=np.intp), np.ascontiguousarray(gold, dtype=np.int32)
+
+
+def _real_logits(logits) -> np.ndarray:
+    """Logits as a C-contiguous float32 or float64 array (float16 widened to float32, integers
+    to float64); complex, bool and non-numeric logits are rejected."""
+    array = np.asarray(logits)
+    if array.dtype.kind == "f":
+        dtype = np.float64 if array.dtype == np.float64 else np.float32
+    elif array.dtype.kind in "iu":
+        dtype = np.float64
+    else:
+        raise InvalidInputError(f"logits must be real numbers, got dtype {array.dtype}")
+    if array.ndim < 1 or array.shape[-1] < 1:
+        raise InvalidInputError(f"logits must end in a vocabulary axis, got shape {array.shape}")
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
+def masked_nll(logits, targets: np.ndarray, loss_mask: np.ndarray,
+               parameters: dict[str, Tensor] | None = None) -> MaskedLoss:
+    """Mean NLL of ``logits`` ``[..., V]`` over cells where ``loss_mask`` ``[...]`` is true.
+
+    ``targets`` is read only at eligible cells, where it must lie in ``[0, V)``.
+    ``logits`` is an array (computed in its own precision) or a tape ``Tensor``, whose
+    loss's ``backward()`` gives ``parameters`` (default ``{"logits": logits}``).
+    """
+    if isinstance(logits, Tensor):
+        return _masked_nll_on_tape(logits, targets, loss_mask, parameters or {"logits": logits})
+    array = _real_logits(logits)
+    classes = array.shape[-1]
+    cells, rows, gold = _eligible(targets, loss_mask, classes)
+    flat = array.reshape(-1, classes)  # [cells, V], a view
+    logsumexp, losses = np.empty(rows.shape[0]), np.empty(rows.shape[0])
+    total = _loss.indexed_nll_forward(flat, rows, gold, logsumexp, losses)
+    count = int(rows.shape[0])
+
+    def gradients() -> dict[str, np.ndarray]:
+        dflat = np.zeros_like(flat)
+        _loss.indexed_nll_backward(flat, rows, gold, logsumexp, 1.0 / count, dflat)
+        return {"logits": dflat.reshape(array.shape)}
+
+    return MaskedLoss(float(total / count), float(total), count, losses, cells, gradients)
+
+
+def _masked_nll_on_tape(logits: Tensor, targets, loss_mask, parameters) -> MaskedLoss:
+    classes = logits.shape[-1]
+    cells, rows, gold = _eligible(targets, loss_mask, classes)
     flat = np.ascontiguousarray(logits.value).reshape(-1, classes)  # [cells, V]
-    logsumexp = np.empty(rows.shape[0])
-    losses = np.empty(rows.shape[0])
+    logsumexp, losses = np.empty(rows.shape[0]), np.empty(rows.shape[0])
     total = _loss.indexed_nll_forward(flat, rows, gold, logsumexp, losses)
     count = int(rows.shape[0])
 
@@ -76,15 +119,13 @@ def masked_nll(logits: Tensor, targets: np.ndarray, loss_mask: np.ndarray) -> Ma
         logits.accumulate(dflat.reshape(logits.shape))
 
     mean = record(np.array(total / count), (logits,), backward)
-    return MaskedLoss(
-        mean=float(total / count),
-        loss_sum=float(total),
-        count=count,
-        target_losses=losses,
-        cells=cells,
-        tensor=mean,
-        parameters={"logits": logits},
-    )
+
+    def gradients() -> dict[str, np.ndarray]:
+        mean.backward()
+        return {name: np.zeros_like(leaf.value) if leaf.grad is None else leaf.grad.copy()
+                for name, leaf in parameters.items()}
+
+    return MaskedLoss(float(total / count), float(total), count, losses, cells, gradients, mean)
 
 
 def check_logits(logits_shape: tuple[int, ...], batch) -> int:
@@ -104,11 +145,11 @@ def masked_loss(logits, batch, *, binding=None) -> MaskedLoss:
 
     The logits must match the batch's shape and its binding's vocabulary size; with
     ``binding`` the batch must also carry exactly that binding. ``backward()`` returns
-    ``{"logits": d mean / d logits}``.
+    ``{"logits": d mean / d logits}``, in the logits' dtype for an array.
     """
+    if not isinstance(batch, BatchLayout):
+        raise InvalidInputError(f"masked_loss takes a padded or packed batch, not {type(batch).__name__}")
     if binding is not None:
         batch.ensure_binding(binding)
-    if not isinstance(logits, Tensor):
-        logits = Tensor(logits, requires_grad=True)
-    check_logits(logits.shape, batch)
+    check_logits(logits.shape if isinstance(logits, Tensor) else np.shape(logits), batch)
     return masked_nll(logits, batch.targets, batch.loss_mask)

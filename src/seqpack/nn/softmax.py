@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._limits import check_disjoint, integer_array
 from ..errors import InvalidInputError
 from . import _softmax
 from .autograd import Tensor, record
@@ -53,10 +54,15 @@ def causal_layout(
 
 
 def _integers(values, name: str) -> np.ndarray:
+    return integer_array(name, values, np.int64)
+
+
+def _grids(name: str, values) -> np.ndarray:
+    """Real ``values`` as C-contiguous float64 (complex, bool and non-numeric rejected)."""
     array = np.asarray(values)
-    if array.dtype.kind not in "iu":
-        raise InvalidInputError(f"{name} must be integers, got dtype {array.dtype}")
-    return np.ascontiguousarray(array, dtype=np.int64)
+    if array.dtype.kind not in "fiu":
+        raise InvalidInputError(f"{name} must hold real numbers, got dtype {array.dtype}")
+    return np.ascontiguousarray(array, dtype=np.float64)
 
 
 def range_softmax_forward(scores: np.ndarray, lengths=None, starts=None, out: np.ndarray | None = None) -> np.ndarray:
@@ -64,11 +70,13 @@ def range_softmax_forward(scores: np.ndarray, lengths=None, starts=None, out: np
 
     ``lengths`` holds one valid prefix length per grid (``scores.shape[:-2]``) and
     ``starts`` one first key column per query (``scores.shape[:-1]``); see
-    :func:`causal_layout`. ``out`` (C-contiguous float64, the shape of ``scores``) is
-    written in full and returned; by default a new array is allocated.
+    :func:`causal_layout`. ``out`` (C-contiguous float64, the shape of ``scores``,
+    sharing no memory with the inputs) is written in full and returned; by default a
+    new array is allocated.
     """
-    grid_scores, lengths, starts = _grid_layout(scores, lengths, starts)
-    result = _softmax_grids(grid_scores, lengths, starts, _output(out, np.shape(scores)))
+    check_disjoint({"out": out}, {"scores": scores, "lengths": lengths, "starts": starts})
+    grid_scores, lengths, starts = _grid_layout(_grids("scores", scores), lengths, starts)
+    result = _softmax_grids(grid_scores, lengths, starts, _output(out, grid_scores.shape, np.shape(scores)))
     return result.reshape(np.shape(scores))
 
 
@@ -79,23 +87,31 @@ def range_softmax_backward(
 
     ``out`` works as in :func:`range_softmax_forward`.
     """
-    grid_probabilities, lengths, starts = _grid_layout(probabilities, lengths, starts)
+    check_disjoint({"out": out}, {"probabilities": probabilities, "dprobabilities": dprobabilities,
+                                  "lengths": lengths, "starts": starts})
+    grid_probabilities, lengths, starts = _grid_layout(_grids("probabilities", probabilities), lengths, starts)
+    upstream = _grids("dprobabilities", dprobabilities)
+    if upstream.shape != np.shape(probabilities):
+        raise InvalidInputError(
+            f"dprobabilities has shape {upstream.shape}; probabilities have {np.shape(probabilities)}"
+        )
     result = _softmax_grids_backward(
-        grid_probabilities, dprobabilities, lengths, starts, _output(out, np.shape(probabilities))
+        grid_probabilities, upstream, lengths, starts, _output(out, grid_probabilities.shape, np.shape(probabilities))
     )
     return result.reshape(np.shape(probabilities))
 
 
-def _output(out, shape):
+def _output(out, grid_shape, shape):
     """A caller's output buffer viewed as grids, or None."""
     if out is None:
         return None
-    if out.dtype != np.float64 or out.shape != tuple(shape) or not out.flags.c_contiguous or not out.flags.writeable:
+    if (not isinstance(out, np.ndarray) or out.dtype != np.float64 or out.shape != tuple(shape)
+            or not out.flags.c_contiguous or not out.flags.writeable):
         raise InvalidInputError(
-            f"out must be a writable C-contiguous float64 array of shape {tuple(shape)}, "
-            f"got {out.dtype} {out.shape}"
+            f"out must be a writable C-contiguous float64 array of shape {tuple(shape)}, got "
+            f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}"
         )
-    return out.reshape(-1, shape[-1], shape[-1])
+    return out.reshape(grid_shape)
 
 
 def range_softmax(scores: Tensor, lengths=None, starts=None) -> Tensor:
@@ -111,7 +127,7 @@ def range_softmax(scores: Tensor, lengths=None, starts=None) -> Tensor:
 
 
 def _grid_layout(scores, lengths, starts):
-    array = np.ascontiguousarray(scores, dtype=np.float64)
+    array = _grids("scores", scores)
     if array.ndim < 2 or array.shape[-1] != array.shape[-2] or array.shape[-1] == 0:
         raise InvalidInputError(f"scores must be square grids [..., T, T] with T > 0, got shape {array.shape}")
     queries = array.shape[-1]

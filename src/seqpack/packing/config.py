@@ -1,6 +1,7 @@
 """Padding and packing configurations: validated once, when built, and trusted below.
 
-Both speak the same words: ``rows_per_batch`` rows per batch (one model call),
+Both speak the same words: ``rows_per_batch`` rows per batch (one model call, at most
+2**31 - 1),
 ``max_cells`` cells per batch, ``max_memory_bytes`` for everything the layout holds at
 its peak (field arrays included). Every size is normalized to a Python ``int`` here
 (numpy integers included, bool rejected), so no later product can overflow.
@@ -33,7 +34,8 @@ class PadConfig:
     max_memory_bytes: int = DEFAULT_MEMORY_BYTES
 
     def __post_init__(self):
-        object.__setattr__(self, "rows_per_batch", check_int("rows_per_batch", self.rows_per_batch))
+        object.__setattr__(self, "rows_per_batch", check_int("rows_per_batch", self.rows_per_batch,
+                                                             maximum=INT32_MAX))
         object.__setattr__(self, "max_cells", check_optional_int("max_cells", self.max_cells))
         object.__setattr__(self, "max_width", check_optional_int("max_width", self.max_width, maximum=INT32_MAX))
         object.__setattr__(self, "max_memory_bytes", check_int("max_memory_bytes", self.max_memory_bytes))
@@ -57,7 +59,7 @@ class PackConfig:
 
     def __post_init__(self):
         capacity = check_int("capacity", self.capacity, maximum=INT32_MAX)
-        rows = check_int("rows_per_batch", self.rows_per_batch)
+        rows = check_int("rows_per_batch", self.rows_per_batch, maximum=INT32_MAX)
         cells = check_optional_int("max_cells", self.max_cells)
         object.__setattr__(self, "capacity", capacity)
         object.__setattr__(self, "rows_per_batch", rows)

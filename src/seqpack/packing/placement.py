@@ -107,7 +107,7 @@ def real_target_fraction(lengths, row_count: int, capacity: int) -> float:
 
 
 def check_policy(policy: str, capacity: int) -> None:
-    if policy not in POLICIES:
+    if not isinstance(policy, str) or policy not in POLICIES:
         raise InvalidInputError(f"unknown placement policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if policy == "best-fit-decreasing" and capacity > BEST_FIT_MAX_CAPACITY:
         raise InvalidInputError(
@@ -130,7 +130,10 @@ def checked_capacity(capacity) -> int:
 
 def checked_lengths(lengths, capacity: int) -> np.ndarray:
     """Coerce to C-contiguous int64 after checking every length is in ``[1, capacity]``."""
-    array = np.asarray(lengths)
+    try:
+        array = np.asarray(lengths)
+    except (ValueError, TypeError) as error:  # ragged nesting, values numpy cannot hold
+        raise InvalidInputError(f"lengths is not a regular array: {error}") from None
     if array.ndim != 1:
         raise InvalidInputError(f"lengths must be one-dimensional, got shape {array.shape}")
     if array.size == 0:

@@ -17,6 +17,7 @@ from typing import Union
 
 import numpy as np
 
+from .._limits import check_threads
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
 from ..data.table import ExampleTable
@@ -42,8 +43,9 @@ class PackingPlan:
     """
 
     def __init__(self, partition, binding, config: PackConfig, policy: str, source, lengths, placement,
-                 plan_bytes: int):
+                 plan_bytes: int, threads: int | None):
         # Internal: seqpack.plan validates.
+        self.threads = threads
         self.partition = partition
         self.binding = binding
         self.config = config
@@ -139,12 +141,14 @@ class PackingPlan:
         return budget.epoch_bytes(self.plan_bytes, self.occurrence_count, self.row_count, self.batch_count,
                                   self.largest_batch_rows, self.fill_block_bytes(), self.config.capacity)
 
-    def epoch(self) -> PackedEpoch:
+    def epoch(self, *, threads: int | None = None) -> PackedEpoch:
         """Every batch at once: epoch-wide field arrays filled run by run, batches as views of them.
 
-        Raises ``MemoryBudgetError`` before allocating when ``epoch_requirement()``
-        exceeds ``max_memory_bytes``.
+        ``threads`` (default: the plan's) split the rows of the fill; the result never
+        depends on it. Raises ``MemoryBudgetError`` before allocating when
+        ``epoch_requirement()`` exceeds ``max_memory_bytes``.
         """
+        threads = self.threads if threads is None else check_threads(threads)
         required = self.epoch_requirement()
         budget.require(required, self.config.max_memory_bytes, "the packed epoch")
         budget.field_bytes(self.row_count, self.config.capacity)  # one array must hold every row
@@ -158,7 +162,7 @@ class PackingPlan:
             first_row = first_batch * per_batch
             run = placements.slice(a, b)
             fill_fields(self._source, run._replace(rows=run.rows - first_row),
-                        fields.rows(first_row, end_batch * per_batch))
+                        fields.rows(first_row, end_batch * per_batch), threads)
         fields.freeze()
         batches = EpochBatches(self.partition, self.binding, self._source, per_batch, self._bounds, fields,
                                placements._replace(rows=self._rows % per_batch))
@@ -204,10 +208,11 @@ def check_config(config) -> PackConfig:
     return config
 
 
-def placed_plan(examples, config, partition, binding, policy) -> PackingPlan:
+def placed_plan(examples, config, partition, binding, policy, threads) -> PackingPlan:
     """Validate everything, check the plan's own bytes and place: a plan whose batches
     are not yet budgeted."""
     config = check_config(config)
+    threads = check_threads(threads)
     check_policy(policy, config.capacity)
     source, lengths = source_of(examples, partition, binding)
     check_example_count(lengths.shape[0])
@@ -216,12 +221,12 @@ def placed_plan(examples, config, partition, binding, policy) -> PackingPlan:
     budget.require(before, config.max_memory_bytes, "the packing plan")
     placement = placed(lengths, config.capacity, policy)
     check_batch_cells(min(config.rows_per_batch, placement.row_count), config)
-    return PackingPlan(partition, binding, config, policy, source, lengths, placement, before)
+    return PackingPlan(partition, binding, config, policy, source, lengths, placement, before, threads)
 
 
 def plan(
     examples: Examples, config: PackConfig, *, partition: Partition, binding: BatchBinding,
-    policy: str = "next-fit",
+    policy: str = "next-fit", threads: int | None = None,
 ) -> PackingPlan:
     """Place every example and check every limit; build nothing yet.
 
@@ -231,16 +236,17 @@ def plan(
     ``"best-fit-decreasing"`` (see :func:`seqpack.place`). Errors: an example longer
     than ``capacity`` or a batch over ``max_cells`` (``CapacityError``); the plan
     plus its largest batch over ``max_memory_bytes`` (``MemoryBudgetError``, checked
-    before placement and again after it).
+    before placement and again after it). ``threads`` (None: the default of
+    ``seqpack._limits.default_threads``) is what ``epoch()`` and large builds use.
     """
-    result = placed_plan(examples, config, partition, binding, policy)
+    result = placed_plan(examples, config, partition, binding, policy, threads)
     budget.require(result.memory_peak, result.config.max_memory_bytes, "the packing plan and its largest batch")
     return result
 
 
 def pack(
     examples: Examples, config: PackConfig, *, partition: Partition, binding: BatchBinding,
-    policy: str = "next-fit",
+    policy: str = "next-fit", threads: int | None = None,
 ) -> PackedEpoch:
     """Pack ``examples`` into batches of at most ``rows_per_batch`` rows of ``capacity`` columns.
 
@@ -251,9 +257,11 @@ def pack(
     (see ``seqpack.place``) and usually need fewer rows. Under every policy, the
     ``i``-th supplied example (duplicates included) gets segment ``i``. Errors are
     those of :func:`plan`, and the whole epoch's bytes over ``max_memory_bytes``
-    (``MemoryBudgetError``), checked before any batch array is allocated.
+    (``MemoryBudgetError``), checked before any batch array is allocated. ``threads``
+    (None: ``seqpack._limits.default_threads()``) split the fill; the result never
+    depends on it.
     """
-    return placed_plan(examples, config, partition, binding, policy).epoch()
+    return placed_plan(examples, config, partition, binding, policy, threads).epoch()
 
 
 def efficiency_report(packed: Union[PackingPlan, PackedEpoch]) -> EfficiencyReport:

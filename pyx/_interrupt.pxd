@@ -1,0 +1,83 @@
+# Interruptible kernels (cimport only; no runtime module).
+#
+# A kernel that may run longer than ~0.1 s keeps an ``Interrupt`` and, between chunks of
+# work, lets the thread that called it (the only one that may run Python) ask
+# ``interrupted``: at most every 20 ms it takes the GIL briefly and runs pending
+# signal handlers. When a handler raised (Ctrl-C's KeyboardInterrupt), every thread stops
+# at its next check, the kernel frees what it holds and returns ``INTERRUPTED``, and its
+# ``def`` entry calls ``raise_pending()``, which re-raises the handler's own exception.
+# Outputs are then undefined; inputs are never written.
+
+cdef extern from "Python.h":
+    int PyErr_CheckSignals()
+
+cdef extern from *:
+    """
+    #if defined(_WIN32)
+    #include <windows.h>
+    static double seqpack_monotonic_seconds(void) { return (double)GetTickCount64() / 1000.0; }
+    #else
+    #include <time.h>
+    static double seqpack_monotonic_seconds(void)
+    {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+    }
+    #endif
+    /* The stop flag is written by one thread and read by all: relaxed atomics keep it a
+       well-defined race. */
+    #if defined(__GNUC__) || defined(__clang__)
+    #define seqpack_load_flag(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+    #define seqpack_store_flag(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+    #else
+    #define seqpack_load_flag(p) (*(volatile int *)(p))
+    #define seqpack_store_flag(p, v) (*(volatile int *)(p) = (v))
+    #endif
+    /* Seconds between two looks at pending signals. */
+    #define SEQPACK_CHECK_SECONDS 0.02
+    """
+    double SEQPACK_CHECK_SECONDS
+    double seqpack_monotonic_seconds() noexcept nogil
+    int seqpack_load_flag(int *flag) noexcept nogil
+    void seqpack_store_flag(int *flag, int value) noexcept nogil
+
+cdef enum:
+    # Returned by an interrupted kernel (distinct from every kernel's own status codes).
+    INTERRUPTED = -2
+
+cdef struct Interrupt:
+    double next_check
+    int stop
+
+
+cdef inline void interrupt_start(Interrupt *state) noexcept nogil:
+    state.next_check = seqpack_monotonic_seconds() + SEQPACK_CHECK_SECONDS
+    state.stop = 0
+
+
+cdef inline bint interrupt_requested(Interrupt *state) noexcept nogil:
+    """Whether the work should stop; any thread may ask (cheap: one atomic load)."""
+    return seqpack_load_flag(&state.stop) != 0
+
+
+cdef inline bint interrupted(Interrupt *state) noexcept nogil:
+    """From the calling thread only: run pending signal handlers when a check is due.
+
+    A handler's exception stays set for ``raise_pending``; the stop flag tells the
+    other threads.
+    """
+    if seqpack_load_flag(&state.stop):
+        return True
+    if seqpack_monotonic_seconds() < state.next_check:
+        return False
+    with gil:
+        if PyErr_CheckSignals() != 0:
+            seqpack_store_flag(&state.stop, 1)
+    state.next_check = seqpack_monotonic_seconds() + SEQPACK_CHECK_SECONDS
+    return seqpack_load_flag(&state.stop) != 0
+
+
+cdef inline int raise_pending() except -1:
+    """Re-raise the exception a signal handler left set during an interrupted kernel."""
+    return -1

@@ -1,0 +1,46 @@
+"""Outcome contract (test family 19): every public call returns a correct result or raises a
+SeqpackError, never another exception, a crash or a hang.
+
+The hypothesis cases live in ``contract_cases.py`` and run here in a subprocess, so that a
+segfault or a hang fails this test instead of ending the session. The child caps its
+address space first: a runaway allocation then fails as a ``MemoryError`` (a violation)
+instead of exhausting the machine.
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CASES = Path(__file__).with_name("contract_cases.py")
+MIN_CASES = 3000  # a passing run executes about 4500
+TIMEOUT_SECONDS = 300  # a passing run takes under a minute
+ADDRESS_SPACE_BYTES = 4 * 2**30
+RUN_LIMITED = (
+    "import resource, sys, pytest; "
+    "resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1]))); "
+    "sys.exit(pytest.main(sys.argv[2:]))"
+)
+
+
+@pytest.mark.slow
+def test_every_call_returns_a_correct_result_or_raises_a_seqpack_error(tmp_path):
+    command = [sys.executable, "-c", RUN_LIMITED, str(ADDRESS_SPACE_BYTES),
+               "-q", "-p", "no:cacheprovider", "--tb=short", str(CASES)]
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_SECONDS, cwd=tmp_path,
+                             check=False)
+    except subprocess.TimeoutExpired as hang:
+        output = hang.stdout.decode() if isinstance(hang.stdout, bytes) else hang.stdout or ""
+        pytest.fail(f"the contract cases hung: no result after {TIMEOUT_SECONDS} s\n{output}")
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, f"exit status {run.returncode} (negative: killed by that signal)\n{output}"
+    total = re.search(r"^contract cases: (\d+)$", run.stdout, re.MULTILINE)
+    assert total, f"no case count reported\n{output}"
+    print(total.group(0))
+    assert int(total.group(1)) >= MIN_CASES
+    for name, returned, rejected in re.findall(r"^(test_\w+): returned (\d+), rejected (\d+)$", run.stdout,
+                                               re.MULTILINE):
+        assert int(returned) and int(rejected), f"{name} returned {returned} and rejected {rejected} cases"

@@ -1,0 +1,92 @@
+"""One result on every CPU: each compiled exp path gives the same bits, and no path
+depends on an ifunc (which musl does not have)."""
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import seqpack
+from seqpack.nn import _attention
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture
+def every_path():
+    """Each exp path this CPU runs, forced in turn; the best one restored afterwards."""
+    yield _attention.exp_paths()
+    assert _attention.use_exp_path(-1) >= 0
+
+
+def layout(rows=3, width=150, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(width // 2, width + 1, rows)
+    starts = np.zeros((rows, width), np.int64)
+    for row in range(rows):
+        column = 0
+        while column < lengths[row]:
+            size = int(rng.integers(1, 90))
+            starts[row, column:column + size] = column
+            column += size
+    return lengths, starts
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_exp_path_gives_the_same_bits(every_path, dtype):
+    rng = np.random.default_rng(1)
+    q, k, v, dout = (4 * rng.standard_normal((3, 2, 150, 40)).astype(dtype) for _ in range(4))
+    lengths, starts = layout()
+    results = {}
+    for path in every_path:
+        assert _attention.use_exp_path(_attention.EXP_PATHS.index(path)) == _attention.EXP_PATHS.index(path)
+        out, lse = seqpack.range_attention_forward(q, k, v, lengths, starts, threads=2)
+        grads = seqpack.range_attention_backward(q, k, v, out, lse, dout, lengths, starts, threads=2)
+        results[path] = [a.view(np.uint8) for a in (out, lse, *grads)]
+    print("exp paths compared:", list(results))
+    assert "baseline" in results
+    for path, arrays in results.items():
+        for mine, baseline in zip(arrays, results["baseline"]):
+            assert np.array_equal(mine, baseline), f"{path} differs from baseline"
+
+
+def test_a_path_this_cpu_cannot_run_is_refused(every_path):
+    for number, name in enumerate(_attention.EXP_PATHS):
+        if name not in every_path:
+            assert _attention.use_exp_path(number) == -1
+    assert _attention.use_exp_path(7) == -1
+
+
+STT_GNU_IFUNC = 10
+
+
+def ifunc_symbols(path: Path) -> list[str]:
+    """Names of the GNU_IFUNC symbols in an ELF64 little-endian shared object."""
+    data = path.read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        pytest.skip(f"{path.name} is not a little-endian ELF64 object")
+    section_offset, = struct.unpack_from("<Q", data, 0x28)
+    entry_size, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, section_offset + i * entry_size) for i in range(count)]
+    found = []
+    for name, kind, _, _, offset, size, link, _, _, symbol_size in sections:
+        if kind not in (2, 11):  # SYMTAB, DYNSYM
+            continue
+        strings = sections[link]
+        for start in range(offset, offset + size, symbol_size):
+            symbol_name, info = struct.unpack_from("<IB", data, start)
+            if info & 0xF == STT_GNU_IFUNC:
+                end = data.index(b"\0", strings[4] + symbol_name)
+                found.append(data[strings[4] + symbol_name:end].decode())
+    return found
+
+
+def test_no_kernel_needs_an_ifunc():
+    """target_clones would make ifunc symbols; the dispatch is a plain function pointer."""
+    modules = sorted(Path(seqpack.__file__).parent.rglob("*.so"))
+    if not modules:
+        pytest.skip("no ELF extension modules on this platform")
+    assert any(module.name.startswith("_attention") for module in modules)
+    for module in modules:
+        assert ifunc_symbols(module) == [], module.name

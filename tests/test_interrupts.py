@@ -1,0 +1,113 @@
+"""Ctrl-C stops every long kernel within 0.5 s (test family 18).
+
+Each case runs in a fresh subprocess: it builds an input that keeps one kernel busy for
+seconds, says "ready", calls the kernel and says "returned" if the call ever comes back.
+The test sends SIGINT 0.3 s into the call; the child reports the moment the
+KeyboardInterrupt reached Python (``time.monotonic`` is one clock for both processes)
+and exits. A kernel that ignored the signal would run to its end, print "returned" and
+only then be interrupted.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.name != "posix", reason="POSIX signals")]
+
+SETUP = {
+    "attention forward": """
+        import numpy as np, seqpack as sp
+        rng = np.random.default_rng(0)
+        q, k, v = (rng.standard_normal((4, 8, 8192, 64)).astype(np.float32) for _ in range(3))
+        lengths, starts = np.full(4, 8192), np.zeros((4, 8192), np.int64)
+        call = lambda: sp.range_attention_forward(q, k, v, lengths, starts, threads=2)
+    """,
+    "attention backward": """
+        import numpy as np, seqpack as sp
+        rng = np.random.default_rng(0)
+        q, k, v, out, dout = (rng.standard_normal((4, 8, 8192, 64)).astype(np.float32) for _ in range(5))
+        lse = np.full((4, 8, 8192), 5.0, np.float32)
+        lengths, starts = np.full(4, 8192), np.zeros((4, 8192), np.int64)
+        call = lambda: sp.range_attention_backward(q, k, v, out, lse, dout, lengths, starts, threads=2)
+    """,
+    "next-fit": """
+        import numpy as np, seqpack as sp
+        lengths = np.full(60_000_000, 37, np.int64)
+        call = lambda: sp.place(lengths, 2048, "next-fit")
+    """,
+    "first-fit-decreasing": """
+        import numpy as np, seqpack as sp
+        lengths = np.full(40_000_000, 37, np.int64); lengths[::3] = 200
+        call = lambda: sp.place(lengths, 2048, "first-fit-decreasing")
+    """,
+    "best-fit-decreasing": """
+        import numpy as np, seqpack as sp
+        lengths = np.full(40_000_000, 37, np.int64); lengths[::3] = 200
+        call = lambda: sp.place(lengths, 2048, "best-fit-decreasing")
+    """,
+    "epoch fill": """
+        import numpy as np
+        from seqpack.layout import _fill
+        n = 40_000_000  # one-prediction examples, 16 to a row
+        tokens = np.tile(np.array([0, 5, 1], np.int32), n)
+        begins = np.arange(0, 3 * n, 3, dtype=np.int64)
+        rows, starts = np.arange(n, dtype=np.int64) // 16, np.arange(n, dtype=np.int64) % 16
+        segments = np.arange(n, dtype=np.int32)
+        cells, flags = np.empty((4, n // 16, 16), np.int32), np.empty((3, n // 16, 16), np.uint8)
+        lengths = np.empty(n // 16, np.int64)
+        call = lambda: _fill.fill_rows(tokens, begins, begins + 2, rows, starts, segments, cells, flags, lengths, 2)
+    """,
+    "table validation": """
+        import numpy as np, seqpack as sp
+        n = 60_000_000  # documents [BOS, 5, EOS]
+        tokens = np.tile(np.array([0, 5, 1], np.int32), n)
+        offsets = np.arange(0, 3 * n + 1, 3, dtype=np.int64)
+        from seqpack.data import _validate
+        pieces, copy = np.ones(266, np.int64), np.empty_like(tokens)
+        call = lambda: _validate.first_bad_document(tokens, offsets, pieces, 266, 0, 1, 10, 10, copy, 2)
+    """,
+}
+
+
+def run_and_interrupt(setup: str) -> tuple[float, float, str]:
+    """Seconds from SIGINT to the KeyboardInterrupt and to the child's exit; its output."""
+    script = textwrap.dedent(setup) + textwrap.dedent("""
+        import time
+        print("ready", flush=True)
+        try:
+            call()
+            print("returned", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", time.monotonic(), flush=True)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        time.sleep(0.3)
+        sent = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=120)
+        exited = time.monotonic() - sent
+        out = child.stdout.read()
+        assert "returned" not in out, "the call ran to its end: the signal was not seen inside the kernel"
+        words = out.split()
+        assert words[:1] == ["interrupted"], child.stderr.read()
+        return float(words[1]) - sent, exited, out
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+@pytest.mark.parametrize("kernel", list(SETUP))
+def test_sigint_stops_the_kernel_within_half_a_second(kernel):
+    raised, exited, _ = run_and_interrupt(SETUP[kernel])
+    print(f"{kernel}: KeyboardInterrupt {raised:.3f} s after SIGINT, exit after {exited:.3f} s")
+    assert raised < 0.5
+    assert exited < 5  # releasing gigabytes of input takes the rest

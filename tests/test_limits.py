@@ -1,0 +1,183 @@
+"""Sizes and limits are exact Python ints, and thread counts follow one documented rule."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import seqpack as sp
+from seqpack import _limits
+
+TRAIN = sp.Partition.TRAIN
+SCALARS = [int, np.int32, np.int64, np.uint64]
+
+
+@pytest.fixture(scope="module")
+def binding():
+    return sp.BatchBinding.fixture()
+
+
+def table_of(lengths, binding):
+    """One document per prediction length, content ID 5."""
+    documents = [[0] + [5] * (n - 1) + [1] for n in lengths]
+    tokens = np.array([t for d in documents for t in d], dtype=np.int32)
+    offsets = np.concatenate(([0], np.cumsum([len(d) for d in documents])))
+    return sp.ExampleTable.from_arrays(tokens, offsets, binding)
+
+
+@pytest.mark.parametrize("kind", SCALARS)
+def test_configs_hold_python_ints(kind):
+    pack = sp.PackConfig(kind(2048), kind(8), kind(16384), kind(2**30))
+    pad = sp.PadConfig(kind(4), kind(100), kind(50), kind(2**30))
+    for value in (pack.capacity, pack.rows_per_batch, pack.max_cells, pack.max_memory_bytes,
+                  pad.rows_per_batch, pad.max_cells, pad.max_width, pad.max_memory_bytes):
+        assert type(value) is int
+    assert pack == sp.PackConfig(2048, 8, 16384, 2**30) and sp.PackConfig(kind(6)).max_cells == 48
+    limits = sp.DecodeLimits(kind(10), kind(20))
+    assert type(limits.max_tokens) is type(limits.max_bytes) is int
+    config = sp.DecoderConfig(kind(266), kind(8), kind(2), kind(16), kind(2), kind(16))
+    assert all(type(getattr(config, name)) is int for name in ("vocabulary_size", "width", "heads"))
+
+
+@pytest.mark.parametrize("kind", SCALARS)
+def test_budget_edge_is_exact_with_numpy_scalars(binding, kind):
+    """The numpy type of the limits changes nothing: the same requirement, the same edge."""
+    table = table_of([3, 5, 2, 4], binding)
+    exact = sp.plan(table, sp.PackConfig(6), partition=TRAIN, binding=binding).epoch_requirement()
+    fits = sp.PackConfig(kind(6), kind(8), kind(48), kind(exact))
+    assert sp.pack(table, fits, partition=TRAIN, binding=binding).memory_peak == exact
+    with pytest.raises(sp.MemoryBudgetError) as caught:
+        sp.pack(table, sp.PackConfig(kind(6), kind(8), kind(48), kind(exact - 1)), partition=TRAIN, binding=binding)
+    assert (caught.value.required, caught.value.maximum) == (exact, exact - 1)
+
+
+def test_int32_capacity_products_do_not_wrap(binding):
+    """2**16 rows of an int32 capacity 2**16 are 2**32 cells, never a wrapped negative count."""
+    table = table_of([2] * 4, binding)
+    config = sp.PackConfig(np.int32(65536), np.int32(65536), np.int32(2**31 - 1))
+    assert config.max_cells == 2**31 - 1
+    with pytest.raises(sp.MemoryBudgetError) as caught:  # a whole row of 2**16 cells, ~1.2 MB
+        sp.pack(table, sp.PackConfig(np.int32(65536), max_memory_bytes=np.int32(1 << 20)),
+                partition=TRAIN, binding=binding)
+    assert caught.value.required > 1 << 20 > 0
+    cells = sp.PackConfig(np.int32(65536), np.int32(65536)).max_cells
+    assert cells == 2**32 and type(cells) is int
+
+
+@pytest.mark.parametrize("bad", [True, np.bool_(True), 2.0, "8", None])
+def test_configs_reject_non_integers(bad):
+    with pytest.raises(sp.InvalidInputError, match="capacity must be an int"):
+        sp.PackConfig(bad)
+
+
+def test_uint64_values_are_named_not_wrapped(binding):
+    """A uint64 past 2**63 - 1 is reported as the number it is."""
+    huge = np.array([2**64 - 1], dtype=np.uint64)
+    with pytest.raises(sp.InvalidInputError, match="18446744073709551615"):
+        sp.range_attention_forward(np.zeros((1, 1, 1, 4)), np.zeros((1, 1, 1, 4)), np.zeros((1, 1, 1, 4)),
+                                   huge, np.zeros((1, 1), np.int64))
+    tokens = np.array([0, 5, 1], np.int32)
+    with pytest.raises(sp.InvalidInputError, match="18446744073709551615"):
+        sp.ExampleTable.from_arrays(tokens, [0, 3], binding, ranges=np.array([[0, 2**64 - 1]], np.uint64))
+    with pytest.raises(sp.InvalidInputError, match="18446744073709551615"):
+        sp.nn.range_softmax_forward(np.zeros((1, 2, 2)), lengths=np.array([2**64 - 1], np.uint64))
+
+
+# --- threads -------------------------------------------------------------------------------
+
+
+def cgroup_tree(tmp_path, files: dict, membership: str):
+    for relative, text in files.items():
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (tmp_path / "self-cgroup").write_text(membership)
+    return str(tmp_path), str(tmp_path / "self-cgroup")
+
+
+def test_cgroup_quota_v2_and_v1(tmp_path):
+    root, member = cgroup_tree(tmp_path / "v2", {"app/cpu.max": "150000 100000\n", "cpu.max": "max 100000\n"},
+                               "0::/app\n")
+    assert _limits.cgroup_cpu_limit(root, member) == 2  # 1.5 CPUs round up
+    root, member = cgroup_tree(tmp_path / "nested", {"a/cpu.max": "100000 100000", "a/b/cpu.max": "max 100000"},
+                               "0::/a/b\n")
+    assert _limits.cgroup_cpu_limit(root, member) == 1  # the ancestor's quota binds
+    root, member = cgroup_tree(tmp_path / "v1", {"cpu,cpuacct/cpu.cfs_quota_us": "300000",
+                                                 "cpu,cpuacct/cpu.cfs_period_us": "100000"},
+                               "4:cpu,cpuacct:/\n")
+    assert _limits.cgroup_cpu_limit(root, member) == 3
+    root, member = cgroup_tree(tmp_path / "none", {"cpu.max": "max 100000"}, "0::/\n")
+    assert _limits.cgroup_cpu_limit(root, member) is None
+    assert _limits.cgroup_cpu_limit(str(tmp_path / "missing"), str(tmp_path / "missing" / "x")) is None
+
+
+def child_threads(env: dict, code: str = "print(_limits.default_threads())") -> str:
+    script = "from seqpack import _limits\n" + code
+    return subprocess.run([sys.executable, "-c", script], env={**os.environ, **env}, capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def test_default_threads_follow_omp_num_threads_and_threadpoolctl():
+    assert child_threads({"OMP_NUM_THREADS": "1"}) == "1"
+    cores = _limits.available_cores()
+    expected = min(cores, _limits.cgroup_cpu_limit() or cores)
+    assert child_threads({"OMP_NUM_THREADS": str(expected)}) == str(expected)
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    with threadpoolctl.threadpool_limits(1, user_api="openmp"):
+        assert _limits.default_threads() == 1
+
+
+def test_multiprocessing_children_default_to_one_thread(tmp_path):
+    """A spawned pool worker (a data-loader worker started without fork) takes one core."""
+    script = tmp_path / "pool.py"
+    script.write_text(textwrap.dedent("""
+        import multiprocessing as mp
+        from seqpack import _limits
+
+        def threads(_):
+            return _limits.default_threads()
+
+        if __name__ == "__main__":
+            with mp.get_context("spawn").Pool(1) as pool:
+                print(pool.map(threads, [0])[0], _limits.default_threads() >= 1)
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "1 True", result.stderr
+
+
+def test_threads_argument_is_checked():
+    for bad in (0, -1, True, 1.5, "2", _limits.MAX_THREADS + 1):
+        with pytest.raises(sp.InvalidInputError, match="threads"):
+            _limits.kernel_threads(bad)
+    assert _limits.kernel_threads(np.int64(3)) == 3
+
+
+ATTENTION_LOAD = """
+import numpy as np, resource, time, seqpack as sp
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((4, 8, 4096, 64)).astype(np.float32) for _ in range(3))
+lengths, starts = np.full(4, 4096), np.zeros((4, 4096), np.int64)
+out, lse = np.empty_like(q), np.empty(q.shape[:3], np.float32)
+sp.range_attention_forward(q, k, v, lengths, starts, out=out, lse=lse)
+cpu, wall = time.process_time(), time.perf_counter()
+for _ in range(3):
+    sp.range_attention_forward(q, k, v, lengths, starts, out=out, lse=lse)
+print((time.process_time() - cpu) / (time.perf_counter() - wall))
+"""
+
+
+@pytest.mark.slow
+def test_omp_num_threads_one_keeps_kernels_on_one_core():
+    """CPU time over wall time: near 1 under OMP_NUM_THREADS=1, near the core count without."""
+    single = float(child_threads({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}, ATTENTION_LOAD))
+    print(f"CPU/wall with OMP_NUM_THREADS=1: {single:.2f}")
+    assert single < 1.15
+    if _limits.default_threads() >= 2:  # the control: unconstrained, the kernel does use more cores
+        env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+        several = float(subprocess.run([sys.executable, "-c", "from seqpack import _limits\n" + ATTENTION_LOAD],
+                                       env=env, capture_output=True, text=True, check=True).stdout)
+        print(f"CPU/wall without it: {several:.2f}")
+        assert several > 1.5
