@@ -32,6 +32,7 @@ from .data import (
     TokenizerIdentity,
 )
 from .layout import NO_SEGMENT, PAD_CELL
+from .layout.exports import cu_seqlens, document_ids, max_seqlen, position_ids, seq_lens
 from .packing import (
     EfficiencyReport,
     PackConfig,
@@ -60,6 +61,8 @@ __all__ = [
     # layout and packing
     "PAD_CELL", "NO_SEGMENT", "PadConfig", "PackConfig", "pad", "pack", "plan", "stream", "place",
     "PaddedBatch", "PackedBatch", "PaddedEpoch", "PackedEpoch", "PackingPlan", "EfficiencyReport",
+    # a batch's metadata for other libraries (seqpack.torch has tensor variants)
+    "position_ids", "document_ids", "seq_lens", "cu_seqlens", "max_seqlen",
     # models and kernels
     "masked_loss", "range_attention_forward", "range_attention_backward", "Decoder", "DecoderConfig",
 ]
