@@ -176,18 +176,8 @@ class PackingPlan:
 
     def report(self) -> EfficiencyReport:
         """Storage and attention efficiency of the planned epoch."""
-        lengths = self._lengths
-        return EfficiencyReport(
-            policy=self.policy,
-            capacity=self.config.capacity,
-            rows=self.row_count,
-            batches=self.batch_count,
-            cells=self.row_count * self.config.capacity,
-            valid_targets=int(lengths.sum()),
-            permitted_edges=int((lengths * (lengths + 1) // 2).sum()),
-            dense_score_positions=self.row_count * self.config.capacity**2,
-            batch_targets=tuple(self.batch_targets().tolist()),
-        )
+        return EfficiencyReport.of(self.policy, self.config.capacity, self.row_count, self._lengths,
+                                   self.batch_targets())
 
 
 def check_batch_cells(rows: int, config: PackConfig) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class EfficiencyReport:
@@ -22,6 +24,22 @@ class EfficiencyReport:
     permitted_edges: int
     dense_score_positions: int
     batch_targets: tuple
+
+    @classmethod
+    def of(cls, policy: str, capacity: int, rows: int, lengths: np.ndarray, batch_targets: np.ndarray):
+        """The report of ``rows`` rows of ``capacity`` holding examples of ``lengths``
+        predictions (int64), whose batches have ``batch_targets`` valid targets."""
+        return cls(
+            policy=policy,
+            capacity=capacity,
+            rows=rows,
+            batches=int(batch_targets.shape[0]),
+            cells=rows * capacity,
+            valid_targets=int(lengths.sum()),
+            permitted_edges=int((lengths * (lengths + 1) // 2).sum()),
+            dense_score_positions=rows * capacity**2,
+            batch_targets=tuple(batch_targets.tolist()),
+        )
 
     @property
     def real_target_fraction(self) -> float:

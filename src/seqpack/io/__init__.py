@@ -1,0 +1,21 @@
+"""The corpus layer: from files on disk to a packed dataset on disk, and back as lazy batches.
+
+Readers (:mod:`seqpack.io.readers`) stream documents from text files, JSONL,
+Parquet/Arrow, in-memory tables and Megatron datasets; :mod:`seqpack.io.encoding`
+tokenizes them (the byte tokenizer, or a Hugging Face ``tokenizers`` file bound by
+identity); :func:`pack_corpus` writes the packed dataset crash-safely
+(:mod:`seqpack.io.format` documents the files); :func:`open_dataset` opens it as lazy
+batches with a plan's interface; :func:`verify_dataset` checks it; :mod:`seqpack.io.stats`
+and :mod:`seqpack.io.render` report and draw it.
+"""
+
+from .dataset import PackedBatches, PackedDataset, open_dataset
+from .encoding import TokenizerFile
+from .readers import ArrowBatches, JsonLines, Megatron, TextFiles, reader_for
+from .verify import verify_dataset
+from .writer import pack_corpus
+
+__all__ = [
+    "ArrowBatches", "JsonLines", "Megatron", "PackedBatches", "PackedDataset", "TextFiles", "TokenizerFile",
+    "open_dataset", "pack_corpus", "reader_for", "verify_dataset",
+]

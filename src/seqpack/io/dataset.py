@@ -1,0 +1,348 @@
+"""A packed dataset opened from disk: lazy batches with the interface of a packing plan.
+
+``open_dataset(DIR)`` memory-maps every part and builds nothing up front beyond
+O(examples) index arrays; ``batch(i)`` reads batch ``i``'s tokens (one contiguous run of
+``tokens.bin``) and fills its fields with the same kernel as ``seqpack.pack``, so the
+batches equal those of ``seqpack.pack`` on the same examples under the same policy. The
+object follows :class:`PackedBatches` (what ``seqpack.plan`` returns follows it too), so
+anything that consumes a plan (a trainer loop, ``seqpack.torch.PackedIterableDataset``)
+takes a dataset on disk unchanged. Opening checks that every file has the size the
+manifest records and that every placement lies inside its row, so a damaged file can
+never make the fill write out of bounds; ``seqpack.io.verify_dataset`` checks the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from .._limits import check_threads
+from ..data.binding import BatchBinding, Partition
+from ..data.documents import BatchDocument
+from ..data.examples import SequenceExample
+from ..data.tokenizer import ByteTokenizer, DecodeLimits, TokenizerIdentity
+from ..errors import InvalidInputError
+from ..layout.fields import FieldArrays, Placements
+from ..packing import budget
+from ..packing.config import PackConfig
+from ..packing.packed import PackedBatch
+from ..packing.report import EfficiencyReport
+from . import format as fmt
+from .readers import Input
+
+
+class PackedBatches(Protocol):
+    """Packed batches built on demand: what ``seqpack.plan`` returns and ``open_dataset`` opens.
+
+    ``len()`` batches; ``batch(i)`` (also ``[i]``) builds batch ``i``; iteration and
+    ``batches(reuse_buffers=...)`` build them in order; ``batch_rows(i)`` its rows;
+    ``batch_targets()`` every batch's valid targets (loss denominators) without building
+    any; ``report()`` the efficiency report; ``config``, ``policy``, ``partition``,
+    ``binding``, ``row_count``, ``batch_count`` and ``occurrence_count`` describe it.
+    """
+
+    config: PackConfig
+    policy: str
+    partition: Partition
+    binding: BatchBinding
+    row_count: int
+    batch_count: int
+    occurrence_count: int
+
+    def __len__(self) -> int: ...
+
+    def batch(self, number: int) -> PackedBatch: ...
+
+    def batches(self, reuse_buffers: bool = False) -> Iterator[PackedBatch]: ...
+
+    def __iter__(self) -> Iterator[PackedBatch]: ...
+
+    def batch_rows(self, number: int) -> int: ...
+
+    def batch_targets(self) -> np.ndarray: ...
+
+    def report(self) -> EfficiencyReport: ...
+
+
+def binding_of(described: dict) -> tuple[BatchBinding, ByteTokenizer | None]:
+    """Rebuild the binding a manifest records (the byte tokenizer too, when it was one)."""
+    tokenizer = described["tokenizer"]
+    limits = DecodeLimits(**described["limits"])
+    identity = TokenizerIdentity(tokenizer["vocabulary_size"], tokenizer["bos_id"], tokenizer["eos_id"],
+                                 tokenizer["digest"])
+    byte_tokenizer = None
+    if tokenizer.get("kind") == "byte":
+        byte_tokenizer = ByteTokenizer([tuple(m) for m in tokenizer["merges"]])
+        if byte_tokenizer.identity != identity:
+            raise InvalidInputError("the manifest's byte tokenizer does not match its recorded identity")
+    return BatchBinding(identity, described["split_receipt_digest"], limits, byte_tokenizer), byte_tokenizer
+
+
+class Part:
+    """One part's files, memory-mapped, with the index arrays its batches need."""
+
+    def __init__(self, directory: Path, record: dict, config: PackConfig, dtype: np.dtype):
+        self.directory = directory
+        self.name = record["name"]
+        self.first_example = int(record["first_example"])
+        self.first_document = int(record["first_document"])
+        self.first_row = int(record["first_row"])
+        self.first_batch = int(record["first_batch"])
+        self.example_count = int(record["examples"])
+        self.row_count = int(record["rows"])
+        self.batch_count = int(record["batches"])
+        for name in fmt.PART_FILES:
+            path = directory / name
+            expected = record["files"][name]["bytes"]
+            if not path.is_file():
+                raise InvalidInputError(f"{path}: missing")
+            if path.stat().st_size != expected:
+                raise InvalidInputError(f"{path}: {path.stat().st_size} bytes; the manifest records {expected}")
+        size = record["files"]["tokens.bin"]["bytes"]
+        self.tokens = np.memmap(directory / "tokens.bin", dtype=dtype, mode="r") if size else np.zeros(0, dtype)
+        self.occurrences = self._table("occurrences.npy", self.example_count)
+        self.examples = self._table("examples.npy", self.example_count)
+        self.documents = self._table("documents.npy", int(record["documents"]))
+        self._check_placements(config)
+
+    def _table(self, name: str, rows: int) -> np.ndarray:
+        path = self.directory / name
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as error:
+            raise InvalidInputError(f"{path}: not a readable .npy file: {error}") from None
+        if array.dtype != np.int64 or array.shape != (rows, 3):
+            raise InvalidInputError(f"{path}: holds {array.dtype} {array.shape}; expected int64 ({rows}, 3)")
+        return array
+
+    def _check_placements(self, config: PackConfig) -> None:
+        """What the fill kernel trusts: ordinals and rows in range, rows non-decreasing,
+        every placement inside its row, and the token file holding every example."""
+        ordinals, rows, starts = (np.ascontiguousarray(self.occurrences[:, k]) for k in range(3))
+        where = f"{self.directory / 'occurrences.npy'}"
+        if self.example_count and (ordinals.min() < 0 or ordinals.max() >= self.example_count):
+            raise InvalidInputError(f"{where}: an example ordinal lies outside [0, {self.example_count})")
+        if self.example_count and (rows.min() < 0 or rows.max() >= self.row_count or np.any(np.diff(rows) < 0)):
+            raise InvalidInputError(f"{where}: rows are not non-decreasing inside [0, {self.row_count})")
+        spans = self.examples[ordinals]
+        sizes = spans[:, 2] - spans[:, 1]
+        if np.any(sizes < 2) or np.any(starts < 0) or np.any(starts + sizes - 1 > config.capacity):
+            bad = int(np.flatnonzero((sizes < 2) | (starts < 0) | (starts + sizes - 1 > config.capacity))[0])
+            raise InvalidInputError(f"{where}: placement {bad} does not lie inside a row of {config.capacity} columns")
+        offsets = np.zeros(self.example_count + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        if offsets[-1] != self.tokens.shape[0]:
+            raise InvalidInputError(
+                f"{self.directory / 'tokens.bin'}: {self.tokens.shape[0]} tokens; the examples need {offsets[-1]}"
+            )
+        self.ordinals, self.rows, self.starts = ordinals, rows, starts
+        self.token_offsets = offsets
+        self.lengths = sizes - 1  # predictions, in placement order
+        per_batch = config.rows_per_batch
+        self.bounds = np.append(np.searchsorted(rows, np.arange(self.batch_count, dtype=np.int64) * per_batch),
+                                self.example_count)
+
+    @cached_property
+    def placement_of(self) -> np.ndarray:
+        """The placement index of every part-local example ordinal."""
+        inverse = np.empty(self.example_count, dtype=np.int64)
+        inverse[self.ordinals] = np.arange(self.example_count, dtype=np.int64)
+        return inverse
+
+    def source_tokens(self, local: int) -> np.ndarray:
+        """Example ``local``'s source tokens (int32)."""
+        at = int(self.placement_of[local])
+        return np.asarray(self.tokens[self.token_offsets[at]: self.token_offsets[at + 1]], dtype=np.int32)
+
+
+class _BatchSource:
+    """The examples of one loaded batch, as an ``ExampleSource`` over its own int32 tokens;
+    ordinals are the dataset's global ones (names and whole examples come from it)."""
+
+    copies_tokens = False
+    held_bytes_per_example = 0
+    first_ordinal = 0
+
+    def __init__(self, dataset: "PackedDataset", tokens, ordinals, begins, ends):
+        self._dataset = dataset
+        self._tokens, self._begins, self._ends = tokens, begins, ends
+        self._sorter = np.argsort(ordinals, kind="stable")
+        self._sorted = ordinals[self._sorter]
+
+    def __len__(self) -> int:
+        return self._dataset.occurrence_count
+
+    def example(self, ordinal: int) -> SequenceExample:
+        return self._dataset.example(ordinal)
+
+    def example_id(self, ordinal: int) -> str:
+        return self._dataset.example_id(ordinal)
+
+    def gather(self, ordinals: np.ndarray):
+        at = np.searchsorted(self._sorted, ordinals)
+        at = np.minimum(at, self._sorted.shape[0] - 1)
+        if not np.array_equal(self._sorted[at], ordinals):
+            raise InvalidInputError("an occurrence names an example outside this batch")
+        index = self._sorter[at]
+        return self._tokens, self._begins[index], self._ends[index]
+
+
+class PackedDataset:
+    """A packed dataset on disk, its batches built on demand; follows :class:`PackedBatches`.
+
+    Batches are numbered globally across parts (a part's batches follow the previous
+    part's); ordinals and segments are global example ordinals. ``threads`` is accepted
+    for the plan's interface (a batch fills on one thread). The object pickles as its
+    path, so data-loader workers reopen the memory maps instead of copying them.
+    """
+
+    def __init__(self, path, *, threads: int | None = None):
+        self.path = Path(path)
+        self.threads = check_threads(threads)
+        manifest = fmt.read_manifest(self.path)
+        self.manifest = manifest
+        try:
+            self.binding, self.tokenizer = binding_of(manifest["binding"])
+            self.partition = Partition(manifest["partition"])
+            self.config = PackConfig(**manifest["config"])
+            self.policy = manifest["policy"]
+            self.token_dtype = np.dtype(manifest["token_dtype"])
+            self.inputs = [Input(item["name"], item["kind"], item["unit"]) for item in manifest["inputs"]]
+            records = manifest["parts"]
+        except (KeyError, TypeError, ValueError) as error:
+            raise InvalidInputError(f"{self.path / fmt.MANIFEST}: malformed manifest ({error!r})") from None
+        self.parts = [Part(self.path / record["name"], record, self.config, self.token_dtype) for record in records]
+        self._first_batches = np.array([part.first_batch for part in self.parts], dtype=np.int64)
+        self._first_examples = np.array([part.first_example for part in self.parts], dtype=np.int64)
+        self.batch_count = sum(part.batch_count for part in self.parts)
+        self.row_count = sum(part.row_count for part in self.parts)
+        self.occurrence_count = sum(part.example_count for part in self.parts)
+        self.document_count = sum(part.documents.shape[0] for part in self.parts)
+        per_batch = self.config.rows_per_batch
+        self.largest_batch_rows = min(per_batch, max(part.row_count for part in self.parts))
+        largest = max(int(np.diff(part.bounds).max()) for part in self.parts)
+        tokens = max(int(np.diff(part.token_offsets[part.bounds]).max()) for part in self.parts)
+        index_bytes = sum(8 * (4 * part.example_count + part.batch_count) for part in self.parts)
+        #: Bytes held: the index arrays, one built batch and its int32 tokens.
+        self.memory_peak = index_bytes + budget.batch_bytes(self.largest_batch_rows, largest,
+                                                            self.config.capacity) + 4 * tokens
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "threads": self.threads}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"], threads=state["threads"])
+
+    def __repr__(self) -> str:
+        return (f"PackedDataset({str(self.path)!r}, batches={self.batch_count}, examples={self.occurrence_count}, "
+                f"policy={self.policy!r}, capacity={self.config.capacity})")
+
+    def __len__(self) -> int:
+        return self.batch_count
+
+    def _locate(self, number) -> tuple[Part, int]:
+        if isinstance(number, bool) or not isinstance(number, (int, np.integer)) \
+                or not 0 <= number < self.batch_count:
+            raise InvalidInputError(f"batch {number!r} is outside this dataset's {self.batch_count} batches")
+        part = self.parts[int(np.searchsorted(self._first_batches, number, side="right")) - 1]
+        return part, int(number) - part.first_batch
+
+    def batch_rows(self, number: int) -> int:
+        """Rows of batch ``number``: ``rows_per_batch`` except for a part's smaller final batch."""
+        part, local = self._locate(number)
+        return min(self.config.rows_per_batch, part.row_count - local * self.config.rows_per_batch)
+
+    def batch(self, number: int, buffers: FieldArrays | None = None) -> PackedBatch:
+        """Build batch ``number`` from its tokens on disk (rows local to it, ordinals global)."""
+        part, local = self._locate(number)
+        per_batch = self.config.rows_per_batch
+        first, end = int(part.bounds[local]), int(part.bounds[local + 1])
+        offsets = part.token_offsets[first: end + 1]
+        tokens = np.asarray(part.tokens[offsets[0]: offsets[-1]]).astype(np.int32)
+        ordinals = part.ordinals[first:end] + part.first_example
+        begins, ends = offsets[:-1] - offsets[0], offsets[1:] - offsets[0]
+        source = _BatchSource(self, tokens, ordinals, begins, ends)
+        placements = Placements(ordinals, part.rows[first:end] - local * per_batch, part.starts[first:end],
+                                part.lengths[first:end], ordinals.astype(np.int32))
+        rows = min(per_batch, part.row_count - local * per_batch)
+        return PackedBatch.filled(self.partition, self.binding, source, placements, (rows, self.config.capacity),
+                                  buffers)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self.batch(i) for i in range(*index.indices(len(self)))]
+        if isinstance(index, (int, np.integer)) and not isinstance(index, bool) and index < 0:
+            index += len(self)
+        return self.batch(index)
+
+    def batches(self, reuse_buffers: bool = False) -> Iterator[PackedBatch]:
+        """Every batch in order; with ``reuse_buffers=True`` all share one set of field
+        arrays, each valid only until the next is requested."""
+        buffers = FieldArrays.allocate(self.largest_batch_rows, self.config.capacity) if reuse_buffers else None
+        for number in range(self.batch_count):
+            yield self.batch(number, buffers)
+
+    def __iter__(self) -> Iterator[PackedBatch]:
+        return self.batches()
+
+    def batch_targets(self) -> np.ndarray:
+        """Valid targets of every batch (the loss denominators), without building any."""
+        return np.concatenate([np.add.reduceat(part.lengths, part.bounds[:-1]) if part.batch_count
+                               else np.zeros(0, np.int64) for part in self.parts])
+
+    def lengths(self) -> np.ndarray:
+        """Every example's predictions, by global ordinal (int64)."""
+        result = np.empty(self.occurrence_count, dtype=np.int64)
+        for part in self.parts:
+            result[part.first_example + part.ordinals] = part.lengths
+        return result
+
+    def row_fill(self) -> np.ndarray:
+        """Valid cells of every row, in row order (int64)."""
+        result = np.zeros(self.row_count, dtype=np.int64)
+        for part in self.parts:
+            np.add.at(result, part.first_row + part.rows, part.lengths)
+        return result
+
+    def report(self) -> EfficiencyReport:
+        """Storage and attention efficiency of the packed epoch."""
+        lengths = np.concatenate([part.lengths for part in self.parts])
+        return EfficiencyReport.of(self.policy, self.config.capacity, self.row_count, lengths, self.batch_targets())
+
+    def _part_of_example(self, ordinal) -> tuple[Part, int]:
+        if isinstance(ordinal, bool) or not isinstance(ordinal, (int, np.integer)) \
+                or not 0 <= ordinal < self.occurrence_count:
+            raise InvalidInputError(f"example {ordinal!r} is outside this dataset's {self.occurrence_count} examples")
+        part = self.parts[int(np.searchsorted(self._first_examples, ordinal, side="right")) - 1]
+        return part, int(ordinal) - part.first_example
+
+    def example_id(self, ordinal: int) -> str:
+        """Where example ``ordinal`` came from: ``file:line``, ``file row 3``... plus
+        ``[start:stop]`` when it is a window of its document."""
+        part, local = self._part_of_example(ordinal)
+        document, start, stop = (int(v) for v in part.examples[local])
+        source, location, size = (int(v) for v in part.documents[document])
+        name = self.inputs[source].where(location)
+        return name if (start, stop) == (0, size) else f"{name}[{start}:{stop}]"
+
+    def example(self, ordinal: int) -> SequenceExample:
+        """Example ``ordinal`` over its whole document, rebuilt from the document's examples."""
+        part, local = self._part_of_example(ordinal)
+        document, start, stop = (int(v) for v in part.examples[local])
+        column = np.ascontiguousarray(part.examples[:, 0])
+        first, end = np.searchsorted(column, document), np.searchsorted(column, document, side="right")
+        pieces = [part.source_tokens(i) for i in range(int(first), int(end))]
+        # Windows of one document share one token with the next: keep it once.
+        tokens = np.concatenate([pieces[0]] + [piece[1:] for piece in pieces[1:]])
+        doc = BatchDocument(f"document {part.first_document + document}", tokens, self.partition)
+        return SequenceExample.from_range(self.example_id(ordinal), doc, (start, stop), self.binding)
+
+
+def open_dataset(path, *, threads: int | None = None) -> PackedDataset:
+    """Open the packed dataset at ``path`` (written by ``seqpack pack`` or
+    :func:`seqpack.io.pack_corpus`): lazy batches with the plan's interface."""
+    return PackedDataset(path, threads=threads)

@@ -1,0 +1,213 @@
+"""Tokenizing chunks of documents into framed token arrays, validated under a binding.
+
+Two tokenizers: seqpack's :class:`~seqpack.ByteTokenizer`, and any Hugging Face
+``tokenizers`` JSON file (:class:`TokenizerFile`, the ``hf`` extra), bound by identity:
+the SHA-256 of the file, its vocabulary size (added tokens included) and the BOS and
+EOS IDs, so seqpack never decodes the user's text. Texts are encoded a chunk at a time
+with the tokenizer's own parallelism (``encode_batch``); neither tokenizer adds special
+tokens, truncates or pads: seqpack frames every document ``[BOS, content..., EOS]``
+itself. Pre-tokenized documents are framed the same way (or taken as already framed).
+Every chunk is validated in one kernel pass, and an error names the document's file and
+line (or row).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .._limits import INT32_MAX, kernel_threads
+from ..data import _validate
+from ..data.binding import BatchBinding
+from ..data.tokenizer import TokenizerIdentity
+from ..errors import InvalidInputError, SeqpackError
+from .readers import DocumentChunk, Input, missing_extra
+
+
+def file_sha256(path) -> str:
+    """Lowercase hex SHA-256 of a file's bytes, read in 8 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class TokenizerFile:
+    """A Hugging Face ``tokenizers`` JSON file, bound by identity.
+
+    ``bos`` and ``eos`` are IDs or token strings of the vocabulary (they may be equal,
+    as GPT-2's ``<|endoftext|>``). Truncation and padding configured in the file are
+    turned off, and no special tokens are added: seqpack frames each document itself.
+    """
+
+    def __init__(self, path, *, bos, eos):
+        try:
+            import tokenizers
+        except ImportError:
+            raise missing_extra("a tokenizers JSON file", "hf") from None
+        self.path = Path(path)
+        try:
+            self.tokenizer = tokenizers.Tokenizer.from_file(str(self.path))
+        except Exception as error:  # tokenizers raises its own Exception subclasses
+            raise InvalidInputError(f"{path}: not a tokenizers JSON file: {error}") from None
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
+        self.vocabulary_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.bos_id = self._token_id("bos", bos)
+        self.eos_id = self._token_id("eos", eos)
+        self.identity = TokenizerIdentity(self.vocabulary_size, self.bos_id, self.eos_id, file_sha256(self.path))
+
+    def _token_id(self, name: str, value) -> int:
+        if isinstance(value, str) and value.lstrip("-").isdigit():
+            value = int(value)
+        if isinstance(value, str):
+            token = self.tokenizer.token_to_id(value)
+            if token is None:
+                raise InvalidInputError(f"{self.path}: --{name} token {value!r} is not in the vocabulary")
+            return token
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocabulary_size:
+            raise InvalidInputError(f"{self.path}: --{name} {value!r} is not an ID in [0, {self.vocabulary_size})")
+        return value
+
+    def describe(self) -> dict:
+        """The tokenizer as the manifest records it."""
+        return {"kind": "tokenizers", "file": self.path.name, "vocabulary_size": self.vocabulary_size,
+                "bos_id": self.bos_id, "eos_id": self.eos_id, "digest": self.identity.digest}
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Content IDs of every text back to back (int64) and their offsets, in one
+        parallel ``encode_batch_fast`` call."""
+        encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        offsets = np.zeros(len(encodings) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encodings], out=offsets[1:])
+        flat = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64, count=int(offsets[-1]))
+        return flat, offsets
+
+
+def frame(content: np.ndarray, offsets: np.ndarray, bos: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[BOS, content..., EOS]`` for every document: int32 tokens and int64 offsets.
+
+    ``content`` holds every document's IDs back to back (checked to fit int32 first).
+    """
+    count = offsets.shape[0] - 1
+    framed = offsets + 2 * np.arange(count + 1, dtype=np.int64)
+    tokens = np.empty(int(framed[-1]), dtype=np.int32)
+    inside = np.ones(tokens.shape[0], dtype=bool)
+    inside[framed[:-1]] = False
+    inside[framed[1:] - 1] = False
+    tokens[inside] = content
+    tokens[framed[:-1]] = bos
+    tokens[framed[1:] - 1] = eos
+    return tokens, framed
+
+
+@dataclass
+class Encoded:
+    """A chunk's valid documents: framed int32 ``tokens`` with int64 ``offsets``, each
+    document's ``inputs`` and ``locations``, and how many empty documents were skipped."""
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    inputs: np.ndarray
+    locations: np.ndarray
+    skipped: int
+
+
+class ChunkEncoder:
+    """Turns document chunks into validated framed tokens under ``binding``.
+
+    ``tokenizer`` is the binding's ``ByteTokenizer`` or a :class:`TokenizerFile`;
+    pre-tokenized chunks are framed with the binding's BOS and EOS unless ``framed``
+    (their IDs then already start with BOS and end with EOS). Documents with no content
+    are skipped and counted; every other rule break is an error naming the document.
+    """
+
+    def __init__(self, binding: BatchBinding, tokenizer, inputs: list[Input], *, framed: bool = False,
+                 threads: int | None = None):
+        self.binding = binding
+        self.tokenizer = tokenizer
+        self.inputs = inputs
+        self.framed = framed
+        self.threads = kernel_threads(threads)
+
+    def where(self, chunk: DocumentChunk, index: int) -> str:
+        return self.inputs[int(chunk.inputs[index])].where(int(chunk.locations[index]))
+
+    def encode(self, chunk: DocumentChunk) -> Encoded:
+        binding = self.binding
+        if chunk.ids is not None:
+            values, offsets = chunk.ids
+            if values.size and values.dtype.kind not in "iu":
+                raise InvalidInputError(f"{self.where(chunk, 0)}: token IDs must be integers, not {values.dtype}")
+            self._check_int32(chunk, values, offsets)
+            if self.framed:
+                tokens, offsets = values.astype(np.int32), offsets
+            else:
+                tokens, offsets = frame(values, offsets, binding.bos_id, binding.eos_id)
+        elif isinstance(self.tokenizer, TokenizerFile):
+            texts = [self._text(chunk, i, t) for i, t in enumerate(chunk.text_list())]
+            content, offsets = self.tokenizer.encode(texts)
+            tokens, offsets = frame(content, offsets, binding.bos_id, binding.eos_id)
+        elif not self.tokenizer.merges:  # bytes: ID = byte + 2, no merges to apply
+            data, offsets = chunk.joined_bytes()
+            tokens, offsets = frame(data.astype(np.int32) + 2, offsets, binding.bos_id, binding.eos_id)
+        else:
+            documents = [self.tokenizer.encode_document(t) for t in chunk.text_list()]
+            offsets = np.zeros(len(documents) + 1, dtype=np.int64)
+            np.cumsum([len(d) for d in documents], out=offsets[1:])
+            tokens = np.concatenate(documents) if documents else np.zeros(0, np.int32)
+        return self._validated(chunk, tokens, offsets)
+
+    def _text(self, chunk: DocumentChunk, index: int, text) -> str:
+        if isinstance(text, str):
+            return text
+        try:
+            return text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidInputError(f"{self.where(chunk, index)}: not UTF-8 text (byte {error.start})") from None
+
+    def _check_int32(self, chunk: DocumentChunk, values: np.ndarray, offsets: np.ndarray) -> None:
+        if not values.size:
+            return
+        low, high = int(values.min()), int(values.max())
+        if low >= -INT32_MAX - 1 and high <= INT32_MAX:
+            return
+        bad = np.flatnonzero((values < -INT32_MAX - 1) | (values > INT32_MAX))[0]
+        document = int(np.searchsorted(offsets, bad, side="right")) - 1
+        raise InvalidInputError(f"{self.where(chunk, document)}: token ID {int(values[bad])} does not fit int32")
+
+    def _validated(self, chunk: DocumentChunk, tokens: np.ndarray, offsets: np.ndarray) -> Encoded:
+        """Skip empty documents, check the rest in one kernel pass, name the first bad one."""
+        binding = self.binding
+        inputs, locations = chunk.inputs, chunk.locations
+        lengths = np.diff(offsets)
+        pairs = offsets[:-1][lengths == 2]
+        empty = np.zeros(lengths.shape[0], dtype=bool)
+        empty[lengths == 2] = (tokens[pairs] == binding.bos_id) & (tokens[pairs + 1] == binding.eos_id)
+        skipped = int(empty.sum())
+        if skipped:  # [BOS, EOS]: no content, so no example
+            keep = ~empty
+            tokens = tokens[np.repeat(keep, lengths)]
+            offsets = np.concatenate(([0], np.cumsum(lengths[keep])))
+            inputs, locations = inputs[keep], locations[keep]
+        if offsets.shape[0] == 1:
+            return Encoded(tokens, offsets, inputs, locations, skipped)
+        pieces = binding.tokenizer.piece_lengths if binding.tokenizer is not None else np.zeros(0, np.int64)
+        checked = np.empty_like(tokens)
+        document, _ = _validate.first_bad_document(
+            tokens, offsets, pieces, binding.vocabulary_size, binding.bos_id, binding.eos_id,
+            binding.limits.max_tokens, binding.limits.max_bytes, checked,
+            self.threads if tokens.shape[0] >= 1 << 20 else 1,
+        )
+        if document < 0:
+            return Encoded(checked, offsets, inputs, locations, skipped)
+        where = self.inputs[int(inputs[document])].where(int(locations[document]))
+        try:
+            binding.validate_document(tokens[int(offsets[document]): int(offsets[document + 1])])
+        except SeqpackError as error:
+            raise type(error)(f"{where}: {error}") from None
+        raise AssertionError(f"{where}: failed the bulk check but passed the per-document one")

@@ -1,0 +1,188 @@
+"""The packed dataset on disk: its files, its manifest, and writing them crash-safely.
+
+A dataset is a directory holding ``manifest.json`` and one or more *parts*, each a
+subdirectory (``part-00000``...) packed on its own:
+
+``tokens.bin``
+    The source tokens of every placed example (its inputs plus its last target),
+    back to back in placement order (batch, row, column): little-endian uint16 when
+    the vocabulary has at most 65,536 IDs, else int32. A batch's tokens are one
+    contiguous run, so loading a batch reads sequentially under every policy.
+``occurrences.npy``
+    int64 ``[examples, 3]``: the part-local example ordinal, the part-local row and the
+    start column of each placement, in the same order (rows non-decreasing; each row's
+    examples tile its first columns).
+``examples.npy``
+    int64 ``[examples, 3]`` by example ordinal: its part-local document and its source
+    range ``[start, stop)`` in that document.
+``documents.npy``
+    int64 ``[documents, 3]``: the input (an index into the manifest's ``inputs``), the
+    place in it (line, row or sequence) and the framed token count of each document.
+
+``manifest.json`` records the format version, the binding (tokenizer identity, split
+digest, limits), partition, config, policy, token dtype, inputs, counts, the
+efficiency report, and per part its first global example, document, row and batch, its
+counts and every file's byte size and SHA-256. A part's example ``i`` has the global
+ordinal ``first_example + i`` (its segment in every batch). Batches never span parts.
+
+Writing: everything goes into a hidden temporary sibling directory, each file flushed
+and fsynced; the directory is renamed into place and ``manifest.json`` is written last,
+atomically (temporary file, fsync, rename). A directory without ``manifest.json`` is
+incomplete and is refused by ``open_dataset`` and ``verify``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InvalidInputError
+
+FORMAT = "seqpack-packed-dataset"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+PART_FILES = ("tokens.bin", "occurrences.npy", "examples.npy", "documents.npy")
+#: Vocabularies up to this size store uint16 tokens.
+UINT16_VOCABULARY = 1 << 16
+
+
+def token_dtype(vocabulary_size: int) -> np.dtype:
+    """uint16 when every ID fits, else int32 (little-endian either way)."""
+    return np.dtype("<u2") if vocabulary_size <= UINT16_VOCABULARY else np.dtype("<i4")
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:05d}"
+
+
+class HashingFile:
+    """A file written once, front to back, whose SHA-256 and size are kept as it grows;
+    ``close()`` flushes and fsyncs it and returns its manifest record."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._handle = open(path, "wb")
+        self._digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data) -> None:
+        view = memoryview(data).cast("B")
+        self._handle.write(view)
+        self._digest.update(view)
+        self.size += view.nbytes
+
+    def close(self) -> dict:
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        return {"bytes": self.size, "sha256": self._digest.hexdigest()}
+
+    def abandon(self) -> None:
+        self._handle.close()
+
+
+def write_array(path: Path, array: np.ndarray) -> dict:
+    """Save ``array`` as ``.npy`` (fsynced); return its manifest record."""
+    target = HashingFile(path)
+    try:
+        np.lib.format.write_array(target, np.ascontiguousarray(array), allow_pickle=False)
+    except BaseException:
+        target.abandon()
+        raise
+    return target.close()
+
+
+def fsync_directory(path: Path) -> None:
+    """Make a directory's entries (new names, renames) durable."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:  # platforms that cannot open directories
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def check_output(out: Path, force: bool) -> None:
+    """An existing output is refused unless ``force``; its parent must exist."""
+    if out.exists() and not force:
+        raise InvalidInputError(f"{out} already exists (--force replaces it)")
+    if not out.parent.is_dir():
+        raise InvalidInputError(f"{out.parent} is not a directory")
+
+
+@contextlib.contextmanager
+def staging_directory(out: Path, force: bool):
+    """A hidden temporary sibling of ``out`` to write into; removed on any failure.
+
+    The caller finishes with :func:`publish`, which renames it into place.
+    """
+    check_output(out, force)
+    staging = out.parent / f".{out.name}.seqpack-partial-{uuid.uuid4().hex[:12]}"
+    staging.mkdir()
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def publish(staging: Path, out: Path, manifest: dict, force: bool) -> None:
+    """Rename ``staging`` to ``out`` (replacing an old ``out`` only when ``force``), then
+    write ``manifest.json`` last, atomically. Until that final rename ``out`` has no
+    manifest and is refused as incomplete."""
+    fsync_directory(staging)
+    old = None
+    if out.exists():
+        if not force:
+            raise InvalidInputError(f"{out} already exists (--force replaces it)")
+        old = out.parent / f".{out.name}.seqpack-old-{uuid.uuid4().hex[:12]}"
+        os.rename(out, old)
+    os.rename(staging, out)
+    fsync_directory(out.parent)
+    write_manifest(out, manifest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    """``manifest.json`` written to a temporary name, fsynced, then renamed (atomic)."""
+    temporary = directory / f".{MANIFEST}.partial"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.rename(temporary, directory / MANIFEST)
+    fsync_directory(directory)
+
+
+def read_manifest(directory) -> dict:
+    """The manifest of a complete dataset, its format checked; errors name the directory."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InvalidInputError(f"{directory}: no such directory")
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise InvalidInputError(f"{path}: missing, so {directory} is not a complete packed dataset")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise InvalidInputError(f"{path}: not valid JSON: {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise InvalidInputError(f"{path}: not a seqpack packed-dataset manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise InvalidInputError(
+            f"{path}: format version {manifest.get('format_version')!r}; this seqpack reads {FORMAT_VERSION}"
+        )
+    return manifest

@@ -1,0 +1,411 @@
+"""Corpus readers: documents from text files, JSONL, Parquet/Arrow, in-memory tables and Megatron datasets.
+
+Every reader yields :class:`DocumentChunk` objects of bounded size (about
+``CHUNK_BYTES`` of input), in input order, each naming where its documents came from
+(file and line, row, or sequence), so that any later error names the document's place in
+its input. Text arrives as raw bytes or ``str``; pre-tokenized documents as one flat ID
+array with offsets, read from Arrow list columns and Megatron ``.bin`` files through their
+flat values (no Python loop per token). pyarrow is imported only by the readers that need
+it (the ``corpus`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import InvalidInputError
+
+#: Input bytes a chunk holds (about; one document may exceed it).
+CHUNK_BYTES = 8 << 20
+#: Documents a chunk holds at most.
+CHUNK_DOCUMENTS = 4096
+
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
+                   7: np.float32, 8: np.uint16}
+
+
+def missing_extra(what: str, extra: str) -> InvalidInputError:
+    return InvalidInputError(f"{what} needs the {extra!r} extra: pip install 'seqpack[{extra}]'")
+
+
+def import_pyarrow():
+    """pyarrow (the ``corpus`` extra), or an error naming the extra."""
+    try:
+        import pyarrow
+        import pyarrow.compute  # noqa: F401
+        import pyarrow.ipc  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise missing_extra("reading Parquet or Arrow data", "corpus") from None
+    return pyarrow
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input: its name (a path, or a description of an in-memory table) and the unit
+    that locates a document in it (``"line"`` 1-based, ``"row"`` and ``"sequence"``
+    0-based, or ``None`` for a file that is one document)."""
+
+    name: str
+    kind: str
+    unit: str | None
+
+    def where(self, location: int) -> str:
+        """``path:line``, ``name row 12``, ``name sequence 3`` or the file's name."""
+        if self.unit is None:
+            return self.name
+        if self.unit == "line":
+            return f"{self.name}:{location}"
+        return f"{self.name} {self.unit} {location}"
+
+
+@dataclass
+class DocumentChunk:
+    """Consecutive documents of one input.
+
+    Exactly one of ``texts`` (a list of ``str`` or ``bytes``), ``text_buffer`` (UTF-8
+    bytes as a uint8 array and int64 offsets) or ``ids`` (flat integer IDs and int64
+    offsets, one document each) is set. ``inputs`` and ``locations`` (int64) name each
+    document's input (an index into the readers' inputs) and its place there; ``nbytes``
+    counts the input bytes read.
+    """
+
+    inputs: np.ndarray
+    locations: np.ndarray
+    nbytes: int
+    texts: list | None = None
+    text_buffer: tuple[np.ndarray, np.ndarray] | None = None
+    ids: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return int(self.locations.shape[0])
+
+    def text_list(self) -> list:
+        """The texts as a list (``str`` or ``bytes``)."""
+        if self.texts is not None:
+            return self.texts
+        data, offsets = self.text_buffer
+        raw = data.tobytes()
+        bounds = offsets.tolist()
+        return [raw[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def joined_bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The texts' UTF-8 bytes back to back (uint8) with int64 offsets."""
+        if self.text_buffer is not None:
+            return self.text_buffer
+        encoded = [t.encode("utf-8") if isinstance(t, str) else t for t in self.texts]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(t) for t in encoded], out=offsets[1:])
+        return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
+
+
+class Reader(Protocol):
+    """Documents chunk by chunk: ``inputs`` lists what the reader reads, and
+    ``chunks(first_input)`` yields chunks whose input indices count from ``first_input``."""
+
+    inputs: list[Input]
+
+    def chunks(self, first_input: int) -> Iterator[DocumentChunk]: ...
+
+
+def _files_under(path: Path, pattern: str | None) -> list[Path]:
+    """Regular files under a directory, sorted, hidden names skipped, matching ``pattern``."""
+    found = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if name.startswith(".") or (pattern and not Path(name).match(pattern)):
+                continue
+            candidate = Path(root) / name
+            if candidate.is_file():
+                found.append(candidate)
+    return found
+
+
+class TextFiles:
+    """Plain text files, one document each; a directory stands for every file under it
+    (sorted, hidden names skipped, ``pattern`` such as ``"*.py"`` filtering names).
+    Empty files are skipped."""
+
+    def __init__(self, paths, pattern: str | None = None):
+        self.paths = []
+        for path in map(Path, paths):
+            if path.is_dir():
+                self.paths.extend(_files_under(path, pattern))
+            elif path.is_file():
+                self.paths.append(path)
+            else:
+                raise InvalidInputError(f"{path}: no such file or directory")
+        self.paths = [p for p in self.paths if p.stat().st_size > 0]
+        self.inputs = [Input(str(p), "text", None) for p in self.paths]
+
+    def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
+        texts, first, size = [], 0, 0
+        for index, path in enumerate(self.paths):
+            try:
+                texts.append(path.read_bytes())
+            except OSError as error:
+                raise InvalidInputError(f"{path}: cannot read: {error.strerror or error}") from None
+            size += len(texts[-1])
+            if size >= CHUNK_BYTES or len(texts) >= CHUNK_DOCUMENTS or index == len(self.paths) - 1:
+                inputs = np.arange(first_input + first, first_input + index + 1, dtype=np.int64)
+                yield DocumentChunk(inputs, np.ones(len(texts), np.int64), size, texts=texts)
+                first, texts, size = index + 1, [], 0
+
+
+class JsonLines:
+    """A JSONL file: one JSON object a line, the document in ``text_field`` (a string) or
+    ``ids_field`` (a list of token IDs). Blank lines are skipped; lines count from 1."""
+
+    def __init__(self, path, *, text_field: str = "text", ids_field: str | None = None):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise InvalidInputError(f"{path}: no such file")
+        self.field = ids_field or text_field
+        self.pretokenized = ids_field is not None
+        self.inputs = [Input(str(path), "jsonl", "line")]
+
+    def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
+        values, lines, size = [], [], 0
+        where = self.inputs[0]
+        with open(self.path, "rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError as error:
+                    raise InvalidInputError(f"{where.where(number)}: not valid JSON: {error}") from None
+                if not isinstance(record, dict) or self.field not in record:
+                    raise InvalidInputError(f"{where.where(number)}: no field {self.field!r}")
+                value = record[self.field]
+                if self.pretokenized:
+                    if not isinstance(value, list) or not all(type(v) is int for v in value):
+                        raise InvalidInputError(f"{where.where(number)}: field {self.field!r} is not a list of ints")
+                elif not isinstance(value, str):
+                    raise InvalidInputError(f"{where.where(number)}: field {self.field!r} is not a string")
+                values.append(value)
+                lines.append(number)
+                size += len(line)
+                if size >= CHUNK_BYTES or len(values) >= CHUNK_DOCUMENTS:
+                    yield self._chunk(first_input, values, lines, size)
+                    values, lines, size = [], [], 0
+        if values:
+            yield self._chunk(first_input, values, lines, size)
+
+    def _chunk(self, first_input: int, values: list, lines: list, size: int) -> DocumentChunk:
+        locations = np.array(lines, dtype=np.int64)
+        inputs = np.full(len(values), first_input, dtype=np.int64)
+        if not self.pretokenized:
+            return DocumentChunk(inputs, locations, size, texts=values)
+        offsets = np.zeros(len(values) + 1, dtype=np.int64)
+        np.cumsum([len(v) for v in values], out=offsets[1:])
+        flat = np.fromiter((i for v in values for i in v), dtype=np.int64, count=int(offsets[-1]))
+        return DocumentChunk(inputs, locations, size, ids=(flat, offsets))
+
+
+def _column_field(schema_names, text_field: str | None, ids_field: str | None, name: str) -> tuple[str, bool]:
+    """The column to read and whether it holds IDs: ``ids_field`` if given, else
+    ``text_field`` (default ``"text"``), else ``"input_ids"`` when that is the column there is."""
+    if ids_field is not None:
+        chosen, ids = ids_field, True
+    elif text_field is not None:
+        chosen, ids = text_field, False
+    elif "text" in schema_names:
+        chosen, ids = "text", False
+    elif "input_ids" in schema_names:
+        chosen, ids = "input_ids", True
+    else:
+        raise InvalidInputError(f"{name}: no 'text' or 'input_ids' column; name one with --text-field or --ids-field")
+    if chosen not in schema_names:
+        raise InvalidInputError(f"{name}: no column {chosen!r} (columns: {', '.join(schema_names)})")
+    return chosen, ids
+
+
+def arrow_chunk(array, input_index: int, first_row: int, where: Input, ids: bool) -> DocumentChunk:
+    """One chunk from an Arrow string or list array (a column of a record batch).
+
+    Strings are handed over as their UTF-8 buffer and offsets, lists as their flat
+    values and offsets: no Python object per document or token.
+    """
+    pa = import_pyarrow()
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if array.null_count:
+        row = first_row + int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+        raise InvalidInputError(f"{where.where(row)}: the document is null")
+    count = len(array)
+    locations = np.arange(first_row, first_row + count, dtype=np.int64)
+    inputs = np.full(count, input_index, dtype=np.int64)
+    kind = array.type
+    if ids:
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)) \
+                or not pa.types.is_integer(kind.value_type):
+            raise InvalidInputError(f"{where.name}: column type {kind} is not a list of integers")
+        lengths = pa.compute.list_value_length(array).to_numpy(zero_copy_only=False).astype(np.int64)
+        offsets = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = array.flatten()
+        if values.null_count:
+            raise InvalidInputError(f"{where.name}: a token ID is null")
+        flat = values.to_numpy(zero_copy_only=False)
+        return DocumentChunk(inputs, locations, flat.nbytes, ids=(flat, offsets))
+    if pa.types.is_string(kind) or pa.types.is_binary(kind):
+        offset_type = np.int32
+    elif pa.types.is_large_string(kind) or pa.types.is_large_binary(kind):
+        offset_type = np.int64
+    else:
+        raise InvalidInputError(f"{where.name}: column type {kind} is not a string column")
+    _, offset_buffer, data_buffer = array.buffers()
+    offsets = np.frombuffer(offset_buffer, dtype=offset_type)[array.offset: array.offset + count + 1]
+    offsets = offsets.astype(np.int64)
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    data = data[offsets[0]: offsets[-1]]
+    return DocumentChunk(inputs, locations, int(data.shape[0]), text_buffer=(data, offsets - offsets[0]))
+
+
+class ArrowBatches:
+    """Record batches of a Parquet file, an Arrow IPC file or stream, a ``pyarrow.Table`` or a
+    ``datasets.Dataset``; rows count from 0. The column is ``ids_field`` (a list of
+    integer IDs), or ``text_field`` (strings), or by default ``"text"``, else ``"input_ids"``."""
+
+    BATCH_ROWS = 4096
+
+    def __init__(self, source, *, text_field: str | None = None, ids_field: str | None = None, name=None):
+        self.source = source
+        self.text_field, self.ids_field = text_field, ids_field
+        if isinstance(source, (str, os.PathLike)):
+            path = Path(source)
+            if not path.is_file():
+                raise InvalidInputError(f"{path}: no such file")
+            kind = "parquet" if path.suffix == ".parquet" else "arrow"
+            self.inputs = [Input(str(path), kind, "row")]
+        else:
+            self.inputs = [Input(name or type(source).__name__, "table", "row")]
+
+    def _batches(self):
+        """``(column names, iterator of record batches or tables)``."""
+        pa = import_pyarrow()
+        source = self.source
+        if isinstance(source, (str, os.PathLike)):
+            path = str(source)
+            try:
+                if self.inputs[0].kind == "parquet":
+                    handle = pa.parquet.ParquetFile(path)
+                    names = handle.schema_arrow.names
+                    column, _ = _column_field(names, self.text_field, self.ids_field, path)
+                    return names, handle.iter_batches(batch_size=self.BATCH_ROWS, columns=[column])
+                try:
+                    reader = pa.ipc.open_file(path)
+                    batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+                except pa.ArrowInvalid:
+                    reader = pa.ipc.open_stream(path)
+                    batches = iter(reader)
+                return reader.schema.names, batches
+            except (pa.ArrowInvalid, OSError) as error:
+                raise InvalidInputError(f"{path}: cannot read as {self.inputs[0].kind}: {error}") from None
+        if isinstance(source, pa.Table):
+            return source.column_names, iter(source.to_batches(max_chunksize=self.BATCH_ROWS))
+        if hasattr(source, "with_format") and hasattr(source, "column_names"):  # datasets.Dataset
+            return source.column_names, source.with_format("arrow").iter(batch_size=self.BATCH_ROWS)
+        raise InvalidInputError(
+            f"expected a path, a pyarrow.Table or a datasets.Dataset, not {type(source).__name__}"
+        )
+
+    def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
+        names, batches = self._batches()
+        where = self.inputs[0]
+        column, ids = _column_field(names, self.text_field, self.ids_field, where.name)
+        row = 0
+        for batch in batches:
+            if batch.num_rows:
+                yield arrow_chunk(batch.column(column), first_input, row, where, ids)
+            row += batch.num_rows
+
+
+class Megatron:
+    """A Megatron indexed dataset (``PREFIX.idx`` and ``PREFIX.bin``), memory-mapped; each
+    sequence is one document of pre-tokenized IDs (sequences count from 0)."""
+
+    def __init__(self, path):
+        prefix = str(path)
+        for suffix in (".idx", ".bin"):
+            if prefix.endswith(suffix):
+                prefix = prefix[: -len(suffix)]
+        self.index_path, self.data_path = Path(prefix + ".idx"), Path(prefix + ".bin")
+        for required in (self.index_path, self.data_path):
+            if not required.is_file():
+                raise InvalidInputError(f"{required}: no such file (a Megatron dataset is PREFIX.idx + PREFIX.bin)")
+        self.inputs = [Input(str(self.data_path), "megatron", "sequence")]
+        self.lengths, self.pointers, self.dtype = read_megatron_index(self.index_path)
+
+    def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
+        where = self.inputs[0]
+        size = os.path.getsize(self.data_path)
+        itemsize = self.dtype.itemsize
+        ends = self.pointers + self.lengths * itemsize
+        if self.lengths.size and (self.pointers.min() < 0 or ends.max() > size):
+            bad = int(np.flatnonzero((self.pointers < 0) | (ends > size))[0])
+            raise InvalidInputError(f"{where.where(bad)}: lies outside {self.data_path} ({size} bytes)")
+        tokens = np.memmap(self.data_path, dtype=self.dtype, mode="r") if size else np.zeros(0, self.dtype)
+        for first in range(0, self.lengths.shape[0], CHUNK_DOCUMENTS):
+            stop = min(first + CHUNK_DOCUMENTS, self.lengths.shape[0])
+            lengths = self.lengths[first:stop]
+            begins = self.pointers[first:stop] // itemsize
+            offsets = np.zeros(stop - first + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            if np.array_equal(begins, begins[0] + offsets[:-1]):  # stored back to back: one slice
+                flat = np.asarray(tokens[begins[0]: begins[0] + offsets[-1]])
+            else:
+                flat = np.concatenate([tokens[b: b + n] for b, n in zip(begins.tolist(), lengths.tolist())])
+            yield DocumentChunk(np.full(stop - first, first_input, dtype=np.int64),
+                                np.arange(first, stop, dtype=np.int64), int(offsets[-1]) * itemsize,
+                                ids=(flat, offsets))
+
+
+def read_megatron_index(path: Path) -> tuple[np.ndarray, np.ndarray, np.dtype]:
+    """``(sequence lengths int64, byte pointers int64, token dtype)`` of a Megatron ``.idx`` file."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    header = bytes(data[:34])
+    if len(header) < 34 or header[:9] != MEGATRON_MAGIC:
+        raise InvalidInputError(f"{path}: not a Megatron index (no MMIDIDX header)")
+    version = int.from_bytes(header[9:17], "little")
+    code = header[17]
+    if version != 1 or code not in MEGATRON_DTYPES:
+        raise InvalidInputError(f"{path}: unsupported index version {version} or dtype code {code}")
+    dtype = np.dtype(MEGATRON_DTYPES[code])
+    if dtype.kind not in "iu":
+        raise InvalidInputError(f"{path}: token dtype {dtype} is not an integer type")
+    count = int.from_bytes(header[18:26], "little")
+    documents = int.from_bytes(header[26:34], "little")
+    need = 34 + 4 * count + 8 * count + 8 * documents
+    if data.shape[0] < need:
+        raise InvalidInputError(f"{path}: truncated index ({data.shape[0]} bytes; {need} needed)")
+    lengths = np.frombuffer(data, dtype="<i4", count=count, offset=34).astype(np.int64)
+    pointers = np.frombuffer(data, dtype="<i8", count=count, offset=34 + 4 * count).astype(np.int64)
+    return lengths, pointers, dtype
+
+
+def reader_for(path, *, text_field=None, ids_field=None, pattern=None) -> Reader:
+    """The reader of one input path, by its kind: a directory or other file is text,
+    ``.jsonl``/``.json`` JSON lines, ``.parquet`` Parquet, ``.arrow``/``.feather`` Arrow,
+    ``.idx``/``.bin`` with a sibling of the other suffix a Megatron dataset."""
+    path = Path(path)
+    suffix = path.suffix
+    if path.is_dir():
+        return TextFiles([path], pattern)
+    if suffix in (".jsonl", ".json"):
+        return JsonLines(path, text_field=text_field or "text", ids_field=ids_field)
+    if suffix in (".parquet", ".arrow", ".feather"):
+        return ArrowBatches(path, text_field=text_field, ids_field=ids_field)
+    if suffix in (".idx", ".bin") and path.with_suffix(".idx").is_file() and path.with_suffix(".bin").is_file():
+        return Megatron(path)
+    return TextFiles([path], pattern)

@@ -1,0 +1,156 @@
+"""Checking a packed dataset on disk: every checksum, count, placement rule and batch invariant.
+
+``verify_dataset`` refuses a directory without a manifest (an incomplete pack),
+recomputes the SHA-256 of every file the manifest lists, then checks the part files
+against each other and the manifest: examples are exactly the documents' whole ranges
+(or their windows, for a pack that cut long documents), the placement is exactly what
+the recorded policy gives for those lengths and tiles each row's prefix, tokens are in
+the vocabulary with BOS and EOS exactly where the documents' frames put them, and the
+counts and report match. Finally every batch is built and ``verify()``-ed. The first
+failure raises :class:`~seqpack.errors.VerificationError` naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import VerificationError
+from ..packing.placement import place
+from . import format as fmt
+from .dataset import Part, PackedDataset
+from .progress import Progress
+from .writer import examples_of
+
+HASH_BLOCK = 8 << 20
+
+
+def check_checksums(path: Path, manifest: dict, progress: Progress) -> int:
+    """Recompute every listed file's SHA-256 (and size); return the bytes read."""
+    listed = [(path / part["name"] / name, record) for part in manifest["parts"]
+              for name, record in part["files"].items()]
+    for part in manifest["parts"]:
+        missing = set(fmt.PART_FILES) - set(part["files"])
+        if missing:
+            raise VerificationError(f"{path / fmt.MANIFEST}: part {part['name']} lists no {sorted(missing)[0]}")
+    total = sum(record["bytes"] for _, record in listed)
+    progress.phase("checksums", total, "B")
+    for file, record in listed:
+        if not file.is_file():
+            raise VerificationError(f"{file}: missing")
+        digest = hashlib.sha256()
+        with open(file, "rb") as handle:
+            while block := handle.read(HASH_BLOCK):
+                digest.update(block)
+                progress.advance(len(block))
+        size = file.stat().st_size
+        if size != record["bytes"] or digest.hexdigest() != record["sha256"]:
+            raise VerificationError(
+                f"{file}: SHA-256 {digest.hexdigest()[:16]}... ({size} bytes) differs from the manifest's "
+                f"{record['sha256'][:16]}... ({record['bytes']} bytes)"
+            )
+    return total
+
+
+def _fail(file: Path, message: str):
+    raise VerificationError(f"{file}: {message}")
+
+
+def check_part(dataset: PackedDataset, part: Part, record: dict) -> None:
+    """The placement, example and token rules of one part, and its recorded counts."""
+    config, policy = dataset.config, dataset.policy
+    capacity = config.capacity
+    occurrences, examples = part.directory / "occurrences.npy", part.directory / "examples.npy"
+    if not np.array_equal(np.sort(part.ordinals), np.arange(part.example_count)):
+        _fail(occurrences, "the placements do not name every example exactly once")
+    # Examples: exactly the documents' ranges the pack makes from their lengths.
+    sizes = np.ascontiguousarray(part.documents[:, 2])
+    documents, ranges = examples_of(sizes, capacity, dataset.manifest["long_documents"])
+    if not (np.array_equal(documents, part.examples[:, 0]) and np.array_equal(ranges, part.examples[:, 1:])):
+        _fail(examples, "the examples are not the documents' ranges for this capacity")
+    # Placement: what the recorded policy gives, in row-then-column order, tiling each row's prefix.
+    lengths = ranges[:, 1] - ranges[:, 0] - 1
+    placement = place(lengths, capacity, policy)
+    if placement.row_count != part.row_count or not (
+            np.array_equal(placement.rows[part.ordinals], part.rows)
+            and np.array_equal(placement.starts[part.ordinals], part.starts)):
+        _fail(occurrences, f"the placement differs from {policy} on these examples")
+    new_row = np.ones(part.example_count, dtype=bool)
+    new_row[1:] = part.rows[1:] != part.rows[:-1]
+    follows = np.zeros(part.example_count, dtype=np.int64)
+    follows[1:] = part.starts[:-1] + part.lengths[:-1]
+    expected = np.where(new_row, 0, follows)
+    if not np.array_equal(part.starts, expected):
+        bad = int(np.flatnonzero(part.starts != expected)[0])
+        _fail(occurrences, f"placement {bad} leaves a gap or overlaps in row {int(part.rows[bad])}")
+    # Tokens: in the vocabulary, BOS and EOS exactly where the frames put them.
+    tokens = part.tokens
+    binding = dataset.binding
+    spans = part.examples[part.ordinals]
+    starts_document = np.flatnonzero(spans[:, 1] == 0)
+    ends_document = np.flatnonzero(spans[:, 2] == sizes[spans[:, 0]])
+    frame = np.unique(np.concatenate([part.token_offsets[starts_document], part.token_offsets[ends_document + 1] - 1]))
+    controls = []
+    for first in range(0, tokens.shape[0], HASH_BLOCK):
+        block = np.asarray(tokens[first: first + HASH_BLOCK]).astype(np.int64)
+        if block.size and (block.min() < 0 or block.max() >= binding.vocabulary_size):
+            _fail(part.directory / "tokens.bin", f"a token lies outside the vocabulary [0, {binding.vocabulary_size})")
+        controls.append(first + np.flatnonzero((block == binding.bos_id) | (block == binding.eos_id)))
+    found = np.concatenate(controls) if controls else np.zeros(0, np.int64)
+    if not np.array_equal(found, frame):
+        _fail(part.directory / "tokens.bin", "BOS or EOS tokens are not exactly at the documents' frames")
+    bos_at = part.token_offsets[starts_document]
+    if bos_at.size and np.any(np.asarray(tokens[bos_at]) != binding.bos_id):
+        _fail(part.directory / "tokens.bin", "a document does not start with BOS")
+    # Windows of one document share one token (the last input of one is the first of the next).
+    if part.example_count > 1:
+        same = np.flatnonzero(part.examples[1:, 0] == part.examples[:-1, 0])
+        if same.size:
+            at = part.placement_of
+            last = np.asarray(tokens[part.token_offsets[at[same] + 1] - 1])
+            first = np.asarray(tokens[part.token_offsets[at[same + 1]]])
+            if not np.array_equal(last, first):
+                _fail(part.directory / "tokens.bin", "consecutive windows of a document do not share their token")
+    counts = {"examples": part.example_count, "documents": int(sizes.shape[0]), "tokens": int(tokens.shape[0]),
+              "document_tokens": int(sizes.sum()), "rows": part.row_count,
+              "batches": -(-part.row_count // config.rows_per_batch), "valid_targets": int(lengths.sum()),
+              "permitted_edges": int((lengths * (lengths + 1) // 2).sum())}
+    for key, value in counts.items():
+        if record.get(key) != value:
+            _fail(part.directory.parent / fmt.MANIFEST, f"part {part.name} records {key} {record.get(key)}; the files hold {value}")
+
+
+def verify_dataset(path, *, progress: Progress | None = None, batches: bool = True) -> dict:
+    """Check everything about the dataset at ``path``; return what was checked.
+
+    Raises :class:`~seqpack.errors.VerificationError` (or ``InvalidInputError`` for a
+    missing or unreadable manifest) naming the first failing file.
+    """
+    path = Path(path)
+    progress = progress or Progress(enabled=False)
+    manifest = fmt.read_manifest(path)
+    try:
+        checked_bytes = check_checksums(path, manifest, progress)
+        dataset = PackedDataset(path)
+        for part, record in zip(dataset.parts, manifest["parts"]):
+            check_part(dataset, part, record)
+        totals = {"examples": dataset.occurrence_count, "rows": dataset.row_count, "batches": dataset.batch_count,
+                  "valid_targets": int(dataset.batch_targets().sum())}
+        for key, value in totals.items():
+            if manifest["counts"].get(key) != value:
+                _fail(path / fmt.MANIFEST, f"counts record {key} {manifest['counts'].get(key)}; the parts hold {value}")
+        if batches:
+            progress.phase("batches", dataset.batch_count, " batches")
+            for number, batch in enumerate(dataset.batches(reuse_buffers=True)):
+                try:
+                    batch.verify()
+                except VerificationError as error:
+                    raise VerificationError(f"{path}: batch {number}: {error}", error.row, error.column) from None
+                progress.advance(1)
+    finally:
+        progress.close()
+    return {"path": str(path), "files": sum(len(p["files"]) for p in manifest["parts"]), "bytes": checked_bytes,
+            "parts": len(manifest["parts"]), "examples": totals["examples"], "batches": totals["batches"],
+            "batches_verified": dataset.batch_count if batches else 0}

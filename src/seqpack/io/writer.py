@@ -1,0 +1,284 @@
+"""Packing a corpus onto disk: read, tokenize, validate, stage, place, write a part, publish.
+
+Documents stream through in chunks (bounded memory: one chunk of text plus O(1) bytes
+per document and example); their framed tokens are staged in a file inside the
+temporary output directory. Once every length is known, the examples (whole documents,
+or with ``long="cut"`` the overlapping windows of :func:`~seqpack.data.window_ranges`)
+are placed by the chosen policy, and the part's ``tokens.bin`` is written in placement
+order from the staged file, block by block. A document longer than a row is an error
+naming its file and line unless ``long="cut"``; nothing is ever truncated. See
+:mod:`seqpack.io.format` for the files and the crash-safe publication.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import version
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..data.binding import BatchBinding, Partition
+from ..data.table import LONG_DOCUMENTS
+from ..data.windows import window_ranges
+from ..errors import CapacityError, InvalidInputError
+from ..layout.sources import check_example_count
+from ..packing.config import PackConfig
+from ..packing.gather import gather_ranges
+from ..packing.placement import check_policy, place
+from ..packing.report import EfficiencyReport
+from . import format as fmt
+from .encoding import ChunkEncoder
+from .progress import Progress
+from .readers import Reader
+
+#: Tokens gathered per block while writing ``tokens.bin`` in placement order.
+WRITE_BLOCK_TOKENS = 1 << 24
+STAGED_TOKENS = "staged-tokens.bin"
+
+
+@dataclass
+class Staged:
+    """Validated documents: framed tokens staged in ``path`` (``dtype``), one entry per
+    document in ``lengths``, ``inputs`` and ``locations``; ``record`` is the staged
+    file's size and SHA-256."""
+
+    path: Path
+    dtype: np.dtype
+    lengths: np.ndarray
+    inputs: np.ndarray
+    locations: np.ndarray
+    record: dict
+    skipped_empty: int
+    input_bytes: int
+
+    @property
+    def token_count(self) -> int:
+        return int(self.lengths.sum())
+
+
+def stage_documents(readers: list[Reader], encoder: ChunkEncoder, path: Path, *, capacity: int, long: str,
+                    progress: Progress) -> Staged:
+    """Read, tokenize and validate every document; stage the framed tokens in ``path``.
+
+    With ``long="error"`` a document of more than ``capacity`` predictions is a
+    :class:`CapacityError` naming its file and line (or row).
+    """
+    dtype = fmt.token_dtype(encoder.binding.vocabulary_size)
+    staged = fmt.HashingFile(path)
+    lengths, inputs, locations = [], [], []
+    skipped = input_bytes = 0
+    first_input = 0
+    try:
+        for reader in readers:
+            for chunk in reader.chunks(first_input):
+                encoded = encoder.encode(chunk)
+                document_lengths = np.diff(encoded.offsets)
+                if long == "error" and document_lengths.size:
+                    too_long = np.flatnonzero(document_lengths - 1 > capacity)
+                    if too_long.size:
+                        index = int(too_long[0])
+                        where = encoder.inputs[int(encoded.inputs[index])].where(int(encoded.locations[index]))
+                        predictions = int(document_lengths[index] - 1)
+                        raise CapacityError(
+                            f"{where}: the document has {predictions} predictions; capacity is {capacity} "
+                            f"(--cut-long cuts long documents into overlapping windows)",
+                            cells=predictions, maximum=capacity,
+                        )
+                staged.write(encoded.tokens.astype(dtype, copy=False))
+                lengths.append(document_lengths)
+                inputs.append(encoded.inputs)
+                locations.append(encoded.locations)
+                skipped += encoded.skipped
+                input_bytes += chunk.nbytes
+                progress.reading(len(document_lengths), int(encoded.tokens.shape[0]), chunk.nbytes)
+            first_input += len(reader.inputs)
+    except BaseException:
+        staged.abandon()
+        raise
+    record = staged.close()
+    join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
+    result = Staged(path, dtype, join(lengths), join(inputs), join(locations), record, skipped, input_bytes)
+    if not result.lengths.size:
+        raise InvalidInputError("the inputs hold no document with content")
+    return result
+
+
+def examples_of(lengths: np.ndarray, capacity: int, long: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(documents, ranges)``: every document whole, or cut into windows (``long="cut"``)."""
+    if long == "cut":
+        return window_ranges(lengths, capacity)
+    ranges = np.stack([np.zeros_like(lengths), lengths], axis=1)
+    return np.arange(lengths.shape[0], dtype=np.int64), ranges
+
+
+def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str, long: str,
+               progress: Progress) -> dict:
+    """Place the staged documents' examples and write one part into ``directory``.
+
+    Returns the part's manifest record (counts, report figures, files), without the
+    global firsts, which the manifest assigns.
+    """
+    capacity, per_batch = config.capacity, config.rows_per_batch
+    documents, ranges = examples_of(staged.lengths, capacity, long)
+    check_example_count(documents.shape[0])
+    lengths = ranges[:, 1] - ranges[:, 0] - 1
+    placement = place(lengths, capacity, policy)
+    if policy == "next-fit":  # rows never decrease in input order
+        order = None
+        rows, starts = placement.rows, placement.starts
+    else:
+        order = np.argsort(placement.rows * capacity + placement.starts, kind="stable")
+        rows, starts = placement.rows[order], placement.starts[order]
+    document_starts = np.zeros(staged.lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(staged.lengths, out=document_starts[1:])
+    begins = document_starts[documents] + ranges[:, 0]
+    ends = document_starts[documents] + ranges[:, 1]
+    directory.mkdir()
+    files = {}
+    if order is None and documents.shape[0] == staged.lengths.shape[0]:
+        # Whole documents in input order: the staged file already is tokens.bin.
+        os.rename(staged.path, directory / "tokens.bin")
+        files["tokens.bin"] = staged.record
+    else:
+        files["tokens.bin"] = _write_tokens(directory / "tokens.bin", staged, begins, ends, order, progress)
+        os.unlink(staged.path)
+    ordinals = np.arange(documents.shape[0], dtype=np.int64) if order is None else order
+    files["occurrences.npy"] = fmt.write_array(directory / "occurrences.npy", np.stack([ordinals, rows, starts], 1))
+    files["examples.npy"] = fmt.write_array(directory / "examples.npy", np.column_stack([documents, ranges]))
+    files["documents.npy"] = fmt.write_array(
+        directory / "documents.npy", np.stack([staged.inputs, staged.locations, staged.lengths], 1))
+    sorted_lengths = lengths if order is None else lengths[order]
+    batch_count = -(-placement.row_count // per_batch)
+    bounds = np.searchsorted(rows, np.arange(batch_count, dtype=np.int64) * per_batch)
+    batch_targets = np.add.reduceat(sorted_lengths, bounds)
+    report = EfficiencyReport.of(policy, capacity, placement.row_count, lengths, batch_targets)
+    return {
+        "examples": int(documents.shape[0]), "documents": int(staged.lengths.shape[0]),
+        "tokens": int((ends - begins).sum()), "document_tokens": staged.token_count,
+        "rows": placement.row_count, "batches": batch_count, "valid_targets": report.valid_targets,
+        "permitted_edges": report.permitted_edges, "skipped_empty_documents": staged.skipped_empty,
+        "files": files,
+    }
+
+
+def _write_tokens(path: Path, staged: Staged, begins, ends, order, progress: Progress) -> dict:
+    """``tokens.bin``: each example's source tokens in placement order, gathered block by block."""
+    if order is not None:
+        begins, ends = begins[order], ends[order]
+    sizes = np.cumsum(ends - begins)
+    total = int(sizes[-1])
+    source = np.memmap(staged.path, dtype=staged.dtype, mode="r") if staged.record["bytes"] else None
+    target = fmt.HashingFile(path)
+    progress.phase("writing", total * staged.dtype.itemsize, "B")
+    try:
+        buffer = np.empty(min(total, WRITE_BLOCK_TOKENS), dtype=staged.dtype)
+        first, done = 0, 0
+        while first < begins.shape[0]:
+            # At least one example per block, else as many as fit the buffer.
+            end = max(first + 1, int(np.searchsorted(sizes, done + buffer.shape[0], side="right")))
+            count = int(sizes[end - 1]) - done
+            block = buffer[:count] if count <= buffer.shape[0] else np.empty(count, staged.dtype)
+            gather_ranges(source, begins[first:end], ends[first:end], staged.dtype, out=block)
+            target.write(block)
+            progress.advance(block.nbytes)
+            first, done = end, done + count
+    except BaseException:
+        target.abandon()
+        raise
+    finally:
+        del source
+    return target.close()
+
+
+def describe_binding(binding: BatchBinding, tokenizer) -> dict:
+    """The binding as the manifest records it (enough to rebuild it on load)."""
+    if tokenizer is binding.tokenizer:  # the byte tokenizer
+        described = {"kind": "byte", "merges": [list(m) for m in tokenizer.merges]}
+    else:
+        described = tokenizer.describe()
+    identity = binding.tokenizer_identity
+    described.update(vocabulary_size=identity.vocabulary_size, bos_id=identity.bos_id, eos_id=identity.eos_id,
+                     digest=identity.digest)
+    return {"tokenizer": described, "split_receipt_digest": binding.split_receipt_digest,
+            "limits": {"max_tokens": binding.limits.max_tokens, "max_bytes": binding.limits.max_bytes}}
+
+
+def manifest_of(parts: list[dict], *, binding: dict, partition: Partition, config: PackConfig, policy: str,
+                dtype: np.dtype, long: str, inputs: list, extra: dict | None = None) -> dict:
+    """The manifest of ``parts`` (records from :func:`write_part`, in order, each with
+    its ``name``): assigns each part its first global example, document, row and batch,
+    and sums the counts and the report."""
+    firsts = {"example": 0, "document": 0, "row": 0, "batch": 0}
+    for part in parts:
+        for key in firsts:
+            part[f"first_{key}"] = firsts[key]
+        firsts["example"] += part["examples"]
+        firsts["document"] += part["documents"]
+        firsts["row"] += part["rows"]
+        firsts["batch"] += part["batches"]
+    counts = {key: sum(part[key] for part in parts) for key in (
+        "documents", "examples", "tokens", "document_tokens", "rows", "batches", "valid_targets",
+        "permitted_edges", "skipped_empty_documents")}
+    cells = counts["rows"] * config.capacity
+    report = {
+        "policy": policy, "capacity": config.capacity, "rows": counts["rows"], "batches": counts["batches"],
+        "cells": cells, "valid_targets": counts["valid_targets"],
+        "real_target_fraction": counts["valid_targets"] / cells, "padding_cells": cells - counts["valid_targets"],
+        "permitted_edges": counts["permitted_edges"], "dense_score_positions": counts["rows"] * config.capacity**2,
+        "permitted_fraction": counts["permitted_edges"] / (counts["rows"] * config.capacity**2),
+    }
+    return {
+        "format": fmt.FORMAT, "format_version": fmt.FORMAT_VERSION, "created_by": f"seqpack {version('seqpack')}",
+        "binding": binding, "partition": partition.value,
+        "config": {"capacity": config.capacity, "rows_per_batch": config.rows_per_batch,
+                   "max_cells": config.max_cells, "max_memory_bytes": config.max_memory_bytes},
+        "policy": policy, "long_documents": long, "token_dtype": dtype.str,
+        "inputs": inputs, "counts": counts, "report": report, "parts": parts, **(extra or {}),
+    }
+
+
+def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer, config: PackConfig,
+                policy: str = "next-fit", partition: Partition = Partition.TRAIN, long: str = "error",
+                framed: bool = False, force: bool = False, progress: Progress | None = None,
+                threads: int | None = None) -> dict:
+    """Pack every document of ``readers`` into a packed dataset at ``out``; return its manifest.
+
+    ``tokenizer`` is ``binding.tokenizer`` (a ByteTokenizer) or a
+    :class:`~seqpack.io.encoding.TokenizerFile` whose identity is the binding's.
+    ``long="error"`` (default) refuses a document longer than ``config.capacity``
+    predictions naming its file and line; ``long="cut"`` cuts it into overlapping
+    windows. ``framed`` takes pre-tokenized documents as already ``[BOS, ..., EOS]``.
+    An existing ``out`` is refused unless ``force``. The dataset appears at ``out`` only
+    once complete (see :mod:`seqpack.io.format`).
+    """
+    out = Path(out)
+    if long not in LONG_DOCUMENTS:
+        raise InvalidInputError(f"long must be one of {LONG_DOCUMENTS}, not {long!r}")
+    if not isinstance(config, PackConfig):
+        raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
+    check_policy(policy, config.capacity)
+    if not isinstance(partition, Partition):
+        raise InvalidInputError(f"partition must be a Partition, not {partition!r}")
+    if tokenizer is not binding.tokenizer and getattr(tokenizer, "identity", None) != binding.tokenizer_identity:
+        raise InvalidInputError("the tokenizer's identity differs from the binding's")
+    progress = progress or Progress(enabled=False)
+    inputs = [item for reader in readers for item in reader.inputs]
+    encoder = ChunkEncoder(binding, tokenizer, inputs, framed=framed, threads=threads)
+    with fmt.staging_directory(out, force) as staging:
+        try:
+            staged = stage_documents(readers, encoder, staging / STAGED_TOKENS, capacity=config.capacity,
+                                     long=long, progress=progress)
+            part = write_part(staging / fmt.part_name(0), staged, config, policy, long, progress)
+        finally:
+            progress.close()
+        part["name"] = fmt.part_name(0)
+        manifest = manifest_of(
+            [part], binding=describe_binding(binding, tokenizer), partition=partition, config=config,
+            policy=policy, dtype=staged.dtype, long=long,
+            inputs=[{"name": item.name, "kind": item.kind, "unit": item.unit} for item in inputs],
+            extra={"input_bytes": staged.input_bytes},
+        )
+        fmt.publish(staging, out, manifest, force)
+    return manifest
