@@ -1,6 +1,9 @@
 """Fused range attention: forward and backward over permitted edges only.
 
-A work item is one (row, head, segment). Inside a segment the queries and keys are cut
+A work item is one (row, key/value head, segment) with every query head of that key/value
+head's group (grouped-query attention; multi-head attention is a group of one): each K
+and V tile is used by all the group's query heads while it is in cache, and dK and dV
+sum over the group's heads in order. Inside a segment the queries and keys are cut
 into tiles aligned at the segment start; a query tile meets the key tiles at or before
 it, and only the diagonal tile needs the causal mask (its quarter above the diagonal is
 skipped). No score outside the segment is ever computed (about 95% of the computed ones
@@ -14,11 +17,13 @@ form that OpenBLAS runs fastest on small tiles, so K and V are transposed once p
 segment and the probability tiles once per tile. Every product has at most 64**3
 multiply-adds (tiles shrink for head_dim > 64; this holds up to MAX_HEAD_DIM = 4096,
 which the Python layer enforces), the size at which OpenBLAS never starts its own
-threads, so BLAS stays single-threaded
-inside the OpenMP region. Each work item writes only its own segment's output rows and
-sums in a fixed order, so results are bitwise identical for any thread count. The
-exponentials use a vectorizable polynomial exp (below); the rest of the per-edge work
-is a few vector passes over each tile.
+threads, so BLAS stays single-threaded inside the OpenMP region. Arrays are strided
+with a contiguous last axis: the cell stride of a [T, d] block is the BLAS leading
+dimension, so a ``[B, H, T, D]`` view of ``[B, T, H, D]`` storage is read or written in
+place. Each work item writes only its own segment's output rows and sums in a fixed
+order, so results are bitwise identical for any thread count. The exponentials use a
+vectorizable polynomial exp (below); the rest of the per-edge work is a few vector
+passes over each tile.
 """
 
 from cython.parallel cimport parallel, prange, threadid
@@ -464,27 +469,68 @@ cdef inline void transpose(const real *src, Py_ssize_t rows, Py_ssize_t cols,
             dst[j * ldd + i] = src[i * lds + j]
 
 
-cdef void forward_segment(const real *q, const real *k, const real *v, Py_ssize_t start,
-                          Py_ssize_t end, Py_ssize_t d, Py_ssize_t tile, real scale,
-                          real *out, real *lse, real *scratch, Interrupt *state,
-                          bint caller) noexcept nogil:
-    """One (row, head, segment): ``q, k, v, out`` point at the head's [T, d] block.
+cdef struct Operand:
+    # A strided [rows, heads, T, d] (or [rows, heads, T]) array: its first element and the
+    # element strides of its leading axes; the last axis of a 4-D operand is contiguous.
+    void *data
+    Py_ssize_t row
+    Py_ssize_t head
+    Py_ssize_t cell
 
+
+cdef struct Group:
+    # One work item's operands: a row's key/value head and the query heads of its group.
+    # Pointers are at the row's first cell; ``*_head`` step between the group's query heads,
+    # ``ld*`` between cells (the BLAS leading dimensions).
+    const void *q
+    const void *k
+    const void *v
+    const void *out
+    const void *lse
+    const void *dout
+    void *dq
+    void *dk
+    void *dv
+    Py_ssize_t heads      # query heads in the group
+    Py_ssize_t q_head, ldq, ldk, ldv, out_head, ldo, lse_head, lse_cell
+    Py_ssize_t dout_head, lddout, dq_head, lddq, lddk, lddv
+
+
+cdef inline Py_ssize_t cell_stride(Operand x, Py_ssize_t d) noexcept nogil:
+    """Leading dimension of a [T, d] block (``d`` when T is 1 and the stride is moot)."""
+    return x.cell if x.cell >= d else d
+
+
+cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_ssize_t d,
+                          Py_ssize_t tile, real scale, real *scratch, Interrupt *state,
+                          bint caller) noexcept nogil:
+    """One (row, key/value head, segment) and every query head of its group.
+
+    Each K and V tile is used by all the group's query heads while it is in cache.
     Stops early (output undefined) when an interrupt is requested; the calling thread
     (``caller``) looks for pending signals once per query tile.
     """
-    cdef Py_ssize_t length = end - start
-    cdef Py_ssize_t ld = padded(length)
+    cdef const real *q = <const real *>g.q
+    cdef const real *k = <const real *>g.k
+    cdef const real *v = <const real *>g.v
+    cdef real *out = <real *>g.out
+    cdef real *lse = <real *>g.lse
+    cdef Py_ssize_t length = end - start, heads = g.heads
+    cdef Py_ssize_t ld = padded(length), ldq = g.ldq, ldo = g.ldo
     cdef real *kt = scratch                    # [d, ld]: K of the segment, transposed
     cdef real *p = kt + d * ld                 # [tile, tile]: scores, then probabilities
-    cdef real *running_max = p + tile * tile   # [tile]: running max per query
-    cdef real *running_total = running_max + tile  # [tile]: running sum of exp per query
-    cdef Py_ssize_t a, b, qa, ka, nq, nk, i, j, visible
+    cdef real *running_max = p + tile * tile   # [heads, tile]: running max per query
+    cdef real *running_total = running_max + heads * tile  # [heads, tile]: sum of exp
+    cdef Py_ssize_t a, b, h, qa, ka, nq, nk, i, j, visible
+    cdef const real *qh
+    cdef real *oh
     cdef real *pi
     cdef real *oi
+    cdef real *top
+    cdef real *total
     cdef real new_max, rescale
     cdef bint diagonal
-    transpose(k + start * d, length, d, d, kt, ld)
+    transpose(k + start * g.ldk, length, d, g.ldk, kt, ld)
     for a in range((length + tile - 1) // tile):
         if (caller and interrupted(state)) or interrupt_requested(state):
             return
@@ -494,110 +540,142 @@ cdef void forward_segment(const real *q, const real *k, const real *v, Py_ssize_
             ka = start + b * tile
             nk = min(tile, end - ka)
             diagonal = ka == qa
-            tile_gemm(LOWER_OUTPUT if diagonal else FULL, tile // 2, nq, nk, d, scale,
-                      q + qa * d, d, kt + (ka - start), ld, <real>0, p, tile)
+            for h in range(heads):
+                qh = q + h * g.q_head
+                oh = out + h * g.out_head
+                top = running_max + h * tile
+                total = running_total + h * tile
+                tile_gemm(LOWER_OUTPUT if diagonal else FULL, tile // 2, nq, nk, d, scale,
+                          qh + qa * ldq, ldq, kt + (ka - start), ld, <real>0, p, tile)
+                for i in range(nq):
+                    pi = p + i * tile
+                    visible = min(nk, qa + i - ka + 1)
+                    new_max = row_max(pi, visible)
+                    if ka == start:
+                        top[i] = new_max
+                        exp_shift(pi, pi, visible, new_max)
+                        total[i] = row_sum(pi, visible)
+                    else:
+                        if new_max < top[i]:
+                            new_max = top[i]
+                        rescale = scalar_exp(top[i] - new_max)
+                        top[i] = new_max
+                        exp_shift(pi, pi, visible, new_max)
+                        total[i] = total[i] * rescale + row_sum(pi, visible)
+                        oi = oh + (qa + i) * ldo
+                        for j in range(d):
+                            oi[j] = oi[j] * rescale
+                    for j in range(visible, nk):
+                        pi[j] = 0
+                tile_gemm(LOWER_A if diagonal else FULL, tile // 2, nq, d, nk, <real>1, p,
+                          tile, v + ka * g.ldv, g.ldv, <real>(0 if ka == start else 1),
+                          oh + qa * ldo, ldo)
+        for h in range(heads):
+            oh = out + h * g.out_head
+            top = running_max + h * tile
+            total = running_total + h * tile
             for i in range(nq):
-                pi = p + i * tile
-                visible = min(nk, qa + i - ka + 1)
-                new_max = row_max(pi, visible)
-                if ka == start:
-                    running_max[i] = new_max
-                    exp_shift(pi, pi, visible, new_max)
-                    running_total[i] = row_sum(pi, visible)
-                else:
-                    if new_max < running_max[i]:
-                        new_max = running_max[i]
-                    rescale = scalar_exp(running_max[i] - new_max)
-                    running_max[i] = new_max
-                    exp_shift(pi, pi, visible, new_max)
-                    running_total[i] = running_total[i] * rescale + row_sum(pi, visible)
-                    oi = out + (qa + i) * d
-                    for j in range(d):
-                        oi[j] = oi[j] * rescale
-                for j in range(visible, nk):
-                    pi[j] = 0
-            tile_gemm(LOWER_A if diagonal else FULL, tile // 2, nq, d, nk, <real>1, p, tile,
-                      v + ka * d, d, <real>(0 if ka == start else 1), out + qa * d, d)
-        for i in range(nq):
-            oi = out + (qa + i) * d
-            for j in range(d):
-                oi[j] = oi[j] / running_total[i]
-            lse[qa + i] = running_max[i] + scalar_log(running_total[i])
+                oi = oh + (qa + i) * ldo
+                for j in range(d):
+                    oi[j] = oi[j] / total[i]
+                lse[h * g.lse_head + (qa + i) * g.lse_cell] = top[i] + scalar_log(total[i])
 
 
-cdef void backward_segment(const real *q, const real *k, const real *v, const real *out,
-                           const real *lse, const real *dout, Py_ssize_t start,
-                           Py_ssize_t end, Py_ssize_t d, Py_ssize_t tile, real scale,
-                           real *dq, real *dk, real *dv, real *scratch, Interrupt *state,
+cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_ssize_t d,
+                           Py_ssize_t tile, real scale, real *scratch, Interrupt *state,
                            bint caller) noexcept nogil:
-    """One (row, head, segment) of the backward; every pointer is the head's block.
+    """The backward of one (row, key/value head, segment) and its group's query heads.
 
-    Interrupted as ``forward_segment`` is.
+    dK and dV of a key tile sum over query tiles, then over the group's heads in order,
+    so the result never depends on the thread count. Interrupted as ``forward_segment``.
     """
-    cdef Py_ssize_t length = end - start
-    cdef Py_ssize_t ld = padded(length)
+    cdef const real *q = <const real *>g.q
+    cdef const real *k = <const real *>g.k
+    cdef const real *v = <const real *>g.v
+    cdef const real *out = <const real *>g.out
+    cdef const real *lse = <const real *>g.lse
+    cdef const real *dout = <const real *>g.dout
+    cdef real *dq = <real *>g.dq
+    cdef real *dk = <real *>g.dk
+    cdef real *dv = <real *>g.dv
+    cdef Py_ssize_t length = end - start, heads = g.heads
+    cdef Py_ssize_t ld = padded(length), ldq = g.ldq, lddout = g.lddout
     cdef real *kt = scratch                    # [d, ld]: K of the segment, transposed
     cdef real *vt = kt + d * ld                # [d, ld]: V of the segment, transposed
     cdef real *p = vt + d * ld                 # [tile, tile]: scores, then probabilities
     cdef real *ds = p + tile * tile            # [tile, tile]: dP, then dS
     cdef real *pt = ds + tile * tile           # [tile, tile]: probabilities transposed
     cdef real *dst = pt + tile * tile          # [tile, tile]: dS transposed
-    cdef real *delta = dst + tile * tile       # [tile]: rowsum(dout * out) per query
-    cdef Py_ssize_t a, b, qa, ka, nq, nk, i, j, visible
+    cdef real *delta = dst + tile * tile       # [heads, tile]: rowsum(dout * out) per query
+    cdef Py_ssize_t a, b, h, qa, ka, nq, nk, i, j, visible
+    cdef const real *qh
+    cdef const real *douth
+    cdef const real *lseh
     cdef real *pi
     cdef real *dsi
     cdef real di
     cdef bint diagonal
     cdef int lower, upper
-    transpose(k + start * d, length, d, d, kt, ld)
-    transpose(v + start * d, length, d, d, vt, ld)
+    transpose(k + start * g.ldk, length, d, g.ldk, kt, ld)
+    transpose(v + start * g.ldv, length, d, g.ldv, vt, ld)
     for a in range((length + tile - 1) // tile):
         if (caller and interrupted(state)) or interrupt_requested(state):
             return
         qa = start + a * tile
         nq = min(tile, end - qa)
-        for i in range(nq):
-            delta[i] = row_dot(dout + (qa + i) * d, out + (qa + i) * d, d)
+        for h in range(heads):
+            for i in range(nq):
+                delta[h * tile + i] = row_dot(dout + h * g.dout_head + (qa + i) * lddout,
+                                              out + h * g.out_head + (qa + i) * g.ldo, d)
         for b in range(a + 1):
             ka = start + b * tile
             nk = min(tile, end - ka)
             diagonal = ka == qa
             lower = LOWER_OUTPUT if diagonal else FULL
-            tile_gemm(lower, tile // 2, nq, nk, d, scale, q + qa * d, d, kt + (ka - start), ld,
-                      <real>0, p, tile)
-            tile_gemm(lower, tile // 2, nq, nk, d, <real>1, dout + qa * d, d,
-                      vt + (ka - start), ld, <real>0, ds, tile)
-            for i in range(nq):
-                pi = p + i * tile
-                dsi = ds + i * tile
-                visible = min(nk, qa + i - ka + 1)
-                exp_shift(pi, pi, visible, lse[qa + i])
-                di = delta[i]
-                for j in range(visible):
-                    dsi[j] = pi[j] * (dsi[j] - di)
-                for j in range(visible, nk):
-                    pi[j] = 0
-                    dsi[j] = 0
-            transpose(p, nq, nk, tile, pt, tile)
-            transpose(ds, nq, nk, tile, dst, tile)
             upper = UPPER_A if diagonal else FULL
-            tile_gemm(upper, tile // 2, nk, d, nq, <real>1, pt, tile, dout + qa * d, d,
-                      <real>(0 if diagonal else 1), dv + ka * d, d)
-            tile_gemm(upper, tile // 2, nk, d, nq, scale, dst, tile, q + qa * d, d,
-                      <real>(0 if diagonal else 1), dk + ka * d, d)
-            tile_gemm(LOWER_A if diagonal else FULL, tile // 2, nq, d, nk, scale, ds, tile,
-                      k + ka * d, d, <real>(0 if ka == start else 1), dq + qa * d, d)
-
-
-cdef void zero_padding(real *x, const Py_ssize_t[::1] valid_lengths, Py_ssize_t heads,
-                       Py_ssize_t width, Py_ssize_t cell) noexcept nogil:
-    """Zero cells ``[valid_length, T)`` of every (row, head) block, ``cell`` elements each."""
-    cdef Py_ssize_t r, h, base
-    for r in range(valid_lengths.shape[0]):
-        if valid_lengths[r] < width:
             for h in range(heads):
-                base = ((r * heads + h) * width + valid_lengths[r]) * cell
-                memset(x + base, 0, (width - valid_lengths[r]) * cell * sizeof(real))
+                qh = q + h * g.q_head
+                douth = dout + h * g.dout_head
+                lseh = lse + h * g.lse_head
+                tile_gemm(lower, tile // 2, nq, nk, d, scale, qh + qa * ldq, ldq,
+                          kt + (ka - start), ld, <real>0, p, tile)
+                tile_gemm(lower, tile // 2, nq, nk, d, <real>1, douth + qa * lddout, lddout,
+                          vt + (ka - start), ld, <real>0, ds, tile)
+                for i in range(nq):
+                    pi = p + i * tile
+                    dsi = ds + i * tile
+                    visible = min(nk, qa + i - ka + 1)
+                    exp_shift(pi, pi, visible, lseh[(qa + i) * g.lse_cell])
+                    di = delta[h * tile + i]
+                    for j in range(visible):
+                        dsi[j] = pi[j] * (dsi[j] - di)
+                    for j in range(visible, nk):
+                        pi[j] = 0
+                        dsi[j] = 0
+                transpose(p, nq, nk, tile, pt, tile)
+                transpose(ds, nq, nk, tile, dst, tile)
+                # The diagonal tile is the first to reach key tile b; the group's first
+                # head starts its dK and dV rows, the others add to them.
+                tile_gemm(upper, tile // 2, nk, d, nq, <real>1, pt, tile, douth + qa * lddout,
+                          lddout, <real>(0 if diagonal and h == 0 else 1), dv + ka * g.lddv,
+                          g.lddv)
+                tile_gemm(upper, tile // 2, nk, d, nq, scale, dst, tile, qh + qa * ldq, ldq,
+                          <real>(0 if diagonal and h == 0 else 1), dk + ka * g.lddk, g.lddk)
+                tile_gemm(LOWER_A if diagonal else FULL, tile // 2, nq, d, nk, scale, ds, tile,
+                          k + ka * g.ldk, g.ldk, <real>(0 if ka == start else 1),
+                          dq + h * g.dq_head + qa * g.lddq, g.lddq)
+
+
+cdef void zero_padding(Operand x, Py_ssize_t heads, Py_ssize_t width, Py_ssize_t cell,
+                       const Py_ssize_t[::1] valid_lengths, size_t itemsize) noexcept nogil:
+    """Zero cells ``[valid_length, T)`` of every (row, head) block, ``cell`` elements each."""
+    cdef Py_ssize_t r, h, t
+    cdef char *base
+    for r in range(valid_lengths.shape[0]):
+        for h in range(heads):
+            base = <char *>x.data + (r * x.row + h * x.head) * <Py_ssize_t>itemsize
+            for t in range(valid_lengths[r], width):
+                memset(base + t * x.cell * <Py_ssize_t>itemsize, 0, cell * itemsize)
 
 
 cdef int thread_count(int threads, Py_ssize_t items, Py_ssize_t work) noexcept nogil:
@@ -610,176 +688,169 @@ cdef int thread_count(int threads, Py_ssize_t items, Py_ssize_t work) noexcept n
     return <int>count if count > 1 else 1
 
 
-cdef inline void forward_item(Py_ssize_t item, const Plan *plan, Py_ssize_t heads,
-                              Py_ssize_t width, Py_ssize_t d, Py_ssize_t tile, real scale,
-                              const real *q, const real *k, const real *v, real *out,
-                              real *lse, real *scratch, Interrupt *state, bint caller) noexcept nogil:
-    """Work item ``item`` of the plan: (segment order[item // heads], head item % heads)."""
-    cdef Py_ssize_t span = plan.order[item // heads]
-    cdef Py_ssize_t block = plan.spans[3 * span] * heads + item % heads
-    cdef Py_ssize_t offset = block * width * d
-    forward_segment(q + offset, k + offset, v + offset, plan.spans[3 * span + 1],
-                    plan.spans[3 * span + 2], d, tile, scale, out + offset,
-                    lse + block * width, scratch, state, caller)
+cdef Py_ssize_t item_group(Py_ssize_t item, const Plan *plan, Py_ssize_t kv_heads,
+                           Py_ssize_t group, const Operand *operands, Py_ssize_t count,
+                           size_t itemsize, Group *g) noexcept nogil:
+    """Point ``g`` at work item ``item``: segment order[item // kv_heads], key/value head
+    item % kv_heads. ``operands`` are q, k, v, out, lse, dout, dq, dk, dv (the first
+    ``count``). Returns the span index."""
+    cdef Py_ssize_t span = plan.order[item // kv_heads]
+    cdef Py_ssize_t r = plan.spans[3 * span], kv = item % kv_heads, n
+    cdef void *pointers[9]
+    cdef Py_ssize_t head
+    for n in range(count):
+        head = kv if n in (1, 2, 7, 8) else kv * group
+        pointers[n] = <char *>operands[n].data + (
+            r * operands[n].row + head * operands[n].head) * <Py_ssize_t>itemsize
+    g.q, g.k, g.v, g.out, g.lse = pointers[0], pointers[1], pointers[2], pointers[3], pointers[4]
+    if count > 5:
+        g.dout, g.dq, g.dk, g.dv = pointers[5], pointers[6], pointers[7], pointers[8]
+    return span
 
 
-cdef inline void backward_item(Py_ssize_t item, const Plan *plan, Py_ssize_t heads,
-                               Py_ssize_t width, Py_ssize_t d, Py_ssize_t tile, real scale,
-                               const real *q, const real *k, const real *v, const real *out,
-                               const real *lse, const real *dout, real *dq, real *dk,
-                               real *dv, real *scratch, Interrupt *state, bint caller) noexcept nogil:
-    """Backward of work item ``item``, laid out as in ``forward_item``."""
-    cdef Py_ssize_t span = plan.order[item // heads]
-    cdef Py_ssize_t block = plan.spans[3 * span] * heads + item % heads
-    cdef Py_ssize_t offset = block * width * d
-    backward_segment(q + offset, k + offset, v + offset, out + offset, lse + block * width,
-                     dout + offset, plan.spans[3 * span + 1], plan.spans[3 * span + 2], d,
-                     tile, scale, dq + offset, dk + offset, dv + offset, scratch, state, caller)
+cdef void describe_group(const Operand *operands, Py_ssize_t count, Py_ssize_t group,
+                         Py_ssize_t d, Group *g) noexcept nogil:
+    """The strides of a work item (the same for every item of a call)."""
+    g.heads = group
+    g.q_head, g.ldq = operands[0].head, cell_stride(operands[0], d)
+    g.ldk, g.ldv = cell_stride(operands[1], d), cell_stride(operands[2], d)
+    g.out_head, g.ldo = operands[3].head, cell_stride(operands[3], d)
+    g.lse_head, g.lse_cell = operands[4].head, operands[4].cell
+    if count > 5:
+        g.dout_head, g.lddout = operands[5].head, cell_stride(operands[5], d)
+        g.dq_head, g.lddq = operands[6].head, cell_stride(operands[6], d)
+        g.lddk, g.lddv = cell_stride(operands[7], d), cell_stride(operands[8], d)
 
 
-cdef int start_run(const Py_ssize_t[::1] valid_lengths, const Py_ssize_t[:, ::1] segment_starts,
-                   Py_ssize_t heads, Py_ssize_t d, Py_ssize_t tile, Py_ssize_t transposed,
-                   Py_ssize_t tiles, Py_ssize_t vectors, Py_ssize_t work_per_edge,
-                   size_t itemsize, Plan *plan, int *threads, Py_ssize_t *items,
-                   Py_ssize_t *size, void **scratch) noexcept nogil:
-    """Plan the layout, cap the thread count by the work, allocate each thread's scratch.
+cdef void run_item(Py_ssize_t item, bint backward, const Plan *plan, Py_ssize_t kv_heads,
+                   Py_ssize_t group, const Operand *operands, Py_ssize_t d, Py_ssize_t tile,
+                   real scale, real *scratch, Interrupt *state, bint caller) noexcept nogil:
+    """Forward or backward of work item ``item`` (see ``item_group``)."""
+    cdef Group g
+    describe_group(operands, 9 if backward else 5, group, d, &g)
+    cdef Py_ssize_t span = item_group(item, plan, kv_heads, group, operands,
+                                      9 if backward else 5, sizeof(real), &g)
+    if backward:
+        backward_segment(&g, plan.spans[3 * span + 1], plan.spans[3 * span + 2], d, tile,
+                               scale, scratch, state, caller)
+    else:
+        forward_segment(&g, plan.spans[3 * span + 1], plan.spans[3 * span + 2], d, tile,
+                              scale, scratch, state, caller)
 
-    A thread's scratch holds ``transposed`` segment-long [d, padded] matrices, ``tiles``
-    tiles and ``vectors`` tile-long vectors; the work is ``work_per_edge * d``
-    multiply-adds per permitted edge. On success the caller frees ``scratch`` and the plan.
+
+cdef int run(bint backward, const Operand *operands, Py_ssize_t kv_heads, Py_ssize_t group,
+             Py_ssize_t width, Py_ssize_t d, const Py_ssize_t[::1] valid_lengths,
+             const Py_ssize_t[:, ::1] segment_starts, real scale, int threads, Plan *plan,
+             Interrupt *state) noexcept nogil:
+    """Plan the layout, zero the padding of the outputs, run every work item.
+
+    Per thread, the forward needs K of a segment transposed, a score tile and a running
+    max and sum per query of the group; the backward K and V transposed, four tiles and
+    rowsum(dout * out) per query of the group. The work is counted as 2 (forward) or 4
+    (backward) * d multiply-adds per permitted edge and query head.
     """
+    cdef Py_ssize_t tile = tile_edge(d), item, items, size, o
+    cdef Py_ssize_t heads = kv_heads * group
+    cdef real *scratch
     cdef int status = make_plan(valid_lengths, segment_starts, plan)
     if status != LAYOUT_OK:
         return status
-    items[0] = plan.segments * heads
-    threads[0] = thread_count(threads[0], items[0], plan.edges * heads * d * work_per_edge)
-    size[0] = transposed * d * padded(plan.longest) + tiles * tile * tile + vectors * tile
-    scratch[0] = malloc(threads[0] * size[0] * itemsize)
-    if scratch[0] == NULL:
+    items = plan.segments * kv_heads
+    threads = thread_count(threads, items, plan.edges * heads * d * (4 if backward else 2))
+    if backward:
+        size = 2 * d * padded(plan.longest) + 4 * tile * tile + group * tile
+    else:
+        size = d * padded(plan.longest) + tile * tile + 2 * group * tile
+    scratch = <real *>malloc(threads * size * sizeof(real))
+    if scratch == NULL:
         free_plan(plan)
         return OUT_OF_MEMORY
-    return LAYOUT_OK
-
-
-cdef int forward_impl(const real[:, :, :, ::1] q, const real[:, :, :, ::1] k,
-                      const real[:, :, :, ::1] v, const Py_ssize_t[::1] valid_lengths,
-                      const Py_ssize_t[:, ::1] segment_starts, real[:, :, :, ::1] out,
-                      real[:, :, ::1] lse, int threads, Plan *plan,
-                      Interrupt *state) noexcept nogil:
-    cdef Py_ssize_t heads = q.shape[1], width = q.shape[2], d = q.shape[3]
-    cdef Py_ssize_t tile = tile_edge(d), item, items, size
-    cdef real scale = <real>(1.0 / sqrt(<double>d))
-    cdef real *scratch
-    # Per thread: K of the segment transposed [d, longest], a score tile, max and sum.
-    cdef int status = start_run(valid_lengths, segment_starts, heads, d, tile, 1, 1, 2, 2,
-                                sizeof(real), plan, &threads, &items, &size,
-                                <void **>&scratch)
-    if status != LAYOUT_OK:
-        return status
-    zero_padding(&out[0, 0, 0, 0], valid_lengths, heads, width, d)
-    zero_padding(&lse[0, 0, 0], valid_lengths, heads, width, 1)
+    if backward:
+        for o in range(6, 9):
+            zero_padding(operands[o], kv_heads if o > 6 else heads, width, d, valid_lengths,
+                         sizeof(real))
+    else:
+        zero_padding(operands[3], heads, width, d, valid_lengths, sizeof(real))
+        zero_padding(operands[4], heads, width, 1, valid_lengths, sizeof(real))
     interrupt_start(state)
     if threads == 1:
         for item in range(items):
             if interrupted(state):
                 break
-            forward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
-                         &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0], &lse[0, 0, 0],
-                         scratch, state, True)
+            run_item(item, backward, plan, kv_heads, group, operands, d, tile, scale,
+                           scratch, state, True)
     else:
         with parallel(num_threads=threads):
             for item in prange(items, schedule='dynamic'):
                 if threadid() == 0:
                     interrupted(state)
                 if not interrupt_requested(state):
-                    forward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
-                                 &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0],
-                                 &lse[0, 0, 0], scratch + threadid() * size, state,
-                                 threadid() == 0)
+                    run_item(item, backward, plan, kv_heads, group, operands, d, tile,
+                                   scale, scratch + threadid() * size, state, threadid() == 0)
     free(scratch)
     free_plan(plan)
     return INTERRUPTED if state.stop else LAYOUT_OK
 
 
-cdef int backward_impl(const real[:, :, :, ::1] q, const real[:, :, :, ::1] k,
-                       const real[:, :, :, ::1] v, const real[:, :, :, ::1] out,
-                       const real[:, :, ::1] lse, const real[:, :, :, ::1] dout,
-                       const Py_ssize_t[::1] valid_lengths,
-                       const Py_ssize_t[:, ::1] segment_starts, real[:, :, :, ::1] dq,
-                       real[:, :, :, ::1] dk, real[:, :, :, ::1] dv, int threads,
-                       Plan *plan, Interrupt *state) noexcept nogil:
-    cdef Py_ssize_t heads = q.shape[1], width = q.shape[2], d = q.shape[3]
-    cdef Py_ssize_t tile = tile_edge(d), item, items, size
-    cdef real scale = <real>(1.0 / sqrt(<double>d))
-    cdef real *scratch
-    # Per thread: K and V of the segment transposed, four tiles and D of a query tile.
-    cdef int status = start_run(valid_lengths, segment_starts, heads, d, tile, 2, 4, 1, 4,
-                                sizeof(real), plan, &threads, &items, &size,
-                                <void **>&scratch)
-    if status != LAYOUT_OK:
-        return status
-    zero_padding(&dq[0, 0, 0, 0], valid_lengths, heads, width, d)
-    zero_padding(&dk[0, 0, 0, 0], valid_lengths, heads, width, d)
-    zero_padding(&dv[0, 0, 0, 0], valid_lengths, heads, width, d)
-    interrupt_start(state)
-    if threads == 1:
-        for item in range(items):
-            if interrupted(state):
-                break
-            backward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
-                          &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0], &lse[0, 0, 0],
-                          &dout[0, 0, 0, 0], &dq[0, 0, 0, 0], &dk[0, 0, 0, 0],
-                          &dv[0, 0, 0, 0], scratch, state, True)
-    else:
-        with parallel(num_threads=threads):
-            for item in prange(items, schedule='dynamic'):
-                if threadid() == 0:
-                    interrupted(state)
-                if not interrupt_requested(state):
-                    backward_item(item, plan, heads, width, d, tile, scale, &q[0, 0, 0, 0],
-                                  &k[0, 0, 0, 0], &v[0, 0, 0, 0], &out[0, 0, 0, 0],
-                                  &lse[0, 0, 0], &dout[0, 0, 0, 0], &dq[0, 0, 0, 0],
-                                  &dk[0, 0, 0, 0], &dv[0, 0, 0, 0], scratch + threadid() * size,
-                                  state, threadid() == 0)
-    free(scratch)
-    free_plan(plan)
-    return INTERRUPTED if state.stop else LAYOUT_OK
+cdef Operand operand4(const real[:, :, :, :] x) noexcept:
+    return Operand(<void *>&x[0, 0, 0, 0], x.strides[0] // <Py_ssize_t>sizeof(real),
+                   x.strides[1] // <Py_ssize_t>sizeof(real), x.strides[2] // <Py_ssize_t>sizeof(real))
 
 
-def forward(const real[:, :, :, ::1] q not None, const real[:, :, :, ::1] k not None,
-            const real[:, :, :, ::1] v not None, const Py_ssize_t[::1] valid_lengths not None,
-            const Py_ssize_t[:, ::1] segment_starts not None, real[:, :, :, ::1] out not None,
-            real[:, :, ::1] lse not None, int threads):
+cdef Operand operand3(const real[:, :, :] x) noexcept:
+    return Operand(<void *>&x[0, 0, 0], x.strides[0] // <Py_ssize_t>sizeof(real),
+                   x.strides[1] // <Py_ssize_t>sizeof(real), x.strides[2] // <Py_ssize_t>sizeof(real))
+
+
+def forward(const real[:, :, :, :] q not None, const real[:, :, :, :] k not None,
+            const real[:, :, :, :] v not None, const Py_ssize_t[::1] valid_lengths not None,
+            const Py_ssize_t[:, ::1] segment_starts not None, real[:, :, :, :] out not None,
+            real[:, :, :] lse not None, int threads, double scale):
     """Range attention forward into ``out`` and ``lse`` (float32 or float64 throughout).
 
-    Returns ``(status, row, column)``: 0 when done, else the layout status (see
-    ``plan_layout``) and the first offending cell, with the outputs untouched.
-    Interruptible: Ctrl-C raises ``KeyboardInterrupt`` (outputs then undefined).
+    ``q``, ``out`` ``[rows, heads, T, d]``, ``k``, ``v`` ``[rows, kv_heads, T, d]`` with
+    ``heads`` a multiple of ``kv_heads``; every array nonempty, its last axis contiguous
+    and its other strides non-negative multiples of the item size (a T-stride of at least
+    ``d`` when T > 1); outputs free of overlap. Returns ``(status, row, column)``: 0 when
+    done, else the layout status (see ``plan_layout``) and the first offending cell, with
+    the outputs untouched. Interruptible: Ctrl-C raises ``KeyboardInterrupt`` (outputs
+    then undefined).
     """
     cdef Plan plan
     cdef Interrupt interrupt
     cdef int status
+    cdef Operand operands[5]
+    operands[0], operands[1], operands[2] = operand4(q), operand4(k), operand4(v)
+    operands[3], operands[4] = operand4(out), operand3(lse)
+    cdef Py_ssize_t kv_heads = k.shape[1], group = q.shape[1] // k.shape[1]
     with nogil:
-        status = forward_impl(q, k, v, valid_lengths, segment_starts, out, lse, threads, &plan,
-                              &interrupt)
+        status = run(False, operands, kv_heads, group, q.shape[2], q.shape[3],
+                           valid_lengths, segment_starts, <real>scale, threads, &plan, &interrupt)
     if status == INTERRUPTED:
         raise_pending()
     return status, plan.bad_row, plan.bad_column
 
 
-def backward(const real[:, :, :, ::1] q not None, const real[:, :, :, ::1] k not None,
-             const real[:, :, :, ::1] v not None, const real[:, :, :, ::1] out not None,
-             const real[:, :, ::1] lse not None, const real[:, :, :, ::1] dout not None,
+def backward(const real[:, :, :, :] q not None, const real[:, :, :, :] k not None,
+             const real[:, :, :, :] v not None, const real[:, :, :, :] out not None,
+             const real[:, :, :] lse not None, const real[:, :, :, :] dout not None,
              const Py_ssize_t[::1] valid_lengths not None,
-             const Py_ssize_t[:, ::1] segment_starts not None, real[:, :, :, ::1] dq not None,
-             real[:, :, :, ::1] dk not None, real[:, :, :, ::1] dv not None, int threads):
-    """Range attention backward into ``dq, dk, dv``; returns like ``forward``."""
+             const Py_ssize_t[:, ::1] segment_starts not None, real[:, :, :, :] dq not None,
+             real[:, :, :, :] dk not None, real[:, :, :, :] dv not None, int threads,
+             double scale):
+    """Range attention backward into ``dq`` (shaped as q), ``dk``, ``dv`` (as k); arrays
+    as in ``forward``; returns like ``forward``."""
     cdef Plan plan
     cdef Interrupt interrupt
     cdef int status
+    cdef Operand operands[9]
+    operands[0], operands[1], operands[2] = operand4(q), operand4(k), operand4(v)
+    operands[3], operands[4], operands[5] = operand4(out), operand3(lse), operand4(dout)
+    operands[6], operands[7], operands[8] = operand4(dq), operand4(dk), operand4(dv)
+    cdef Py_ssize_t kv_heads = k.shape[1], group = q.shape[1] // k.shape[1]
     with nogil:
-        status = backward_impl(q, k, v, out, lse, dout, valid_lengths, segment_starts,
-                               dq, dk, dv, threads, &plan, &interrupt)
+        status = run(True, operands, kv_heads, group, q.shape[2], q.shape[3],
+                           valid_lengths, segment_starts, <real>scale, threads, &plan, &interrupt)
     if status == INTERRUPTED:
         raise_pending()
     return status, plan.bad_row, plan.bad_column

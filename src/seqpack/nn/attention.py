@@ -5,7 +5,8 @@ to exactly the keys ``segment_starts[r, t] .. t`` (inclusive); segments are cont
 so every query of a segment has the segment's first column as its start. Starts of
 inactive queries (``t >= valid_lengths[r]``) are ignored. Inactive queries get a zero
 output, a zero log-sum-exp and zero gradients, and their q/k/v never enter any valid
-result. Scores are scaled by ``1/sqrt(head_dim)``.
+result. Scores are scaled by ``1/sqrt(head_dim)`` unless a ``scale`` is given. Query
+heads may share key/value heads (grouped-query attention).
 
 The kernels only visit permitted edges (see ``seqpack.nn._attention``); results are
 bitwise identical for any thread count. The compiled module (and scipy's BLAS behind
@@ -112,7 +113,9 @@ def segment_spans(valid_lengths, segment_starts) -> np.ndarray:
 
 
 def _floats(names, arrays):
-    """Same-dtype float32/float64 arrays in C order with the shape of the first (4-D)."""
+    """Same-dtype float32/float64 arrays in C order: ``q`` and what is shaped like it
+    ([rows, heads, T, head_dim]; ``lse`` [rows, heads, T]), ``k``, ``v`` shaped like ``k``
+    ([rows, kv_heads, T, head_dim] with ``heads`` a multiple of ``kv_heads``)."""
     # Plain loops and attribute checks: this runs on every call, tiny inputs included.
     first = arrays[0] if type(arrays[0]) is np.ndarray else np.asarray(arrays[0])
     dtype, shape = first.dtype, first.shape
@@ -128,16 +131,50 @@ def _floats(names, arrays):
             f"threads of its own inside the kernel's"
         )
     coerced = []
+    kv_shape = None
     for name, array in zip(names, arrays):
         if type(array) is not np.ndarray:
             array = np.asarray(array)
         if array.dtype != dtype:
             raise InvalidInputError(f"{name} has dtype {array.dtype}; q has {dtype}")
-        if array.shape != (shape[:3] if name == "lse" else shape):
-            expected = shape[:3] if name == "lse" else shape
+        if name == "k":
+            kv_shape = _kv_shape(array.shape, shape)
+        expected = shape[:3] if name == "lse" else kv_shape if name in _KV_NAMES else shape
+        if array.shape != expected:
             raise InvalidInputError(f"{name} has shape {array.shape}; expected {expected}")
         coerced.append(array if array.flags.c_contiguous else np.ascontiguousarray(array))
     return coerced
+
+
+# The arrays shaped like k: [rows, kv_heads, T, head_dim].
+_KV_NAMES = ("k", "v", "dk", "dv")
+
+
+def _kv_shape(kv_shape, q_shape):
+    """``k``'s shape after the grouped-query check: its head count divides q's."""
+    if len(kv_shape) != 4 or kv_shape[:1] + kv_shape[2:] != q_shape[:1] + q_shape[2:]:
+        raise InvalidInputError(
+            f"k has shape {kv_shape}; expected (rows, kv_heads, T, head_dim) = "
+            f"({q_shape[0]}, kv_heads, {q_shape[2]}, {q_shape[3]}) as q {q_shape}"
+        )
+    heads, kv_heads = q_shape[1], kv_shape[1]
+    if heads % kv_heads if kv_heads else heads:
+        raise InvalidInputError(
+            f"q has {heads} heads, not a multiple of the {kv_heads} key/value heads of k"
+        )
+    return kv_shape
+
+
+def _scale(scale, head_dim: int) -> float:
+    """The score scale as a Python float: ``1/sqrt(head_dim)`` for None, else finite."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise InvalidInputError(f"scale must be a real number or None, got {type(scale).__name__}")
+    value = float(scale)
+    if not math.isfinite(value):
+        raise InvalidInputError(f"scale must be finite, got {value}")
+    return value
 
 
 def _outputs(specs: dict, dtype, inputs: dict) -> list:
@@ -162,43 +199,50 @@ def _outputs(specs: dict, dtype, inputs: dict) -> list:
 
 
 def range_attention_forward(q, k, v, valid_lengths, segment_starts, *, threads=None,
-                            out=None, lse=None):
-    """Range attention: ``out = softmax(q k^T / sqrt(head_dim)) v`` over permitted keys.
+                            out=None, lse=None, scale=None):
+    """Range attention: ``out = softmax(scale * q k^T) v`` over permitted keys.
 
-    ``q, k, v``: ``[rows, heads, T, head_dim]``, all float32 or all float64 (any
-    strides; copied to C order when needed). ``valid_lengths`` ``[rows]`` and
-    ``segment_starts`` ``[rows, T]``: any integer dtype. Returns ``out``
-    ``[rows, heads, T, head_dim]`` and the per-query log-sum-exp of the scaled scores
-    ``lse`` ``[rows, heads, T]`` (0 for inactive queries). ``out`` and ``lse`` may be
-    given (C-contiguous, writeable, matching, sharing no memory with any input or each
-    other) to skip fresh allocations. ``threads``: None for the default of
+    ``q``: ``[rows, heads, T, head_dim]``; ``k, v``: ``[rows, kv_heads, T, head_dim]``
+    with ``heads`` a multiple of ``kv_heads`` (grouped-query attention: query head ``h``
+    reads key/value head ``h // (heads // kv_heads)``; K and V are never repeated in
+    memory); all float32 or all float64 (any strides; copied to C order when needed).
+    ``valid_lengths`` ``[rows]`` and ``segment_starts`` ``[rows, T]``: any integer dtype.
+    ``scale``: the score factor, None for ``1/sqrt(head_dim)`` (rounded to the dtype).
+    Returns ``out`` ``[rows, heads, T, head_dim]`` and the per-query log-sum-exp of the
+    scaled scores ``lse`` ``[rows, heads, T]`` (0 for inactive queries). ``out`` and
+    ``lse`` may be given (C-contiguous, writeable, matching, sharing no memory with any
+    input or each other) to skip fresh allocations. ``threads``: None for the default of
     ``seqpack._limits.default_threads()``; results do not depend on it. Ctrl-C
     interrupts the call (``KeyboardInterrupt``; outputs then undefined).
     """
     threads = kernel_threads(threads)
     given = {"q": q, "k": k, "v": v, "valid_lengths": valid_lengths, "segment_starts": segment_starts}
     q, k, v = _floats(("q", "k", "v"), (q, k, v))
-    rows, heads, width, _ = q.shape
+    rows, heads, width, head_dim = q.shape
+    scale = _scale(scale, head_dim)
     lengths, starts = _layout_arrays(valid_lengths, segment_starts, rows, width)
     out, lse = _outputs({"out": (out, q.shape), "lse": (lse, q.shape[:3])}, q.dtype, given)
     if out.size == 0:
         segment_spans(lengths, starts)
         lse.fill(0)
         return out, lse
-    status, row, column = _kernel().forward(q, k, v, lengths, starts, out, lse, threads)
+    status, row, column = _kernel().forward(q, k, v, lengths, starts, out, lse, threads, scale)
     if status:
         _raise_for(status, row, column, lengths, starts)
     return out, lse
 
 
 def range_attention_backward(q, k, v, out, lse, dout, valid_lengths, segment_starts, *,
-                             threads=None, dq=None, dk=None, dv=None):
-    """Gradients ``dq, dk, dv`` of range attention from the forward's ``out`` and ``lse``.
+                             threads=None, dq=None, dk=None, dv=None, scale=None):
+    """Gradients ``dq`` (shaped as q) and ``dk, dv`` (shaped as k) of range attention,
+    from the forward's ``out`` and ``lse``.
 
     ``dout`` is the gradient of the objective with respect to ``out``; everything else
-    is as in :func:`range_attention_forward` (same dtype for all six arrays). Gradients
-    are zero at inactive cells; ``dq, dk, dv`` may be given as buffers (sharing no
-    memory with any input or each other).
+    is as in :func:`range_attention_forward` (same dtype for all six arrays, the same
+    ``scale``). With grouped-query heads, dK and dV of a key/value head sum over the
+    query heads of its group in head order (the same bits for any thread count).
+    Gradients are zero at inactive cells; ``dq, dk, dv`` may be given as buffers
+    (sharing no memory with any input or each other).
     """
     threads = kernel_threads(threads)
     given = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "dout": dout,
@@ -206,14 +250,19 @@ def range_attention_backward(q, k, v, out, lse, dout, valid_lengths, segment_sta
     q, k, v, out, lse, dout = _floats(
         ("q", "k", "v", "out", "lse", "dout"), (q, k, v, out, lse, dout)
     )
-    rows, heads, width, _ = q.shape
+    rows, heads, width, head_dim = q.shape
+    scale = _scale(scale, head_dim)
     lengths, starts = _layout_arrays(valid_lengths, segment_starts, rows, width)
-    dq, dk, dv = _outputs({"dq": (dq, q.shape), "dk": (dk, q.shape), "dv": (dv, q.shape)}, q.dtype, given)
+    dq, dk, dv = _outputs(
+        {"dq": (dq, q.shape), "dk": (dk, k.shape), "dv": (dv, k.shape)}, q.dtype, given
+    )
     if dq.size == 0:
         segment_spans(lengths, starts)
+        dk.fill(0)
+        dv.fill(0)
         return dq, dk, dv
     status, row, column = _kernel().backward(
-        q, k, v, out, lse, dout, lengths, starts, dq, dk, dv, threads
+        q, k, v, out, lse, dout, lengths, starts, dq, dk, dv, threads, scale
     )
     if status:
         _raise_for(status, row, column, lengths, starts)
