@@ -1,8 +1,14 @@
-"""The ``seqpack`` command line: ``--version``, ``demo padded|packed``, ``bench attention``.
+"""The ``seqpack`` command line.
+
+``pack`` turns a corpus into a packed dataset on disk, ``stats`` reports it (text, JSON,
+an SVG figure), ``verify`` checks every checksum and batch invariant, ``show`` draws a
+batch's cells beside its permission matrices (of a dataset or of a chapter fixture),
+``demo`` prints a chapter's JSON trace and ``bench`` runs a benchmark.
 
 Exit status: 0 on success (also when the reader of the output goes away, as in
-``seqpack demo packed | head -1``), 1 for bad input or a failed write (one line on
-stderr), 2 for bad usage.
+``seqpack demo packed | head -1``), 1 for bad input, a failed check or a failed write (one
+line on stderr naming the file and line, row or batch), 2 for bad usage, 130 when
+interrupted.
 """
 
 from __future__ import annotations
@@ -11,12 +17,81 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from . import __version__
 from .chapters import demo
-from .errors import SeqpackError
+from .errors import InvalidInputError, SeqpackError
 
 TRACES = {"padded": demo.padded_trace, "packed": demo.packed_trace}
+POLICY_CHOICES = ("next-fit", "first-fit-decreasing", "best-fit-decreasing")
+PARTITION_CHOICES = ("train", "validation", "test")
+#: Columns ``show`` draws of a dataset's row unless ``--columns`` says otherwise.
+SHOWN_COLUMNS = 48
+
+
+def _add_pack(commands) -> None:
+    pack = commands.add_parser(
+        "pack", help="pack a corpus into a packed dataset on disk",
+        description="Read, tokenize and pack documents into a packed dataset directory (written into a "
+                    "temporary sibling and renamed into place only when complete), then print its report.")
+    pack.add_argument("inputs", nargs="*", metavar="INPUT",
+                      help="text files or directories (one document per file), .jsonl, .parquet, .arrow, "
+                           "or a Megatron .idx/.bin prefix")
+    pack.add_argument("--sample", action="store_true",
+                      help="pack the Python standard library's .py sources (implies --cut-long)")
+    pack.add_argument("--out", required=True, type=Path, metavar="DIR", help="the dataset directory to create")
+    pack.add_argument("--force", action="store_true", help="replace an existing DIR")
+    pack.add_argument("--tokenizer", type=Path, metavar="JSON",
+                      help="a Hugging Face tokenizers JSON file (default: the byte tokenizer)")
+    pack.add_argument("--bos", metavar="ID_OR_TOKEN", help="BOS of --tokenizer (an ID or a token)")
+    pack.add_argument("--eos", metavar="ID_OR_TOKEN", help="EOS of --tokenizer (an ID or a token)")
+    pack.add_argument("--text-field", metavar="NAME", help="the text field of JSONL or column of Parquet/Arrow "
+                                                           "(default: text)")
+    pack.add_argument("--ids-field", metavar="NAME", help="read pre-tokenized IDs from this field or column")
+    pack.add_argument("--framed", action="store_true",
+                      help="pre-tokenized documents already start with BOS and end with EOS")
+    pack.add_argument("--glob", metavar="PATTERN", help="only files matching PATTERN inside directories (e.g. '*.py')")
+    pack.add_argument("--capacity", type=int, default=2048, help="columns (predictions) per row (default 2048)")
+    pack.add_argument("--rows-per-batch", type=int, default=8, help="rows per batch (default 8)")
+    pack.add_argument("--policy", choices=POLICY_CHOICES, default="next-fit", help="placement policy (default next-fit)")
+    pack.add_argument("--partition", choices=PARTITION_CHOICES, default="train", help="the data split (default train)")
+    pack.add_argument("--split", default="corpus", metavar="NAME_OR_RECEIPT",
+                      help="the split's name, or a split receipt .json file (default: the name 'corpus')")
+    pack.add_argument("--cut-long", action="store_true",
+                      help="cut documents longer than a row into overlapping windows (default: refuse them)")
+    pack.add_argument("--threads", type=int, metavar="N", help="threads for tokenizing and kernels")
+    pack.add_argument("--quiet", action="store_true", help="no progress bar")
+    pack.add_argument("--json", action="store_true", help="print the manifest as JSON instead of the report")
+    pack.set_defaults(run=_pack)
+
+
+def _add_dataset_commands(commands) -> None:
+    stats = commands.add_parser("stats", help="a packed dataset's efficiency report and figure",
+                                description="Print a packed dataset's efficiency report, storage and histograms.")
+    stats.add_argument("dataset", type=Path, metavar="DIR")
+    stats.add_argument("--json", action="store_true", help="print JSON")
+    stats.add_argument("--svg", type=Path, metavar="FILE", help="write a figure of example lengths and row fill")
+    stats.set_defaults(run=_stats)
+    verify = commands.add_parser("verify", help="check a packed dataset's checksums and every batch",
+                                 description="Recompute every file's SHA-256, check counts and placement rules, "
+                                             "and verify() every batch.")
+    verify.add_argument("dataset", type=Path, metavar="DIR")
+    verify.add_argument("--json", action="store_true", help="print what was checked as JSON")
+    verify.add_argument("--quiet", action="store_true", help="no progress bar")
+    verify.set_defaults(run=_verify)
+    show = commands.add_parser(
+        "show", help="draw a batch's cells beside its permission matrices",
+        description="Draw each row's cells (input, target, position, segment, three validity fields) beside its "
+                    "permission matrix: of a packed dataset DIR (a directory wins), or of the chapter fixture "
+                    "'padded' or 'packed'.")
+    show.add_argument("target", metavar="DIR|padded|packed")
+    show.add_argument("--batch", type=int, default=0, help="batch of DIR (default 0)")
+    show.add_argument("--row", type=int, help="only this row (default: every row of a fixture, row 0 of DIR)")
+    show.add_argument("--columns", metavar="START:STOP",
+                      help=f"column window (default: all of a fixture, the first {SHOWN_COLUMNS} of DIR)")
+    show.add_argument("--svg", type=Path, metavar="FILE", help="also write the figure as SVG")
+    show.set_defaults(run=_show)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"seqpack {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_pack(commands)
+    _add_dataset_commands(commands)
     demo_parser = commands.add_parser("demo", help="print a chapter fixture's JSON trace",
                                       description="Print a chapter fixture's JSON trace.")
     demo_parser.add_argument("trace", choices=sorted(TRACES), help="which trace to print")
@@ -39,6 +116,140 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_arguments(attention_parser)
     attention_parser.set_defaults(run=attention.run_command)
     return parser
+
+
+def _pack(args) -> int:
+    from . import data, io
+    from .data.corpus import stdlib_sources
+    from .io.progress import Progress
+    from .packing import PackConfig
+
+    if args.sample == bool(args.inputs):
+        raise UsageError("give INPUT paths or --sample (not both)")
+    if args.tokenizer is None and (args.bos is not None or args.eos is not None):
+        raise UsageError("--bos and --eos go with --tokenizer (the byte tokenizer has BOS 0 and EOS 1)")
+    if args.tokenizer is not None and (args.bos is None or args.eos is None):
+        raise UsageError("--tokenizer needs --bos and --eos")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UsageError("--threads must be at least 1")
+        os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # tokenizers' pool, read when it starts
+    split = Path(args.split) if args.split.endswith(".json") else args.split
+    if args.tokenizer is None:
+        tokenizer = data.ByteTokenizer()
+        binding = data.BatchBinding.for_tokenizer(tokenizer, split=split)
+    else:
+        tokenizer = io.TokenizerFile(args.tokenizer, bos=args.bos, eos=args.eos)
+        binding = data.BatchBinding.for_tokenizer(tokenizer.identity, split=split)
+    if args.sample:
+        readers = [io.TextFiles(stdlib_sources())]
+    else:
+        readers = [io.reader_for(path, text_field=args.text_field, ids_field=args.ids_field, pattern=args.glob)
+                   for path in args.inputs]
+    config = PackConfig(args.capacity, args.rows_per_batch)
+    try:
+        manifest = io.pack_corpus(
+            readers, args.out, binding=binding, tokenizer=tokenizer, config=config, policy=args.policy,
+            partition=data.Partition(args.partition), long="cut" if args.cut_long or args.sample else "error",
+            framed=args.framed, force=args.force, progress=Progress(enabled=not args.quiet), threads=args.threads,
+        )
+    except OSError as error:
+        raise InvalidInputError(f"{error.filename or args.out}: cannot write: {error.strerror or error}") from None
+    if args.json:
+        _print_json(manifest)
+    else:
+        _print_stats(args.out)
+    return 0
+
+
+def _print_json(value) -> None:
+    json.dump(value, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def _print_stats(path: Path) -> dict:
+    from .io import open_dataset
+    from .io.stats import dataset_stats, stats_text
+
+    stats = dataset_stats(open_dataset(path))
+    print(stats_text(stats))
+    return stats
+
+
+def _stats(args) -> int:
+    from .io import open_dataset
+    from .io.stats import dataset_stats, stats_svg, stats_text
+
+    stats = dataset_stats(open_dataset(args.dataset))
+    if args.svg is not None:
+        _write_text(args.svg, stats_svg(stats))
+    if args.json:
+        _print_json(stats)
+    else:
+        print(stats_text(stats))
+    return 0
+
+
+def _verify(args) -> int:
+    from .io import verify_dataset
+    from .io.progress import Progress
+
+    checked = verify_dataset(args.dataset, progress=Progress(enabled=not args.quiet))
+    if args.json:
+        _print_json(checked)
+    else:
+        print(f"{args.dataset}: ok: {checked['files']} files ({checked['bytes']:,} bytes) match their SHA-256, "
+              f"{checked['examples']:,} examples placed by the rules, {checked['batches_verified']:,} batches verified")
+    return 0
+
+
+def _columns(text: str | None, width: int, default: int) -> range:
+    if text is None:
+        return range(0, min(width, default))
+    try:
+        start, stop = (int(v) if v else None for v in text.split(":"))
+    except ValueError:
+        raise UsageError(f"--columns takes START:STOP, not {text!r}") from None
+    return range(start or 0, width if stop is None else stop)
+
+
+def _show(args) -> int:
+    from .io.render import batch_svg, batch_text
+
+    if Path(args.target).is_dir():
+        from .io import open_dataset
+
+        dataset = open_dataset(args.target)
+        batch = dataset.batch(args.batch)
+        title = f"{args.target}: batch {args.batch}"
+        rows = [0 if args.row is None else args.row]
+        columns = _columns(args.columns, batch.shape[1], SHOWN_COLUMNS)
+    elif args.target in TRACES:
+        from .chapters.fixtures import chapter_batch
+        from .data import BatchBinding
+
+        batch = chapter_batch(args.target, BatchBinding.fixture())
+        title = f"the {args.target} chapter fixture"
+        rows = None if args.row is None else [args.row]
+        columns = _columns(args.columns, batch.shape[1], batch.shape[1])
+    else:
+        raise InvalidInputError(f"{args.target}: neither a packed dataset directory nor 'padded' or 'packed'")
+    colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    print(batch_text(batch, rows=rows, columns=columns, colour=colour))
+    if args.svg is not None:
+        _write_text(args.svg, batch_svg(batch, rows=rows, columns=columns, title=title))
+    return 0
+
+
+def _write_text(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise InvalidInputError(f"{path}: cannot write: {error.strerror or error}") from None
+
+
+class UsageError(Exception):
+    """Arguments that parse but do not fit together (exit status 2)."""
 
 
 def _silence_stdout() -> None:
@@ -68,9 +279,15 @@ def main(argv: list[str] | None = None) -> int:
         status = _run(argv)
         sys.stdout.flush()
         return status
+    except UsageError as error:
+        print(f"seqpack: error: {error}", file=sys.stderr)
+        return 2
     except SeqpackError as error:
         print(f"seqpack: error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("seqpack: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         _silence_stdout()
         return 0
