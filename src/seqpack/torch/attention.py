@@ -1,0 +1,143 @@
+"""Range attention for PyTorch: an autograd function over the fused edge-only kernels.
+
+``range_attention(q, k, v, ...)`` takes CPU tensors in PyTorch's layout, q ``[B, H, T, D]``
+and k, v ``[B, H_kv, T, D]`` with ``H`` a multiple of ``H_kv`` (grouped-query attention:
+query head ``h`` uses key/value head ``h // (H // H_kv)``; K and V are never repeated),
+and calls :func:`seqpack.nn.attention.range_attention_forward` / ``_backward`` on views
+of their memory. The backward recomputes scores from the saved output and log-sum-exp;
+``dk``/``dv`` sum over the query heads of their group in a fixed order, so gradients are
+bitwise repeatable. float32 and float64 run natively; bfloat16 and float16 are computed
+in float32 and returned in the input dtype.
+
+The layout is the batch's: valid query ``t`` of row ``r`` attends to keys
+``segment_starts[r, t] .. t``; queries at or past ``valid_lengths[r]`` give zero output
+and zero gradients. ``position_ids`` alone is enough: a segment starts where the
+position is 0, so ``segment_starts = column - position``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..errors import InvalidInputError
+from ..nn.attention import range_attention_backward, range_attention_forward
+
+_NATIVE = (torch.float32, torch.float64)
+_WIDENED = (torch.bfloat16, torch.float16)
+
+
+def _int_array(name: str, values, shape: tuple) -> np.ndarray:
+    """An integer layout argument (tensor, array or nested list) as a numpy int64 array."""
+    if isinstance(values, torch.Tensor):
+        if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+            raise InvalidInputError(f"{name} must hold integers, got {values.dtype}")
+        values = values.detach().cpu().numpy()
+    array = np.asarray(values)
+    if array.dtype.kind not in "iu":
+        raise InvalidInputError(f"{name} must hold integers, got dtype {array.dtype}")
+    if array.shape != shape:
+        raise InvalidInputError(f"{name} has shape {tuple(array.shape)}; expected {shape}")
+    return array.astype(np.int64, copy=False)
+
+
+def starts_from_positions(position_ids: np.ndarray, valid_lengths: np.ndarray) -> np.ndarray:
+    """Segment starts ``column - position`` of int64 ``[B, T]`` positions, checked.
+
+    Inside each row's valid prefix a position must be 0 (a segment starts) or the
+    previous column's plus 1; cells past the prefix are ignored (start 0).
+    """
+    rows, width = position_ids.shape
+    columns = np.arange(width, dtype=np.int64)
+    valid = columns[None, :] < valid_lengths[:, None]
+    previous = np.concatenate([np.full((rows, 1), -1, np.int64), position_ids[:, :-1]], axis=1)
+    broken = valid & (position_ids != 0) & (position_ids != previous + 1)
+    if broken.any():
+        row, column = (int(i) for i in np.argwhere(broken)[0])
+        before = f"the previous position {previous[row, column]}" if column else "a row's first column"
+        raise InvalidInputError(
+            f"position_ids[{row}, {column}] = {position_ids[row, column]} after {before}: a position "
+            f"must be 0 (a new segment) or the previous one plus 1"
+        )
+    return np.where(valid, columns[None, :] - position_ids, 0)
+
+
+def _layout(q: torch.Tensor, segment_starts, valid_lengths, position_ids) -> tuple[np.ndarray, np.ndarray]:
+    rows, width = q.shape[0], q.shape[2]
+    if valid_lengths is None:
+        lengths = np.full(rows, width, dtype=np.int64)
+    else:
+        lengths = _int_array("valid_lengths", valid_lengths, (rows,))
+        if lengths.size and (lengths.min() < 0 or lengths.max() > width):
+            row = int(np.argmax((lengths < 0) | (lengths > width)))
+            raise InvalidInputError(f"valid_lengths[{row}] = {lengths[row]} is outside [0, {width}]")
+    if (segment_starts is None) == (position_ids is None):
+        raise InvalidInputError("give exactly one of segment_starts and position_ids")
+    if segment_starts is not None:
+        return lengths, _int_array("segment_starts", segment_starts, (rows, width))
+    return lengths, starts_from_positions(_int_array("position_ids", position_ids, (rows, width)), lengths)
+
+
+def _kernel_view(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a float32/float64 CPU tensor (bfloat16/float16 widened to float32)."""
+    tensor = tensor.detach()
+    if tensor.dtype in _WIDENED:
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
+class RangeAttention(torch.autograd.Function):
+    """``out = softmax(scale * q k^T) v`` over each query's permitted keys; see the module."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, lengths, starts, scale):
+        out, lse = range_attention_forward(_kernel_view(q), _kernel_view(k), _kernel_view(v),
+                                           lengths, starts, scale=scale)
+        out, lse = torch.from_numpy(out), torch.from_numpy(lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.layout = (lengths, starts, scale)
+        return out.to(q.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        lengths, starts, scale = ctx.layout
+        if dout.dtype != out.dtype:
+            dout = dout.to(out.dtype)
+        if dout.stride(-1) != 1:  # e.g. an expanded gradient: the kernel reads rows of head_dim
+            dout = dout.contiguous()
+        dq, dk, dv = range_attention_backward(
+            _kernel_view(q), _kernel_view(k), _kernel_view(v), out.numpy(), lse.numpy(), dout.numpy(),
+            lengths, starts, scale=scale,
+        )
+        grads = [torch.from_numpy(g).to(t.dtype) for g, t in ((dq, q), (dk, k), (dv, v))]
+        return (*grads, None, None, None)
+
+
+def range_attention(q, k, v, *, segment_starts=None, valid_lengths=None, position_ids=None, scale=None):
+    """Range attention of CPU tensors q ``[B, H, T, D]``, k and v ``[B, H_kv, T, D]``.
+
+    The layout: ``segment_starts`` ``[B, T]`` (each query's first permitted key column)
+    or ``position_ids`` ``[B, T]`` (local positions; starts are ``column - position``,
+    checked), exactly one of them; ``valid_lengths`` ``[B]`` (None: every cell valid).
+    Any integer dtype, as tensors or arrays. ``scale`` multiplies the scores (None:
+    ``1 / sqrt(D)``). ``H`` must be a multiple of ``H_kv``. Returns ``[B, H, T, D]`` in
+    q's dtype; differentiable in q, k and v (once).
+    """
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidInputError(f"{name} must be a torch.Tensor, not {type(tensor).__name__}")
+        if tensor.device.type != "cpu":
+            raise InvalidInputError(f"{name} is on {tensor.device}; range_attention runs on the CPU")
+        if tensor.dtype not in _NATIVE + _WIDENED:
+            raise InvalidInputError(f"{name} has dtype {tensor.dtype}; expected a floating dtype")
+        if tensor.dim() != 4:
+            raise InvalidInputError(f"{name} must be [B, heads, T, D], got shape {tuple(tensor.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise InvalidInputError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if scale is not None:
+        scale = float(scale)
+    lengths, starts = _layout(q, segment_starts, valid_lengths, position_ids)
+    return RangeAttention.apply(q, k, v, lengths, starts, scale)

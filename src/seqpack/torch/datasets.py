@@ -1,0 +1,180 @@
+"""``torch.utils.data`` datasets whose items are whole batches (dicts of tensors).
+
+Use them with ``DataLoader(dataset, batch_size=None)``: each item already is a batch.
+
+``PackedIterableDataset`` is the training stream. Each epoch it shuffles the batches
+deterministically from ``(seed, epoch)``, deals them to the ranks one step at a time
+(every rank gets one batch per step; the step's batch with the most eligible targets goes
+to the rank with the fewest so far, so ranks stay balanced by target count), and lets
+``DataLoader`` workers take the rank's batches in turn (worker ``w`` of ``W`` takes every
+``W``-th), so a loader yields the rank's batches in order for any worker count. Its
+``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch, with a plain
+``DataLoader`` or with torchdata's ``StatefulDataLoader``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from .._limits import check_int, is_int
+from ..errors import InvalidInputError
+from ..packing.epoch import Epoch
+from ..packing.planning import PackingPlan
+from .tensors import tensors
+
+
+class _Batches:
+    """The batches of a plan (built on demand) or an epoch, with their target counts."""
+
+    def __init__(self, plan_or_epoch):
+        if isinstance(plan_or_epoch, PackingPlan):
+            self.get = plan_or_epoch.batch
+            self.targets = plan_or_epoch.batch_targets()
+        elif isinstance(plan_or_epoch, Epoch):
+            self.get = plan_or_epoch.batches.__getitem__
+            self.targets = np.array([batch.target_count for batch in plan_or_epoch.batches], dtype=np.int64)
+        else:
+            raise InvalidInputError(
+                f"expected a PackingPlan or an epoch (seqpack.pack / seqpack.pad), not {type(plan_or_epoch).__name__}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+
+class PackedDataset(Dataset):
+    """Map-style: item ``i`` is batch ``i`` of a plan or epoch as :func:`~seqpack.torch.tensors`."""
+
+    def __init__(self, plan_or_epoch):
+        self._batches = _Batches(plan_or_epoch)
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def __getitem__(self, index) -> dict[str, torch.Tensor]:
+        if not is_int(index) or not -len(self) <= index < len(self):
+            raise IndexError(f"batch {index!r} is outside this dataset's {len(self)} batches")
+        return tensors(self._batches.get(int(index) % len(self)))
+
+
+def deal_to_ranks(targets: np.ndarray, order: np.ndarray, world_size: int) -> np.ndarray:
+    """``[world_size, steps]`` batch numbers: ``order`` dealt one step (``world_size`` batches) at a time.
+
+    Within a step the batch with the most targets goes to the rank with the fewest so far
+    (ties: earlier in ``order``, lower rank). The last ``len(order) % world_size`` batches
+    of ``order`` are left out: every rank must run the same number of steps.
+    """
+    steps = len(order) // world_size
+    groups = order[: steps * world_size].reshape(steps, world_size)
+    if world_size == 1:
+        return groups.T.copy()
+    groups = np.take_along_axis(groups, np.argsort(-targets[groups], axis=1, kind="stable"), axis=1)
+    dealt = np.empty((world_size, steps), dtype=np.int64)
+    totals = np.zeros(world_size, dtype=np.int64)
+    for step, group in enumerate(groups):
+        ranks = np.argsort(totals, kind="stable")
+        dealt[ranks, step] = group
+        totals[ranks] += targets[group]
+    return dealt
+
+
+class PackedIterableDataset(IterableDataset):
+    """This rank's batches of one epoch of ``plan``, in a deterministic per-epoch order.
+
+    ``shuffle`` (default True) permutes the batches with ``numpy.random.default_rng((seed,
+    epoch))``; without it they come in plan order. ``rank`` and ``world_size`` default to
+    ``torch.distributed``'s when it is initialized, else 0 and 1. Each rank gets
+    ``len(plan) // world_size`` batches per epoch (``len(self)``); with several ranks the
+    epoch's last ``len(plan) % world_size`` batches in its order are not used that epoch.
+
+    Epochs: ``set_epoch(e)`` before each epoch, as with ``DistributedSampler``; a pass
+    without it repeats the current epoch. Resuming: ``state_dict()`` records the epoch and
+    how many of this rank's batches were consumed (by this object's own iterator: no
+    workers, or inside a worker as ``StatefulDataLoader`` asks; with a plain
+    ``DataLoader`` and workers give ``consumed=``, the batches of the epoch the trainer
+    took). ``load_state_dict()`` makes the next pass over that epoch start with the next
+    batch; ``set_epoch`` to another epoch drops it.
+    """
+
+    def __init__(self, plan, *, shuffle: bool = True, seed: int = 0, rank: int | None = None,
+                 world_size: int | None = None):
+        self._batches = _Batches(plan)
+        if not isinstance(shuffle, bool):
+            raise InvalidInputError(f"shuffle must be a bool, got {type(shuffle).__name__}")
+        self.shuffle = shuffle
+        self.seed = check_int("seed", seed, 0)
+        self.rank, self.world_size = _rank_and_size(rank, world_size)
+        if len(self._batches) < self.world_size:
+            raise InvalidInputError(
+                f"the plan has {len(self._batches)} batches for {self.world_size} ranks: every rank needs one"
+            )
+        self.epoch = 0
+        self._position = 0  # this object's next batch, relative to its worker (see __iter__)
+        self._resume = None  # (epoch, position) a loaded state starts from
+
+    def __len__(self) -> int:
+        return len(self._batches) // self.world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Iterate epoch ``epoch`` next (from its start, unless a loaded state resumes it)."""
+        epoch = check_int("epoch", epoch, 0)
+        if self._resume is not None and self._resume[0] != epoch:
+            self._resume = None
+        if epoch != self.epoch:
+            self.epoch, self._position = epoch, 0
+
+    def rank_batches(self, epoch: int) -> np.ndarray:
+        """This rank's batch numbers of ``epoch``, in order."""
+        count = len(self._batches)
+        order = (np.random.default_rng((self.seed, epoch)).permutation(count) if self.shuffle
+                 else np.arange(count, dtype=np.int64))
+        return deal_to_ranks(self._batches.targets, order, self.world_size)[self.rank]
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        if self._resume is not None:
+            self.epoch, start = self._resume
+            self._resume = None
+        else:
+            start = 0
+        numbers = self.rank_batches(self.epoch)
+        # Worker w yields positions start + w, start + w + W, ...; after each, its state is
+        # the base of its next one, so a state saved in a worker resumes that worker.
+        for position in range(start + worker, len(numbers), workers):
+            self._position = position - worker + workers
+            yield tensors(self._batches.get(int(numbers[position])))
+
+    def _settings(self) -> dict:
+        return {"seed": self.seed, "shuffle": self.shuffle, "rank": self.rank, "world_size": self.world_size,
+                "batches": len(self._batches)}
+
+    def state_dict(self, consumed: int | None = None) -> dict:
+        """The position to resume from: ``{"epoch", "position"}`` plus the settings it needs."""
+        position = self._position if consumed is None else check_int("consumed", consumed, 0, len(self))
+        return {"epoch": self.epoch, "position": position, **self._settings()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from ``state``: the next pass over its epoch starts at its position."""
+        for name, ours in self._settings().items():
+            if state.get(name) != ours:
+                raise InvalidInputError(f"the state was saved with {name} {state.get(name)!r}; this dataset has {ours!r}")
+        epoch = check_int("epoch", state["epoch"], 0)
+        position = check_int("position", state["position"], 0)
+        self.epoch, self._position, self._resume = epoch, position, (epoch, position)
+
+
+def _rank_and_size(rank, world_size) -> tuple[int, int]:
+    distributed = torch.distributed
+    if distributed.is_available() and distributed.is_initialized():
+        rank = distributed.get_rank() if rank is None else rank
+        world_size = distributed.get_world_size() if world_size is None else world_size
+    elif (rank is None) != (world_size is None):
+        raise InvalidInputError("give both rank and world_size, or neither (torch.distributed is not initialized)")
+    elif rank is None:
+        rank, world_size = 0, 1
+    world_size = check_int("world_size", world_size, 1)
+    rank = check_int("rank", rank, 0, world_size - 1)
+    return rank, world_size

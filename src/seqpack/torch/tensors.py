@@ -1,0 +1,67 @@
+"""A batch as PyTorch tensors, sharing the batch's memory wherever the dtype allows.
+
+The stored fields keep their dtypes and their memory (the batch's arrays are read-only;
+the tensors must not be written in place). Two derived tensors are what PyTorch layers
+take: ``input_ids`` (int64, padding replaced by ``PAD_INPUT_ID`` so an embedding lookup
+never sees ``PAD_CELL``) and ``shift_labels`` (int64, each supervised cell's target,
+``IGNORE_INDEX`` elsewhere: ``torch.nn.functional.cross_entropy``'s default
+``ignore_index`` and transformers' already-shifted labels).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from ..errors import InvalidInputError
+from ..layout.batch import BatchLayout
+from ..layout.fields import CELL_FIELDS, FLAG_FIELDS
+
+#: Targets that are not supervised, in ``shift_labels`` (PyTorch's and transformers' value).
+IGNORE_INDEX = -100
+#: The ID padding cells get in ``input_ids``: always inside the vocabulary, never attended.
+PAD_INPUT_ID = 0
+#: The fields ``tensors`` shares with the batch, then the derived ones.
+SHARED_FIELDS = (*CELL_FIELDS, *FLAG_FIELDS, "valid_lengths", "segment_starts")
+
+
+def shared_tensor(array: np.ndarray) -> torch.Tensor:
+    """A CPU tensor over ``array``'s memory, read-only arrays included, without a warning.
+
+    PyTorch has no read-only tensors, so it warns on read-only arrays; the caller owns
+    the promise not to write through the tensor.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
+def check_batch(batch) -> BatchLayout:
+    if not isinstance(batch, BatchLayout):
+        raise InvalidInputError(f"expected a padded or packed batch, not {type(batch).__name__}")
+    return batch
+
+
+def tensors(batch, device=None) -> dict[str, torch.Tensor]:
+    """The batch's fields as tensors, plus ``input_ids`` and ``shift_labels``.
+
+    Shared with the batch (no copy): ``inputs``, ``targets``, ``positions``,
+    ``segments``, ``segment_starts`` (int32 ``[rows, T]``), ``token_valid``,
+    ``target_valid``, ``loss_mask`` (bool) and ``valid_lengths`` (int64 ``[rows]``).
+    New: ``input_ids`` (int64, padding -> ``PAD_INPUT_ID``) and ``shift_labels`` (int64,
+    ``IGNORE_INDEX`` outside ``loss_mask``). ``device`` (None: the CPU) moves every
+    tensor there, which copies.
+    """
+    batch = check_batch(batch)
+    result = {name: shared_tensor(getattr(batch, name)) for name in SHARED_FIELDS}
+    result["input_ids"] = torch.from_numpy(
+        np.where(batch.token_valid, batch.inputs, np.int32(PAD_INPUT_ID)).astype(np.int64)
+    )
+    result["shift_labels"] = torch.from_numpy(
+        np.where(batch.loss_mask, batch.targets, np.int32(IGNORE_INDEX)).astype(np.int64)
+    )
+    if device is not None:
+        result = {name: tensor.to(device) for name, tensor in result.items()}
+    return result

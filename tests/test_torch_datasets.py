@@ -1,0 +1,205 @@
+"""Datasets of whole batches: map-style, and the resumable rank-aware stream.
+
+Family 20 (resumption): stopped after k batches, a fresh object (or process) restored
+from ``state_dict()`` yields exactly the remaining batches, with 0 and 2 workers, with
+a plain ``DataLoader`` and with torchdata's ``StatefulDataLoader``.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import seqpack as sp
+
+torch = pytest.importorskip("torch", reason="seqpack.torch needs PyTorch: pip install 'seqpack[torch]'")
+import seqpack.torch as st  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from packed_cases import packed_plan, random_predictions  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+
+
+def plan(count=60, seed=3):
+    """A plan of about 20 one-row batches with uneven target counts."""
+    return packed_plan(random_predictions(np.random.default_rng(seed), count, 12), 16, 1, seed)
+
+
+def ids(items) -> list:
+    """Each batch item named by the first segment of each of its rows (unique per batch)."""
+    return [tuple(item["segments"][:, 0].tolist()) for item in items]
+
+
+def expected_ids(source, numbers) -> list:
+    return [tuple(source.batch(int(n)).segments[:, 0].tolist()) for n in numbers]
+
+
+def test_map_style_items_are_the_batches_as_tensors():
+    source = plan()
+    for dataset_of in (source, source.epoch()):
+        dataset = st.PackedDataset(dataset_of)
+        assert len(dataset) == len(source)
+        assert ids(DataLoader(dataset, batch_size=None)) == expected_ids(source, range(len(source)))
+        assert ids([dataset[-1]]) == expected_ids(source, [len(source) - 1])
+        with pytest.raises(IndexError, match=f"batch {len(source)} is outside this dataset's"):
+            dataset[len(source)]
+    padded = sp.pad(sp.ExampleTable.from_arrays([0, 40, 41, 1], [0, 4], sp.BatchBinding.fixture()), sp.PadConfig(),
+                    partition=sp.Partition.TRAIN, binding=sp.BatchBinding.fixture())
+    assert st.PackedDataset(padded)[0]["valid_lengths"].tolist() == [3]
+    with pytest.raises(sp.InvalidInputError, match="expected a PackingPlan or an epoch"):
+        st.PackedDataset([1, 2])
+
+
+def test_order_is_a_deterministic_shuffle_per_epoch():
+    source = plan()
+    unshuffled = st.PackedIterableDataset(source, shuffle=False)
+    assert ids(unshuffled) == expected_ids(source, range(len(source)))
+    dataset = st.PackedIterableDataset(source, seed=7)
+    first = ids(dataset)
+    assert first == ids(dataset) == ids(st.PackedIterableDataset(source, seed=7))  # a pass repeats its epoch
+    assert sorted(first) == sorted(expected_ids(source, range(len(source)))) and first != ids(unshuffled)
+    dataset.set_epoch(1)
+    assert ids(dataset) != first
+    dataset.set_epoch(0)
+    assert ids(dataset) == first
+    assert ids(st.PackedIterableDataset(source, seed=8)) != first
+
+
+def test_ranks_share_an_epoch_evenly_by_target_count():
+    source = plan()
+    targets = source.batch_targets()
+    world_size = 3
+    shares = [st.PackedIterableDataset(source, seed=1, rank=r, world_size=world_size).rank_batches(0)
+              for r in range(world_size)]
+    steps = len(source) // world_size
+    assert all(len(share) == steps for share in shares)
+    used = np.concatenate(shares)
+    assert len(set(used.tolist())) == steps * world_size  # disjoint
+    order = np.random.default_rng((1, 0)).permutation(len(source))
+    for step in range(steps):  # each step is the next world_size batches of the epoch's order
+        assert sorted(share[step] for share in shares) == sorted(order[step * world_size:(step + 1) * world_size])
+    totals = [int(targets[share].sum()) for share in shares]
+    assert max(totals) - min(totals) <= targets.max()
+    assert [len(st.PackedIterableDataset(source, rank=r, world_size=world_size)) for r in range(3)] == [steps] * 3
+
+
+def test_argument_errors():
+    source = plan()
+    with pytest.raises(sp.InvalidInputError, match="give both rank and world_size"):
+        st.PackedIterableDataset(source, rank=0)
+    with pytest.raises(sp.InvalidInputError, match="rank is 2; the maximum is 1"):
+        st.PackedIterableDataset(source, rank=2, world_size=2)
+    st.PackedIterableDataset(source, rank=1, world_size=2)
+    with pytest.raises(sp.InvalidInputError, match=f"the plan has {len(source)} batches for {len(source) + 1} ranks"):
+        st.PackedIterableDataset(source, rank=0, world_size=len(source) + 1)
+    st.PackedIterableDataset(source, rank=0, world_size=len(source))
+    state = st.PackedIterableDataset(source, seed=1).state_dict()
+    with pytest.raises(sp.InvalidInputError, match="the state was saved with seed 1; this dataset has 2"):
+        st.PackedIterableDataset(source, seed=2).load_state_dict(state)
+
+
+def test_set_epoch_keeps_a_restored_position_of_that_epoch_only():
+    source = plan()
+    full = ids(epoch_items(source, 5, 1))
+    dataset = st.PackedIterableDataset(source, seed=5)
+    dataset.load_state_dict({**dataset.state_dict(), "epoch": 1, "position": 4})
+    dataset.set_epoch(1)
+    assert ids(dataset) == full[4:]
+    assert ids(dataset) == full  # the restored position applied to one pass only
+    dataset.load_state_dict({**dataset.state_dict(), "epoch": 1, "position": 4})
+    dataset.set_epoch(2)
+    assert ids(dataset) == ids(epoch_items(source, 5, 2))
+
+
+def epoch_items(source, seed, epoch):
+    """Epoch ``epoch`` of a fresh stream, iterated directly."""
+    dataset = st.PackedIterableDataset(source, seed=seed)
+    dataset.set_epoch(epoch)
+    return list(dataset)
+
+
+def resume_with_dataloader(workers: int, stop: int):
+    source = plan()
+    dataset = st.PackedIterableDataset(source, seed=11)
+    dataset.set_epoch(2)
+    full = ids(DataLoader(dataset, batch_size=None, num_workers=workers))
+    assert full == ids(epoch_items(source, 11, 2))  # workers take turns: the same order as none
+    taken = []
+    for item in DataLoader(dataset, batch_size=None, num_workers=workers):
+        taken.append(item)
+        if len(taken) == stop:
+            break
+    # Without workers the dataset counted for itself; with them its copies did, so the trainer says.
+    state = json.loads(json.dumps(dataset.state_dict() if workers == 0 else dataset.state_dict(consumed=stop)))
+    fresh = st.PackedIterableDataset(source, seed=11)
+    fresh.load_state_dict(state)
+    fresh.set_epoch(2)
+    rest = ids(DataLoader(fresh, batch_size=None, num_workers=workers))
+    assert ids(taken) == full[:stop] and rest == full[stop:]
+
+
+def test_resume_mid_epoch_without_workers():
+    resume_with_dataloader(0, 7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [1, 6, 7])
+def test_resume_mid_epoch_with_two_workers(stop):
+    resume_with_dataloader(2, stop)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_with_a_stateful_dataloader(workers):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
+    source = plan()
+    full = ids(epoch_items(source, 4, 0))
+    loader = stateful.StatefulDataLoader(st.PackedIterableDataset(source, seed=4), batch_size=None,
+                                         num_workers=workers)
+    taken = []
+    for item in loader:
+        taken.append(item)
+        if len(taken) == 7:
+            break
+    state = loader.state_dict()
+    saved = [found for found in nested_dicts(state) if {"epoch", "position", "seed"} <= found.keys()]
+    assert len(saved) == max(workers, 1)  # the loader kept our state (no fast-forward fallback)
+    fresh = stateful.StatefulDataLoader(st.PackedIterableDataset(source, seed=4), batch_size=None,
+                                        num_workers=workers)
+    fresh.load_state_dict(state)
+    assert ids(taken) == full[:7] and ids(fresh) == full[7:]
+
+
+def nested_dicts(value):
+    if isinstance(value, dict):
+        yield value
+        for inner in value.values():
+            yield from nested_dicts(inner)
+
+
+RESUME_IN_A_FRESH_PROCESS = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import seqpack.torch as st
+from test_torch_datasets import ids, plan
+dataset = st.PackedIterableDataset(plan(), seed=9)
+dataset.load_state_dict(json.loads(sys.stdin.read()))
+print(json.dumps(ids(dataset)))
+"""
+
+
+@pytest.mark.slow
+def test_resume_in_a_fresh_process():
+    dataset = st.PackedIterableDataset(plan(), seed=9)
+    full = ids(dataset)
+    iterator = iter(dataset)
+    for _ in range(5):
+        next(iterator)
+    result = subprocess.run([sys.executable, "-c", RESUME_IN_A_FRESH_PROCESS.format(tests=str(TESTS))],
+                            input=json.dumps(dataset.state_dict()), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert [tuple(i) for i in json.loads(result.stdout)] == full[5:]

@@ -1,0 +1,183 @@
+"""The token-weighted objective: one division per step, across micro-batches and ranks.
+
+Family 8 (loss normalization) with PyTorch autograd, and family 16: two ``gloo``
+processes on loopback get the gradients of the single-process step over the union.
+"""
+
+import os
+import socket
+
+import numpy as np
+import pytest
+
+import seqpack as sp
+
+torch = pytest.importorskip("torch", reason="seqpack.torch needs PyTorch: pip install 'seqpack[torch]'")
+import seqpack.torch as st  # noqa: E402
+
+from packed_cases import packed_plan, padded_epoch  # noqa: E402
+
+VOCABULARY = 266
+PREDICTIONS = [3, 9, 2, 7, 1, 11, 4, 6, 5, 8, 2, 10, 3, 7]  # 14 examples, uneven per batch
+
+
+class TinyModel(torch.nn.Module):
+    """Embedding then a linear map to the vocabulary: enough parameters to compare gradients."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.embedding = torch.nn.Parameter(torch.randn(VOCABULARY, 8, generator=generator, dtype=torch.float64))
+        self.output = torch.nn.Parameter(torch.randn(8, VOCABULARY, generator=generator, dtype=torch.float64))
+
+    def forward(self, tensors):
+        return self.embedding[tensors["input_ids"]] @ self.output
+
+
+def gradients(model):
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def union_of(batches):
+    """One batch dict holding every row of ``batches`` (all as wide as the capacity)."""
+    parts = [st.tensors(b) for b in batches]
+    return {name: torch.cat([p[name] for p in parts]) for name in ("input_ids", "shift_labels")}
+
+
+def close(a, b):
+    return torch.all((a - b).abs() <= 1e-12 + 1e-12 * torch.maximum(a.abs(), b.abs())).item()
+
+
+def test_the_loss_reads_only_eligible_cells():
+    batch = packed_plan(PREDICTIONS, 16, 4).batch(0)
+    rng = np.random.default_rng(0)
+    logits = torch.tensor(rng.standard_normal(batch.shape + (VOCABULARY,)), requires_grad=True)
+    excluded = torch.from_numpy(~batch.loss_mask)
+    with torch.no_grad():
+        logits[excluded] = float("nan")
+    assert excluded.any()
+    loss = st.token_weighted_loss(logits, batch)
+    mask = torch.from_numpy(batch.loss_mask.copy())
+    gold = torch.from_numpy(batch.targets[batch.loss_mask]).long()
+    expected = -torch.log_softmax(logits.detach()[mask], -1).gather(1, gold[:, None]).sum() / batch.target_count
+    assert abs(loss.item() - expected.item()) <= 1e-14 * abs(expected.item())
+    loss.backward()
+    assert torch.isfinite(logits.grad).all() and (logits.grad[excluded] == 0).all()
+    for other in (st.tensors(batch), st.tensors(batch)["shift_labels"]):  # the same loss from each form
+        assert st.token_weighted_loss(logits, other).item() == loss.item()
+
+
+def test_low_precision_logits_are_read_in_float32():
+    batch = padded_epoch([3, 5])[0]
+    logits = torch.randn(batch.shape + (VOCABULARY,), generator=torch.Generator().manual_seed(1))
+    loss = st.token_weighted_loss(logits.bfloat16(), batch)
+    assert loss.dtype == torch.float32
+    assert loss.item() == st.token_weighted_loss(logits.bfloat16().float(), batch).item()
+
+
+def test_errors_and_their_exact_twins():
+    batch = padded_epoch([3, 5])[0]
+    logits = torch.zeros(batch.shape + (VOCABULARY,), requires_grad=True)
+    nothing = torch.full(batch.shape, st.IGNORE_INDEX)
+    with pytest.raises(sp.InvalidInputError, match="zero loss-eligible targets"):
+        st.token_weighted_loss(logits, nothing)
+    empty = st.token_weighted_loss(logits, nothing, denominator=7)  # a micro-batch of a larger step
+    empty.backward()
+    assert empty.item() == 0 and (logits.grad == 0).all()
+    with pytest.raises(sp.InvalidInputError, match="denominator is 0"):
+        st.token_weighted_loss(logits, batch, denominator=0)
+    st.token_weighted_loss(logits, batch, denominator=1)
+    targets = st.tensors(batch)["shift_labels"].clone()
+    targets[0, 0] = VOCABULARY
+    with pytest.raises(sp.InvalidInputError, match=r"cell 0 \(row-major\) has target 266, outside the vocabulary"):
+        st.token_weighted_loss(logits, targets)
+    targets[0, 0] = VOCABULARY - 1
+    st.token_weighted_loss(logits, targets)
+    with pytest.raises(sp.InvalidInputError, match=r"logits have shape \(2, 5\); expected \(2, 5\) \+ \(vocabulary,\)"):
+        st.token_weighted_loss(logits[..., 0], batch)
+    with pytest.raises(sp.InvalidInputError, match="expected a batch"):
+        st.token_weighted_loss(logits, targets.float())
+
+
+def test_the_accumulator_equals_one_big_batch_and_the_mean_of_means_does_not():
+    window = list(packed_plan(PREDICTIONS, 16, 2))
+    counts = [b.target_count for b in window]
+    assert len(window) >= 3 and len(set(counts)) > 1  # unequal micro-batches, or the bug cannot show
+
+    model = TinyModel()
+    big = st.token_weighted_loss(model(union_of(window)), union_of(window)["shift_labels"])
+    big.backward()
+    expected = gradients(model)
+
+    model.zero_grad()
+    accumulator = st.LossAccumulator(window)
+    assert accumulator.denominator == sum(counts) == st.step_target_count(window)
+    for batch in window:
+        accumulator(model(st.tensors(batch)), batch).backward()
+    assert accumulator.count == sum(counts) and abs(accumulator.mean - big.item()) < 1e-13
+    for name, grad in gradients(model).items():
+        assert close(grad, expected[name]), name
+
+    model.zero_grad()
+    for batch in window:  # the bug class of transformers PR 34191
+        (st.token_weighted_loss(model(st.tensors(batch)), batch) / len(window)).backward()
+    assert (gradients(model)["output"] - expected["output"]).abs().max() > 1e-3
+
+
+def test_step_target_count_takes_every_form():
+    batch = packed_plan(PREDICTIONS, 16, 2).batch(0)
+    forms = [batch, st.tensors(batch), st.tensors(batch)["shift_labels"], batch.target_count]
+    assert st.step_target_count(forms) == 4 * batch.target_count
+    with pytest.raises(sp.InvalidInputError, match="non-negative"):
+        st.step_target_count([-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def distributed_rank(rank: int, world_size: int, port: int) -> None:
+    """One rank: its micro-batches (every other batch), plain all-reduced and DDP gradients
+    against the single-process token-weighted step over all ranks' batches."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        batches = list(packed_plan(PREDICTIONS, 16, 1))
+        mine = batches[rank::world_size]
+        assert sum(b.target_count for b in batches[0::2]) != sum(b.target_count for b in batches[1::2])
+
+        reference = TinyModel()
+        st.token_weighted_loss(reference(union_of(batches)), union_of(batches)["shift_labels"]).backward()
+        expected = gradients(reference)
+
+        model = TinyModel()
+        accumulator = st.LossAccumulator(mine)
+        assert accumulator.denominator == sum(b.target_count for b in batches)
+        for batch in mine:
+            accumulator(model(st.tensors(batch)), batch).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        for name, grad in gradients(model).items():
+            assert close(grad, expected[name]), (rank, name)
+
+        ddp = torch.nn.parallel.DistributedDataParallel(TinyModel())
+        accumulator = st.LossAccumulator(mine, ddp=True)
+        for index, batch in enumerate(mine):
+            context = ddp.no_sync() if index < len(mine) - 1 else torch.enable_grad()
+            with context:
+                accumulator(ddp(st.tensors(batch)), batch).backward()
+        for name, grad in gradients(ddp.module).items():
+            assert close(grad, expected[name]), (rank, "ddp", name)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_get_the_gradients_of_the_union():
+    import torch.multiprocessing as mp
+
+    mp.spawn(distributed_rank, args=(2, free_port()), nprocs=2, join=True)
