@@ -1,0 +1,154 @@
+"""A packed dataset on disk: its batches equal seqpack.pack's, under every policy, in one part or several."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+import seqpack as sp
+from seqpack import io
+from seqpack.io import format as fmt
+from seqpack.io.encoding import ChunkEncoder
+from seqpack.io.progress import Progress
+from seqpack.io.writer import describe_binding, manifest_of, stage_documents, write_part
+from seqpack.packing.placement import POLICIES
+
+FIELDS = ("inputs", "targets", "positions", "segments", "token_valid", "target_valid", "loss_mask", "valid_lengths")
+TOKENIZER = sp.ByteTokenizer()
+BINDING = sp.BatchBinding.for_tokenizer(TOKENIZER, split="tests")
+
+
+def corpus(count=60, seed=0):
+    """Texts of lognormal lengths (some longer than a row of 64), a few repeated."""
+    rng = np.random.default_rng(seed)
+    sizes = np.clip(rng.lognormal(np.log(30), 1.0, count).astype(int), 1, 300)
+    texts = [bytes(rng.integers(32, 127, size=n, dtype=np.uint8)) for n in sizes]
+    return texts + texts[:3]
+
+
+def write_texts(directory, texts):
+    directory.mkdir()
+    for index, text in enumerate(texts):
+        (directory / f"doc{index:04d}.txt").write_bytes(text)
+    return directory
+
+
+def assert_same_batches(expected, actual):
+    assert len(expected) == len(actual)
+    for number, (a, b) in enumerate(zip(expected, actual)):
+        for field in FIELDS:
+            assert np.array_equal(getattr(a, field), getattr(b, field)), (number, field)
+        assert a.occurrences == b.occurrences
+    assert np.array_equal(expected.batch_targets(), actual.batch_targets())
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_open_dataset_equals_pack(tmp_path, policy):
+    texts = corpus()
+    config = sp.PackConfig(64, 4)
+    io.pack_corpus([io.TextFiles([write_texts(tmp_path / "docs", texts)])], tmp_path / "packed", binding=BINDING,
+                   tokenizer=TOKENIZER, config=config, policy=policy, long="cut")
+    dataset = io.open_dataset(tmp_path / "packed")
+    table = sp.ExampleTable.from_texts(texts, BINDING, capacity=64, long="cut")
+    expected = sp.pack(table, config, partition=sp.Partition.TRAIN, binding=BINDING, policy=policy)
+    assert_same_batches(expected, dataset)
+    assert dataset.report() == expected.report()
+    assert len(dataset) == dataset.batch_count and dataset.policy == policy
+    for batch in dataset.batches(reuse_buffers=True):
+        batch.verify()
+    assert dataset[-1].target_count == expected.batches[-1].target_count
+    assert [b.target_count for b in dataset[1:3]] == [b.target_count for b in expected.batches[1:3]]
+    # Examples come back whole, named by file and window.
+    for ordinal in (0, len(table) // 2, len(table) - 1):
+        example = dataset.example(ordinal)
+        assert np.array_equal(example.source_tokens, table.example(ordinal).source_tokens)
+        assert dataset.example_id(ordinal).split("/")[-1].startswith("doc")
+
+
+def test_the_plan_interface_and_pickling(tmp_path):
+    texts = corpus(20)
+    config = sp.PackConfig(64, 2)
+    io.pack_corpus([io.TextFiles([write_texts(tmp_path / "docs", texts)])], tmp_path / "packed", binding=BINDING,
+                   tokenizer=TOKENIZER, config=config, long="cut")
+    dataset = io.open_dataset(tmp_path / "packed")
+    table = sp.ExampleTable.from_texts(texts, BINDING, capacity=64, long="cut")
+    plan = sp.plan(table, config, partition=sp.Partition.TRAIN, binding=BINDING)
+    for name in ("row_count", "batch_count", "occurrence_count", "largest_batch_rows", "policy", "config",
+                 "partition", "binding"):
+        assert getattr(dataset, name) == getattr(plan, name), name
+    assert [dataset.batch_rows(i) for i in range(len(dataset))] == [plan.batch_rows(i) for i in range(len(plan))]
+    clone = pickle.loads(pickle.dumps(dataset))
+    assert len(pickle.dumps(dataset)) < 1000  # the path, not the memory maps
+    assert_same_batches(plan, clone)
+    for bad in (-1, len(dataset), True, 1.0):
+        with pytest.raises(sp.InvalidInputError, match="outside this dataset"):
+            dataset.batch(bad)
+
+
+def test_several_parts_number_examples_globally(tmp_path):
+    """Two parts written separately and listed by one manifest (how parallel writers add parts)."""
+    halves = [corpus(25, seed=1), corpus(30, seed=2)]
+    config = sp.PackConfig(64, 4)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    parts = []
+    for index, texts in enumerate(halves):
+        reader = io.TextFiles([write_texts(tmp_path / f"docs{index}", texts)])
+        encoder = ChunkEncoder(BINDING, TOKENIZER, reader.inputs)
+        staged = stage_documents([reader], encoder, staging / f"staged{index}", capacity=64, long="cut",
+                                 progress=Progress(False))
+        part = write_part(staging / fmt.part_name(index), staged, config, "best-fit-decreasing", "cut", Progress(False))
+        part["name"] = fmt.part_name(index)
+        parts.append(part)
+    inputs = [{"name": f"input{i}", "kind": "text", "unit": None} for i in range(sum(len(h) for h in halves))]
+    manifest = manifest_of(parts, binding=describe_binding(BINDING, TOKENIZER), partition=sp.Partition.TRAIN,
+                           config=config, policy="best-fit-decreasing", dtype=fmt.token_dtype(258), long="cut",
+                           inputs=inputs)
+    fmt.publish(staging, tmp_path / "packed", manifest, force=False)
+    dataset = io.open_dataset(tmp_path / "packed")
+    io.verify_dataset(tmp_path / "packed")
+    first_part = dataset.parts[0]
+    assert dataset.parts[1].first_example == first_part.example_count
+    assert len(dataset) == first_part.batch_count + dataset.parts[1].batch_count
+    # The second part's batches are its own packing, with ordinals shifted by the first part's examples.
+    table = sp.ExampleTable.from_texts(halves[1], BINDING, capacity=64, long="cut")
+    alone = sp.pack(table, config, partition=sp.Partition.TRAIN, binding=BINDING, policy="best-fit-decreasing")
+    for number, expected in enumerate(alone.batches):
+        actual = dataset.batch(first_part.batch_count + number)
+        shift = np.where(expected.token_valid, first_part.example_count, 0)
+        assert np.array_equal(actual.segments, expected.segments + shift)
+        for field in ("inputs", "targets", "positions", "loss_mask"):
+            assert np.array_equal(getattr(actual, field), getattr(expected, field))
+
+
+def test_documents_too_long_are_refused_naming_the_file(tmp_path):
+    docs = write_texts(tmp_path / "docs", [b"short", b"x" * 100])
+    with pytest.raises(sp.CapacityError, match=r"doc0001\.txt: the document has 101 predictions; capacity is 64"):
+        io.pack_corpus([io.TextFiles([docs])], tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER,
+                       config=sp.PackConfig(64))
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["docs"]
+
+
+def test_an_existing_output_is_refused_and_untouched(tmp_path):
+    docs = write_texts(tmp_path / "docs", [b"abc", b"defg"])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep").write_text("mine")
+    with pytest.raises(sp.InvalidInputError, match="already exists"):
+        io.pack_corpus([io.TextFiles([docs])], out, binding=BINDING, tokenizer=TOKENIZER, config=sp.PackConfig(64))
+    assert [p.name for p in out.iterdir()] == ["keep"]
+    io.pack_corpus([io.TextFiles([docs])], out, binding=BINDING, tokenizer=TOKENIZER, config=sp.PackConfig(64),
+                   force=True)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "part-00000"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs", "out"]
+
+
+def test_storage_is_compact(tmp_path):
+    """About two bytes per token with a small vocabulary, plus a few bytes per example."""
+    docs = write_texts(tmp_path / "docs", [bytes([97 + i % 26]) * 500 for i in range(40)])
+    manifest = io.pack_corpus([io.TextFiles([docs])], tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER,
+                              config=sp.PackConfig(512))
+    files = manifest["parts"][0]["files"]
+    assert manifest["token_dtype"] == "<u2" and files["tokens.bin"]["bytes"] == 2 * manifest["counts"]["tokens"]
+    total = sum(record["bytes"] for record in files.values())
+    assert total / manifest["counts"]["tokens"] < 2.5

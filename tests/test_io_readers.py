@@ -1,0 +1,178 @@
+"""Corpus readers: every input kind gives the same documents, and every error names its place."""
+
+import json
+
+import numpy as np
+import pytest
+
+import seqpack as sp
+from seqpack import io
+from seqpack.io.readers import MEGATRON_DTYPES, MEGATRON_MAGIC
+
+TOKENIZER = sp.ByteTokenizer()
+BINDING = sp.BatchBinding.for_tokenizer(TOKENIZER, split="tests")
+CONFIG = sp.PackConfig(32, 2)
+TEXTS = ["the quick brown fox", "jumps", "over the lazy dog " * 3, "é ü ñ"]
+
+
+def content_ids(text):
+    return (np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int64) + 2).tolist()
+
+
+def pack(tmp_path, reader, name="out", **options):
+    options.setdefault("long", "cut")
+    io.pack_corpus([reader], tmp_path / name, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, **options)
+    return io.open_dataset(tmp_path / name)
+
+
+def documents_of(dataset):
+    """Every document's framed tokens, rebuilt from the dataset (in ordinal order)."""
+    seen, result = set(), []
+    for ordinal in range(dataset.occurrence_count):
+        example = dataset.example(ordinal)
+        if example.document.source_id not in seen:
+            seen.add(example.document.source_id)
+            result.append(example.document.token_ids.tolist())
+    return result
+
+
+def expected_documents(texts):
+    return [[0] + content_ids(t) + [1] for t in texts]
+
+
+def write_megatron(prefix, documents, dtype=np.uint16):
+    """A Megatron indexed dataset ``PREFIX.idx/.bin`` (the layout of ECOSYSTEM.md)."""
+    dtype = np.dtype(dtype)
+    code = {np.dtype(v): k for k, v in MEGATRON_DTYPES.items()}[dtype]
+    lengths = np.array([len(d) for d in documents], dtype=np.int32)
+    pointers = np.concatenate(([0], np.cumsum(lengths[:-1].astype(np.int64) * dtype.itemsize)))
+    with open(f"{prefix}.bin", "wb") as handle:
+        for document in documents:
+            handle.write(np.asarray(document, dtype=dtype).tobytes())
+    with open(f"{prefix}.idx", "wb") as handle:
+        handle.write(MEGATRON_MAGIC + (1).to_bytes(8, "little") + bytes([code]))
+        handle.write(len(documents).to_bytes(8, "little") + (len(documents) + 1).to_bytes(8, "little"))
+        handle.write(lengths.tobytes() + pointers.astype(np.int64).tobytes()
+                     + np.arange(len(documents) + 1, dtype=np.int64).tobytes())
+
+
+def test_text_jsonl_and_ids_give_the_same_documents(tmp_path):
+    directory = tmp_path / "texts"
+    directory.mkdir()
+    for index, text in enumerate(TEXTS):
+        (directory / f"{index}.txt").write_text(text)
+    (directory / ".hidden").write_text("never read")
+    (directory / "empty.txt").write_text("")
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text("\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate(TEXTS)) + "\n\n")
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text("\n".join(json.dumps({"input_ids": content_ids(t)}) for t in TEXTS))
+    framed = tmp_path / "framed.jsonl"
+    framed.write_text("\n".join(json.dumps({"ids": [0] + content_ids(t) + [1]}) for t in TEXTS))
+    expected = expected_documents(TEXTS)
+    assert documents_of(pack(tmp_path, io.TextFiles([directory]), "a")) == expected
+    assert documents_of(pack(tmp_path, io.JsonLines(lines), "b")) == expected
+    assert documents_of(pack(tmp_path, io.JsonLines(ids, ids_field="input_ids"), "c")) == expected
+    assert documents_of(pack(tmp_path, io.JsonLines(framed, ids_field="ids"), "d", framed=True)) == expected
+
+
+def test_arrow_inputs(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="the corpus extra reads Parquet and Arrow")
+    import pyarrow.parquet as pq
+
+    table = pa.table({"text": TEXTS, "input_ids": [content_ids(t) for t in TEXTS]})
+    pq.write_table(table, tmp_path / "docs.parquet", row_group_size=2)
+    with pa.ipc.new_file(str(tmp_path / "docs.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    expected = expected_documents(TEXTS)
+    assert documents_of(pack(tmp_path, io.reader_for(tmp_path / "docs.parquet"), "a")) == expected
+    assert documents_of(pack(tmp_path, io.reader_for(tmp_path / "docs.parquet", ids_field="input_ids"), "b")) == expected
+    assert documents_of(pack(tmp_path, io.reader_for(tmp_path / "docs.arrow"), "c")) == expected
+    assert documents_of(pack(tmp_path, io.ArrowBatches(table.slice(1), ids_field="input_ids"), "d")) == expected[1:]
+    large = pa.table({"input_ids": pa.array([content_ids(t) for t in TEXTS], pa.large_list(pa.int64()))})
+    assert documents_of(pack(tmp_path, io.ArrowBatches(large), "e")) == expected
+
+
+@pytest.mark.slow
+def test_a_datasets_dataset(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="datasets is a bench extra")
+    dataset = datasets.Dataset.from_dict({"input_ids": [content_ids(t) for t in TEXTS]})
+    packed = pack(tmp_path, io.ArrowBatches(dataset.select([3, 2, 1, 0])), "a")
+    assert documents_of(packed) == expected_documents(TEXTS[::-1])
+
+
+def test_megatron(tmp_path):
+    documents = [content_ids(t) for t in TEXTS]
+    write_megatron(tmp_path / "corpus_text_document", documents)
+    packed = pack(tmp_path, io.reader_for(tmp_path / "corpus_text_document.idx"))
+    assert documents_of(packed) == expected_documents(TEXTS)
+    assert packed.example_id(1).endswith("corpus_text_document.bin sequence 1")
+
+
+@pytest.mark.parametrize("content, field, message", [
+    ('{"text": "a"}\nnot json\n', None, r"bad\.jsonl:2: not valid JSON"),
+    ('{"text": "a"}\n\n{"txt": "b"}\n', None, r"bad\.jsonl:3: no field 'text'"),
+    ('{"text": 5}\n', None, r"bad\.jsonl:1: field 'text' is not a string"),
+    ('{"ids": [5, "x"]}\n', "ids", r"bad\.jsonl:1: field 'ids' is not a list of ints"),
+    ('{"ids": [5, 6]}\n{"ids": [300]}\n', "ids", r"bad\.jsonl:2: token 300 at position 1 is out of vocabulary"),
+    ('{"ids": [5, 1, 6]}\n', "ids", r"bad\.jsonl:1: control token 1 \(EOS\) at position 2 is inside the content"),
+    ('{"ids": [5]}\n{"ids": [99999999999]}\n', "ids", r"bad\.jsonl:2: token ID 99999999999 does not fit int32"),
+])
+def test_jsonl_errors_name_file_and_line(tmp_path, content, field, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(sp.InvalidInputError, match=message):
+        pack(tmp_path, io.JsonLines(path, ids_field=field))
+    assert not (tmp_path / "out").exists()
+
+
+def test_long_documents_error_names_the_line_unless_cut(tmp_path):
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"text": "b" * 40}) + "\n")
+    with pytest.raises(sp.CapacityError, match=r"long\.jsonl:2: the document has 41 predictions; capacity is 32"):
+        pack(tmp_path, io.JsonLines(path), long="error")
+    packed = pack(tmp_path, io.JsonLines(path), long="cut")
+    assert packed.occurrence_count == 3 and int(packed.report().valid_targets) == 2 + 41
+    assert packed.example_id(2) == f"{path}:2[32:42]"
+
+
+def test_empty_documents_are_skipped_and_counted(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"text": t}) for t in ["", "ab", "", "c"]))
+    packed = pack(tmp_path, io.JsonLines(path))
+    assert packed.manifest["counts"]["skipped_empty_documents"] == 2
+    assert documents_of(packed) == expected_documents(["ab", "c"])
+    assert packed.example_id(1) == f"{path}:4"
+
+
+def test_arrow_errors_name_the_row(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="the corpus extra reads Parquet and Arrow")
+    with pytest.raises(sp.InvalidInputError, match=r"Table row 2: the document is null"):
+        pack(tmp_path, io.ArrowBatches(pa.table({"text": ["a", "b", None]})))
+    with pytest.raises(sp.InvalidInputError, match=r"Table row 1: token 400 at position 2"):
+        pack(tmp_path, io.ArrowBatches(pa.table({"input_ids": [[5, 6], [7, 400]]})))
+    with pytest.raises(sp.InvalidInputError, match=r"no 'text' or 'input_ids' column"):
+        pack(tmp_path, io.ArrowBatches(pa.table({"body": ["a"]})))
+    with pytest.raises(sp.InvalidInputError, match=r"no column 'body'"):
+        pack(tmp_path, io.ArrowBatches(pa.table({"text": ["a"]}), text_field="body"))
+
+
+def test_megatron_errors(tmp_path):
+    (tmp_path / "x.idx").write_bytes(b"NOTMEGATRON" + bytes(40))
+    (tmp_path / "x.bin").write_bytes(b"")
+    with pytest.raises(sp.InvalidInputError, match=r"x\.idx: not a Megatron index"):
+        io.Megatron(tmp_path / "x")
+    with pytest.raises(sp.InvalidInputError, match=r"y\.idx: no such file"):
+        io.Megatron(tmp_path / "y")
+    write_megatron(tmp_path / "z", [[5, 6], [7]])
+    (tmp_path / "z.bin").write_bytes(b"\x05\x00")  # shorter than the index says
+    with pytest.raises(sp.InvalidInputError, match=r"z\.bin sequence 0: lies outside"):
+        pack(tmp_path, io.Megatron(tmp_path / "z.bin"))
+
+
+def test_missing_inputs(tmp_path):
+    with pytest.raises(sp.InvalidInputError, match="nowhere: no such file or directory"):
+        io.TextFiles([tmp_path / "nowhere"])
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(sp.InvalidInputError, match="no document with content"):
+        pack(tmp_path, io.JsonLines(tmp_path / "empty.jsonl"))
