@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import VerificationError
+from ..errors import InvalidInputError, VerificationError
 from ..packing.placement import place
 from . import format as fmt
 from .dataset import Part, PackedDataset
@@ -133,7 +133,10 @@ def verify_dataset(path, *, progress: Progress | None = None, batches: bool = Tr
     manifest = fmt.read_manifest(path)
     try:
         checked_bytes = check_checksums(path, manifest, progress)
-        dataset = PackedDataset(path)
+        try:
+            dataset = PackedDataset(path)
+        except InvalidInputError as error:  # a file the manifest does not describe
+            raise VerificationError(str(error)) from None
         for part, record in zip(dataset.parts, manifest["parts"]):
             check_part(dataset, part, record)
         totals = {"examples": dataset.occurrence_count, "rows": dataset.row_count, "batches": dataset.batch_count,

@@ -1,0 +1,91 @@
+"""A Hugging Face tokenizers BPE, trained here on local text, bound by identity and round-tripped through a pack."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+tokenizers = pytest.importorskip("tokenizers", reason="the hf extra provides tokenizers")
+
+import seqpack as sp  # noqa: E402
+from seqpack import io  # noqa: E402
+
+TEXTS = [
+    "Packing keeps contexts apart.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Ünïcödé text, emoji 🙂 and tabs\tsurvive the round trip.",
+    "def f(x):\n    return x * 2\n",
+] * 5
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bpe")
+    corpus = root / "train.txt"
+    corpus.write_text("\n".join(TEXTS * 4))
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<|bos|>", "<|eos|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train([str(corpus)], trainer)
+    tokenizer.enable_truncation(max_length=4)  # seqpack must turn this off: nothing is truncated
+    path = root / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path
+
+
+def test_identity_is_the_file(tokenizer_file):
+    bound = io.TokenizerFile(tokenizer_file, bos="<|bos|>", eos="<|eos|>")
+    assert bound.identity.digest == hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()
+    assert (bound.bos_id, bound.eos_id) == (1, 2)
+    assert bound.identity.vocabulary_size == bound.tokenizer.get_vocab_size(with_added_tokens=True)
+    assert io.TokenizerFile(tokenizer_file, bos="1", eos=2).identity == bound.identity
+    with pytest.raises(sp.InvalidInputError, match=r"--bos token '<s>' is not in the vocabulary"):
+        io.TokenizerFile(tokenizer_file, bos="<s>", eos="<|eos|>")
+    with pytest.raises(sp.InvalidInputError, match=r"--eos 100000 is not an ID"):
+        io.TokenizerFile(tokenizer_file, bos=1, eos=100000)
+
+
+def test_a_bpe_round_trips_through_pack_and_verify(tmp_path, tokenizer_file):
+    bound = io.TokenizerFile(tokenizer_file, bos="<|bos|>", eos="<|eos|>")
+    binding = sp.BatchBinding.for_tokenizer(bound.identity, split="tests")
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text("\n".join(json.dumps({"text": t}) for t in TEXTS))
+    manifest = io.pack_corpus([io.JsonLines(lines)], tmp_path / "packed", binding=binding, tokenizer=bound,
+                              config=sp.PackConfig(64, 2), policy="first-fit-decreasing")
+    assert manifest["binding"]["tokenizer"]["digest"] == bound.identity.digest
+    assert manifest["binding"]["tokenizer"]["kind"] == "tokenizers"
+    io.verify_dataset(tmp_path / "packed")
+    dataset = io.open_dataset(tmp_path / "packed")
+    assert dataset.binding == binding
+    for ordinal, text in enumerate(TEXTS):
+        tokens = dataset.example(ordinal).document.token_ids
+        assert tokens[0] == bound.bos_id and tokens[-1] == bound.eos_id
+        assert bound.tokenizer.decode(tokens[1:-1].tolist()) == text
+    expected = sum(len(bound.tokenizer.encode(t, add_special_tokens=False).ids) + 1 for t in TEXTS)
+    assert dataset.report().valid_targets == expected  # every content token and each EOS, untruncated
+
+
+def test_a_control_token_inside_a_text_names_the_line(tmp_path, tokenizer_file):
+    bound = io.TokenizerFile(tokenizer_file, bos="<|bos|>", eos="<|eos|>")
+    binding = sp.BatchBinding.for_tokenizer(bound.identity, split="tests")
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"text": "a <|eos|> b"}) + "\n")
+    with pytest.raises(sp.TokenizerError, match=r"docs\.jsonl:2: control token 2 \(EOS\) at position \d+ is inside"):
+        io.pack_corpus([io.JsonLines(lines)], tmp_path / "packed", binding=binding, tokenizer=bound,
+                       config=sp.PackConfig(64))
+    assert not (tmp_path / "packed").exists()
+
+
+def test_the_binding_must_be_the_tokenizers(tmp_path, tokenizer_file):
+    bound = io.TokenizerFile(tokenizer_file, bos="<|bos|>", eos="<|eos|>")
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text(json.dumps({"text": "x"}))
+    with pytest.raises(sp.InvalidInputError, match="identity differs"):
+        io.pack_corpus([io.JsonLines(lines)], tmp_path / "packed", tokenizer=bound, config=sp.PackConfig(64),
+                       binding=sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="tests"))
+    assert np.all([not p.name.startswith(".") for p in tmp_path.iterdir()])

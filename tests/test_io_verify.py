@@ -1,0 +1,124 @@
+"""verify_dataset: every flipped byte, every broken rule and every incomplete pack is refused, naming the file."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import seqpack as sp
+from seqpack import io
+from seqpack.io import format as fmt
+
+TOKENIZER = sp.ByteTokenizer()
+BINDING = sp.BatchBinding.for_tokenizer(TOKENIZER, split="tests")
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("verify")
+    docs = root / "docs"
+    docs.mkdir()
+    rng = np.random.default_rng(3)
+    for index in range(30):
+        (docs / f"{index:02d}.txt").write_bytes(bytes(rng.integers(32, 127, size=int(rng.integers(1, 90)),
+                                                                   dtype=np.uint8)))
+    io.pack_corpus([io.TextFiles([docs])], root / "packed", binding=BINDING, tokenizer=TOKENIZER,
+                   config=sp.PackConfig(40, 2), policy="best-fit-decreasing", long="cut")
+    return root / "packed"
+
+
+def copy_of(packed, tmp_path):
+    target = tmp_path / "copy"
+    shutil.copytree(packed, target)
+    return target
+
+
+def test_a_good_dataset_verifies(packed):
+    checked = io.verify_dataset(packed)
+    manifest = json.loads((packed / "manifest.json").read_text())
+    assert checked["batches_verified"] == manifest["counts"]["batches"] > 3
+    assert checked["files"] == 4 and checked["examples"] == manifest["counts"]["examples"]
+
+
+@pytest.mark.parametrize("name", fmt.PART_FILES)
+@pytest.mark.parametrize("where", [0.0, 0.5, 1.0])
+def test_one_flipped_byte_in_any_file_is_named(packed, tmp_path, name, where):
+    target = copy_of(packed, tmp_path)
+    path = target / "part-00000" / name
+    data = bytearray(path.read_bytes())
+    at = min(int(where * len(data)), len(data) - 1)
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(sp.VerificationError, match=rf"{name}: SHA-256 .* differs from the manifest's"):
+        io.verify_dataset(target)
+
+
+def test_an_incomplete_pack_is_refused(packed, tmp_path):
+    target = copy_of(packed, tmp_path)
+    (target / "manifest.json").unlink()
+    with pytest.raises(sp.InvalidInputError, match="manifest.json: missing, so .* is not a complete packed dataset"):
+        io.verify_dataset(target)
+    with pytest.raises(sp.InvalidInputError, match="not a complete packed dataset"):
+        io.open_dataset(target)
+
+
+def rewrite(target, name, array):
+    """Replace a part file and record its new checksum: only the rules can catch it now."""
+    record = fmt.write_array(target / "part-00000" / name, array)
+    manifest = json.loads((target / "manifest.json").read_text())
+    manifest["parts"][0]["files"][name] = record
+    (target / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_placement_other_than_the_policy_is_refused(packed, tmp_path):
+    target = copy_of(packed, tmp_path)
+    occurrences = np.load(target / "part-00000" / "occurrences.npy")
+    swapped = occurrences.copy()
+    swapped[[0, 1], 0] = swapped[[1, 0], 0]  # two examples trade places
+    rewrite(target, "occurrences.npy", swapped)
+    with pytest.raises(sp.VerificationError, match=r"occurrences\.npy: the placement differs from best-fit-decreasing"):
+        io.verify_dataset(target)
+
+
+def test_examples_that_are_not_the_documents_windows_are_refused(packed, tmp_path):
+    target = copy_of(packed, tmp_path)
+    examples = np.load(target / "part-00000" / "examples.npy")
+    examples[0, 1:] += 1  # the same size, shifted
+    rewrite(target, "examples.npy", examples)
+    with pytest.raises(sp.VerificationError, match=r"examples\.npy: the examples are not the documents' ranges"):
+        io.verify_dataset(target)
+
+
+def test_a_count_that_disagrees_is_refused(packed, tmp_path):
+    target = copy_of(packed, tmp_path)
+    manifest = json.loads((target / "manifest.json").read_text())
+    manifest["parts"][0]["valid_targets"] += 1
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(sp.VerificationError, match="records valid_targets"):
+        io.verify_dataset(target)
+
+
+def test_a_placement_outside_its_row_is_refused_on_open(packed, tmp_path):
+    """The fill kernel trusts placements: opening refuses one that would write past a row."""
+    target = copy_of(packed, tmp_path)
+    occurrences = np.load(target / "part-00000" / "occurrences.npy")
+    occurrences[0, 2] = 39
+    rewrite(target, "occurrences.npy", occurrences)
+    with pytest.raises(sp.InvalidInputError, match=r"occurrences\.npy: placement 0 does not lie inside a row"):
+        io.open_dataset(target)
+    with pytest.raises(sp.VerificationError, match=r"occurrences\.npy: placement 0 does not lie inside a row"):
+        io.verify_dataset(target)
+
+
+def test_tokens_out_of_vocabulary_are_refused(packed, tmp_path):
+    target = copy_of(packed, tmp_path)
+    path = target / "part-00000" / "tokens.bin"
+    tokens = np.fromfile(path, dtype="<u2")
+    tokens[5] = 400
+    tokens.tofile(path)
+    manifest = json.loads((target / "manifest.json").read_text())
+    manifest["parts"][0]["files"]["tokens.bin"]["sha256"] = io.encoding.file_sha256(path)
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(sp.VerificationError, match=r"tokens\.bin: a token lies outside the vocabulary"):
+        io.verify_dataset(target)
