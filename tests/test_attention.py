@@ -404,7 +404,7 @@ def forward_with(**changes):
         (dict(out=np.zeros((2, 1, 4, 3), np.float32)), dict(out=np.zeros((2, 1, 4, 3))),
          "out has shape"),
         (dict(out=np.zeros((2, 1, 3, 4)).transpose(0, 1, 3, 2)), dict(out=np.zeros((2, 1, 4, 3))),
-         "out must be C-contiguous and writeable"),
+         "out must be writeable, with a contiguous last axis"),
         (dict(lse=np.zeros((2, 1, 4)).tolist()), dict(lse=np.zeros((2, 1, 4))),
          "lse must be a numpy array"),
     ],
@@ -428,7 +428,7 @@ def test_read_only_output_buffer_is_rejected():
     q, k, v, lengths, starts = small_case()
     out = np.zeros_like(q)
     out.flags.writeable = False
-    with pytest.raises(InvalidInputError, match="out must be C-contiguous and writeable"):
+    with pytest.raises(InvalidInputError, match="out must be writeable, with a contiguous last axis"):
         range_attention_forward(q, k, v, lengths, starts, out=out)
 
 

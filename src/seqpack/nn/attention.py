@@ -113,9 +113,10 @@ def segment_spans(valid_lengths, segment_starts) -> np.ndarray:
 
 
 def _floats(names, arrays):
-    """Same-dtype float32/float64 arrays in C order: ``q`` and what is shaped like it
-    ([rows, heads, T, head_dim]; ``lse`` [rows, heads, T]), ``k``, ``v`` shaped like ``k``
-    ([rows, kv_heads, T, head_dim] with ``heads`` a multiple of ``kv_heads``)."""
+    """Same-dtype float32/float64 arrays the kernels can read where they are (others are
+    copied to C order): ``q`` and what is shaped like it ([rows, heads, T, head_dim];
+    ``lse`` [rows, heads, T]), ``k``, ``v`` shaped like ``k`` ([rows, kv_heads, T,
+    head_dim] with ``heads`` a multiple of ``kv_heads``)."""
     # Plain loops and attribute checks: this runs on every call, tiny inputs included.
     first = arrays[0] if type(arrays[0]) is np.ndarray else np.asarray(arrays[0])
     dtype, shape = first.dtype, first.shape
@@ -142,7 +143,7 @@ def _floats(names, arrays):
         expected = shape[:3] if name == "lse" else kv_shape if name in _KV_NAMES else shape
         if array.shape != expected:
             raise InvalidInputError(f"{name} has shape {array.shape}; expected {expected}")
-        coerced.append(array if array.flags.c_contiguous else np.ascontiguousarray(array))
+        coerced.append(array if _in_place(array) else np.ascontiguousarray(array))
     return coerced
 
 
@@ -177,9 +178,41 @@ def _scale(scale, head_dim: int) -> float:
     return value
 
 
+def _in_place(array: np.ndarray) -> bool:
+    """Whether the kernels take ``array`` as it is: aligned, its last axis contiguous, its
+    other strides non-negative multiples of the item size, and for [rows, heads, T,
+    head_dim] a cell stride (the BLAS leading dimension) of at least head_dim elements
+    and below 2**31. Axes of length 1 have no stride that matters."""
+    if not array.flags.aligned:
+        return False
+    if array.flags.c_contiguous:
+        return True
+    itemsize, shape, strides = array.itemsize, array.shape, array.strides
+    if shape[-1] > 1 and strides[-1] != itemsize:
+        return False
+    for length, stride in zip(shape[:-1], strides[:-1]):
+        if length > 1 and (stride < 0 or stride % itemsize):
+            return False
+    return len(shape) != 4 or shape[2] < 2 or shape[3] * itemsize <= strides[2] < 2**31 * itemsize
+
+
+def _overlaps_itself(array: np.ndarray) -> bool:
+    """Whether two elements of ``array`` may share memory (judged from its strides: each
+    axis, shortest stride first, must step past everything the shorter ones span)."""
+    if array.size == 0:
+        return False
+    span = array.itemsize
+    for stride, length in sorted((stride, length) for length, stride in zip(array.shape, array.strides) if length > 1):
+        if stride < span:
+            return True
+        span = stride * (length - 1) + span
+    return False
+
+
 def _outputs(specs: dict, dtype, inputs: dict) -> list:
-    """Output arrays: each caller's buffer after checks (shape, dtype, C order, writeable,
-    no memory shared with an input or another output), a fresh array for the rest.
+    """Output arrays: each caller's buffer after checks (shape, dtype, writeable, strides
+    the kernels take, no memory shared with itself, an input or another output), a fresh
+    C-ordered array for the rest.
 
     ``specs`` maps each output's name to ``(given or None, shape)``.
     """
@@ -192,8 +225,13 @@ def _outputs(specs: dict, dtype, inputs: dict) -> list:
             raise InvalidInputError(
                 f"{name} has shape {given.shape} and dtype {given.dtype}; expected {shape} {dtype}"
             )
-        if not (given.flags.c_contiguous and given.flags.writeable):
-            raise InvalidInputError(f"{name} must be C-contiguous and writeable")
+        if not (given.flags.writeable and _in_place(given)):
+            raise InvalidInputError(
+                f"{name} must be writeable, with a contiguous last axis and non-negative, "
+                f"aligned strides; got strides {given.strides}"
+            )
+        if _overlaps_itself(given):
+            raise InvalidInputError(f"{name} overlaps itself in memory (strides {given.strides})")
     check_disjoint({name: given for name, (given, _) in specs.items()}, inputs)
     return [np.empty(shape, dtype=dtype) if given is None else given for given, shape in specs.values()]
 
@@ -205,13 +243,17 @@ def range_attention_forward(q, k, v, valid_lengths, segment_starts, *, threads=N
     ``q``: ``[rows, heads, T, head_dim]``; ``k, v``: ``[rows, kv_heads, T, head_dim]``
     with ``heads`` a multiple of ``kv_heads`` (grouped-query attention: query head ``h``
     reads key/value head ``h // (heads // kv_heads)``; K and V are never repeated in
-    memory); all float32 or all float64 (any strides; copied to C order when needed).
+    memory); all float32 or all float64. Arrays whose last axis is contiguous and whose
+    other strides are non-negative are used in place (e.g. ``x.transpose(0, 2, 1, 3)`` of
+    ``[rows, T, heads, head_dim]`` storage: the cell stride is the BLAS leading dimension);
+    others are copied to C order.
     ``valid_lengths`` ``[rows]`` and ``segment_starts`` ``[rows, T]``: any integer dtype.
     ``scale``: the score factor, None for ``1/sqrt(head_dim)`` (rounded to the dtype).
     Returns ``out`` ``[rows, heads, T, head_dim]`` and the per-query log-sum-exp of the
     scaled scores ``lse`` ``[rows, heads, T]`` (0 for inactive queries). ``out`` and
-    ``lse`` may be given (C-contiguous, writeable, matching, sharing no memory with any
-    input or each other) to skip fresh allocations. ``threads``: None for the default of
+    ``lse`` may be given to skip fresh allocations: writeable, matching, strided as the
+    inputs may be without a copy (so ``out`` can be a view of ``[rows, T, heads,
+    head_dim]`` storage), and sharing no memory with itself, any input or each other. ``threads``: None for the default of
     ``seqpack._limits.default_threads()``; results do not depend on it. Ctrl-C
     interrupts the call (``KeyboardInterrupt``; outputs then undefined).
     """
@@ -241,8 +283,8 @@ def range_attention_backward(q, k, v, out, lse, dout, valid_lengths, segment_sta
     is as in :func:`range_attention_forward` (same dtype for all six arrays, the same
     ``scale``). With grouped-query heads, dK and dV of a key/value head sum over the
     query heads of its group in head order (the same bits for any thread count).
-    Gradients are zero at inactive cells; ``dq, dk, dv`` may be given as buffers
-    (sharing no memory with any input or each other).
+    Gradients are zero at inactive cells; ``dq, dk, dv`` may be given as buffers, strided
+    as ``out`` may be (sharing no memory with themselves, any input or each other).
     """
     threads = kernel_threads(threads)
     given = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "dout": dout,
