@@ -1,0 +1,240 @@
+"""``seqpack pack | stats | verify | show`` run as a user runs them: outputs, figures, every error, crashes."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def seqpack_command():
+    script = shutil.which("seqpack", path=os.path.dirname(sys.executable))
+    assert script, "the seqpack console script is not installed beside this Python (pip install the package)"
+    return script
+
+
+def run(*args, cwd=None):
+    return subprocess.run([seqpack_command(), *map(str, args)], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def one_error_line(result, status=1):
+    assert result.returncode == status, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("seqpack: error: "), result.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def docs(tmp_path):
+    directory = tmp_path / "docs"
+    directory.mkdir()
+    for index in range(40):
+        (directory / f"{index:02d}.txt").write_text(("word%d " % index) * (3 + 7 * (index % 9)))
+    return directory
+
+
+@pytest.fixture
+def packed(tmp_path, docs):
+    result = run("pack", docs, "--out", tmp_path / "packed", "--capacity", 128, "--rows-per-batch", 2,
+                 "--policy", "best-fit-decreasing", "--cut-long")
+    assert result.returncode == 0, result.stderr
+    return tmp_path / "packed"
+
+
+def cells_of(svg_text):
+    root = ElementTree.fromstring(svg_text)
+    return [g for g in root.iter(f"{SVG}g") if g.get("class") == "cell"]
+
+
+@pytest.mark.slow
+def test_pack_prints_the_report_and_json(tmp_path, docs, packed):
+    result = run("pack", docs, "--out", tmp_path / "again", "--capacity", 128, "--cut-long", "--json", "--quiet")
+    assert result.returncode == 0 and result.stderr == ""
+    manifest = json.loads(result.stdout)
+    assert manifest["format"] == "seqpack-packed-dataset" and manifest["counts"]["documents"] == 40
+    assert manifest["config"]["capacity"] == 128 and manifest["policy"] == "next-fit"
+    report = run("stats", packed)
+    assert report.returncode == 0 and "real-target fraction" in report.stdout and "bytes/token" in report.stdout
+
+
+@pytest.mark.slow
+def test_verify_stats_and_figures(tmp_path, packed):
+    checked = run("verify", packed, "--json")
+    assert checked.returncode == 0, checked.stderr
+    summary = json.loads(checked.stdout)
+    assert summary["batches_verified"] == summary["batches"] > 1 and summary["files"] == 4
+    assert run("verify", packed).stdout.startswith(f"{packed}: ok: 4 files")
+    stats = run("stats", packed, "--json", "--svg", tmp_path / "stats.svg")
+    assert stats.returncode == 0
+    values = json.loads(stats.stdout)
+    manifest = json.loads((packed / "manifest.json").read_text())
+    assert values["report"]["valid_targets"] == manifest["counts"]["valid_targets"]
+    assert sum(values["row_fill"]["counts"]) == manifest["counts"]["rows"]
+    assert sum(values["example_lengths"]["counts"]) == manifest["counts"]["examples"]
+    root = ElementTree.parse(tmp_path / "stats.svg").getroot()
+    assert root.tag == f"{SVG}svg" and len([r for r in root.iter(f"{SVG}rect") if r.get("class") == "bar"]) == 64
+
+
+@pytest.mark.parametrize("fixture, cells, permitted", [("padded", 8, 3 + 10), ("packed", 12, 6 + 3 + 10)])
+def test_show_a_fixture_with_one_svg_cell_per_storage_cell(tmp_path, fixture, cells, permitted):
+    result = run("show", fixture, "--svg", tmp_path / "figure.svg")
+    assert result.returncode == 0, result.stderr
+    assert "supervised" in result.stdout and "\x1b[" not in result.stdout  # no colour into a pipe
+    figure = (tmp_path / "figure.svg").read_text()
+    found = cells_of(figure)
+    assert len(found) == cells
+    assert {(g.get("data-row"), g.get("data-column")) for g in found} == {
+        (str(r), str(c)) for r in range(2) for c in range(cells // 2)}
+    edges = [r for r in ElementTree.fromstring(figure).iter(f"{SVG}rect") if r.get("class") == "edge"]
+    assert len(edges) == permitted  # one square per permitted (query, key) pair
+
+
+@pytest.mark.slow
+def test_show_a_dataset_row(tmp_path, packed):
+    result = run("show", packed, "--batch", 1, "--row", 1, "--columns", "0:20", "--svg", tmp_path / "row.svg")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("row 1: ") and "columns 0..19 shown" in result.stdout
+    assert len(cells_of((tmp_path / "row.svg").read_text())) == 20
+
+
+@pytest.mark.parametrize("command", ["pack", "stats", "verify", "show"])
+def test_every_subcommand_has_help(command):
+    result = run(command, "--help")
+    assert result.returncode == 0 and result.stdout.startswith("usage: seqpack " + command)
+
+
+@pytest.mark.parametrize("args, status, message", [
+    (("pack", "--out", "x"), 2, "give INPUT paths or --sample"),
+    (("pack", "docs", "--sample", "--out", "x"), 2, "give INPUT paths or --sample"),
+    (("pack", "docs", "--out", "x", "--bos", "5"), 2, "--bos and --eos go with --tokenizer"),
+    (("pack", "docs", "--out", "x", "--tokenizer", "t.json"), 2, "--tokenizer needs --bos and --eos"),
+    (("pack", "docs", "--out", "x", "--threads", "0"), 2, "--threads must be at least 1"),
+    (("pack", "docs", "--out", "x", "--policy", "worst-fit"), 2, "invalid choice"),
+    (("pack", "docs"), 2, "--out"),
+    (("show", "packed", "--columns", "a:b"), 2, "--columns takes START:STOP"),
+    (("pack", "nowhere", "--out", "x"), 1, "nowhere: no such file or directory"),
+    (("pack", "docs", "--out", "x", "--tokenizer", "docs/00.txt", "--bos", "0", "--eos", "1"), 1,
+     "00.txt: not a tokenizers JSON file"),
+    (("pack", "docs", "--out", "x", "--capacity", "0"), 1, "capacity must be at least 1"),
+    (("pack", "docs", "--out", "x", "--capacity", "16"), 1, r"docs/00.txt: the document has 19 predictions; capacity is 16"),
+    (("pack", "docs", "--out", "docs"), 1, "docs already exists"),
+    (("stats", "nowhere"), 1, "nowhere: no such directory"),
+    (("verify", "docs"), 1, "docs/manifest.json: missing"),
+    (("show", "nonsense"), 1, "nonsense: neither a packed dataset directory"),
+    (("show", "packed", "--row", "9"), 1, "row 9 is outside this batch's rows"),
+])
+def test_errors_exit_with_one_line(tmp_path, docs, args, status, message):
+    import re
+
+    result = run(*args, cwd=tmp_path)
+    assert result.returncode == status, (result.stdout, result.stderr)
+    assert re.search(message, result.stderr), result.stderr
+    if status == 1:
+        one_error_line(result)
+    assert not (tmp_path / "x").exists()
+
+
+def test_bad_jsonl_names_file_and_line(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": 3}\n')
+    line = one_error_line(run("pack", path, "--out", tmp_path / "out"))
+    assert line.endswith("docs.jsonl:2: field 'text' is not a string")
+
+
+@pytest.mark.slow
+def test_verify_names_a_flipped_byte(tmp_path, packed):
+    for name in ("tokens.bin", "occurrences.npy", "examples.npy", "documents.npy"):
+        target = tmp_path / f"copy-{name}"
+        shutil.copytree(packed, target)
+        path = target / "part-00000" / name
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x80
+        path.write_bytes(bytes(data))
+        line = one_error_line(run("verify", target))
+        assert f"part-00000/{name}: SHA-256" in line
+
+
+KILLERS = {
+    # Three moments of a pack: while reading (after a chunk was staged), while writing the
+    # part (tokens.bin written, the tables not yet), after the rename, before the manifest.
+    "reading": "seqpack.io.progress.Progress.reading",
+    "writing": "seqpack.io.format.write_array",
+    "publishing": "seqpack.io.format.write_manifest",
+}
+KILL_SCRIPT = """
+import importlib, os, signal, sys
+module, _, name = sys.argv[1].rpartition(".")
+try:
+    owner = importlib.import_module(module)
+except ImportError:  # a method: module.Class.name
+    package, _, klass = module.rpartition(".")
+    owner = getattr(importlib.import_module(package), klass)
+def killer(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+setattr(owner, name, killer)
+from seqpack.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", sorted(KILLERS))
+def test_sigkill_leaves_nothing_complete_looking(tmp_path, docs, moment):
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-c", KILL_SCRIPT, KILLERS[moment], "pack", str(docs),
+                             "--out", str(out), "--cut-long", "--capacity", "64", "--quiet"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    complete = [p for p in tmp_path.rglob("manifest.json")]
+    assert complete == []
+    assert (moment == "publishing") == out.exists()  # only the last moment has renamed the directory into place
+    hidden = [p for p in tmp_path.iterdir() if p.name.startswith(".out.seqpack-partial-")]
+    assert len(hidden) == (0 if moment == "publishing" else 1)
+    if out.exists():
+        assert "not a complete packed dataset" in one_error_line(run("verify", out))
+    # A fresh pack after the crash works (the leftover is a hidden sibling, never read).
+    assert run("pack", docs, "--out", out, "--cut-long", "--capacity", 64, "--quiet", "--force").returncode == 0
+    assert run("verify", out, "--quiet").returncode == 0
+
+
+@pytest.mark.slow
+def test_interrupt_and_full_disk_remove_the_partial_output(tmp_path, docs):
+    for failure, status, message in ((
+            "raise KeyboardInterrupt", 130, "seqpack: interrupted"),
+            ("raise OSError(28, 'No space left on device', 'staged')", 1, "cannot write: No space left on device")):
+        script = (f"import seqpack.io.format as f\ndef boom(*a, **k):\n    {failure}\nf.HashingFile.write = boom\n"
+                  "from seqpack.cli import main\nimport sys\nsys.exit(main(sys.argv[1:]))")
+        result = subprocess.run([sys.executable, "-c", script, "pack", str(docs), "--out", str(tmp_path / "out"),
+                                 "--cut-long", "--quiet"], capture_output=True, text=True, timeout=120)
+        assert result.returncode == status and message in result.stderr, result.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["docs"]
+
+
+@pytest.mark.slow
+def test_an_existing_dataset_survives_a_refused_and_a_killed_pack(tmp_path, docs, packed):
+    before = (packed / "manifest.json").read_text()
+    assert "already exists" in one_error_line(run("pack", docs, "--out", packed))
+    result = subprocess.run([sys.executable, "-c", KILL_SCRIPT, KILLERS["writing"], "pack", str(docs),
+                             "--out", str(packed), "--force", "--quiet", "--cut-long"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == -signal.SIGKILL
+    assert (packed / "manifest.json").read_text() == before
+    assert run("verify", packed, "--quiet").returncode == 0
+
+
+@pytest.mark.slow
+def test_the_sample_corpus_packs_verifies_and_reports(tmp_path):
+    """The README's first command: the standard library's sources."""
+    result = run("pack", "--sample", "--out", tmp_path / "packed", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "real-target fraction" in result.stdout and "bytes/token" in result.stdout
+    assert run("verify", tmp_path / "packed", "--quiet").returncode == 0
+    stats = json.loads(run("stats", tmp_path / "packed", "--json").stdout)
+    assert stats["counts"]["documents"] > 1000 and stats["report"]["real_target_fraction"] > 0.9
+    assert stats["storage"]["bytes_per_token"] < 2.5
