@@ -28,7 +28,7 @@ passes over each tile.
 
 from cython.parallel cimport parallel, prange, threadid
 from libc.math cimport exp, expf, log, logf, sqrt
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 from scipy.linalg.cython_blas cimport dgemm, sgemm
 
@@ -39,6 +39,7 @@ from _interrupt cimport (
     interrupt_start,
     interrupted,
     raise_pending,
+    seqpack_monotonic_seconds,
 )
 from _kernel_types cimport real
 
@@ -469,6 +470,67 @@ cdef inline void transpose(const real *src, Py_ssize_t rows, Py_ssize_t cols,
             dst[j * ldd + i] = src[i * lds + j]
 
 
+cdef enum:
+    # Profile buckets: time in tile products (BLAS) or in everything else, per phase; the
+    # setup (planning, zeroing the padding, scratch) is timed on the calling thread.
+    FORWARD_GEMM = 0
+    FORWARD_OTHER = 1
+    DS_GEMM = 2             # backward: recomputed scores and dP
+    DS_OTHER = 3            # backward: K and V transposed, D, probabilities and dS
+    DQ_GEMM = 4
+    DQ_OTHER = 5
+    DK_GEMM = 6
+    DK_OTHER = 7            # backward: dS transposed
+    DV_GEMM = 8
+    DV_OTHER = 9            # backward: probabilities transposed
+    FORWARD_SETUP = 10
+    BACKWARD_SETUP = 11
+    BUCKETS = 12
+
+#: Bucket names, in bucket order.
+PROFILE_BUCKETS = ("forward_gemm", "forward_other", "dS_gemm", "dS_other", "dQ_gemm",
+                   "dQ_other", "dK_gemm", "dK_other", "dV_gemm", "dV_other", "forward_setup",
+                   "backward_setup")
+
+# Off by default; read once per call, which then passes a NULL clock to every work item.
+cdef bint profiling = False
+cdef double profile_seconds[BUCKETS]
+
+
+cdef struct Clock:
+    # One thread's profile of one work item: the bucket being charged since ``last``.
+    double last
+    int bucket
+    double *seconds         # [BUCKETS]: this thread's totals
+
+
+cdef inline void charge(Clock *clock, int bucket) noexcept nogil:
+    """Add the time since the last charge to the current bucket; then charge ``bucket``.
+
+    Free when profiling is off (``clock`` is NULL).
+    """
+    cdef double now
+    if clock != NULL:
+        now = seqpack_monotonic_seconds()
+        clock.seconds[clock.bucket] += now - clock.last
+        clock.last = now
+        clock.bucket = bucket
+
+
+def profile_start():
+    """Zero the profile and time every later call (for tests and benchmarks)."""
+    global profiling
+    memset(profile_seconds, 0, sizeof(profile_seconds))
+    profiling = True
+
+
+def profile_stop():
+    """Stop timing; return the thread-seconds per bucket since ``profile_start``."""
+    global profiling
+    profiling = False
+    return {name: profile_seconds[b] for b, name in enumerate(PROFILE_BUCKETS)}
+
+
 cdef struct Operand:
     # A strided [rows, heads, T, d] (or [rows, heads, T]) array: its first element and the
     # element strides of its leading axes; the last axis of a 4-D operand is contiguous.
@@ -503,7 +565,7 @@ cdef inline Py_ssize_t cell_stride(Operand x, Py_ssize_t d) noexcept nogil:
 
 cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_ssize_t d,
                           Py_ssize_t tile, real scale, real *scratch, Interrupt *state,
-                          bint caller) noexcept nogil:
+                          bint caller, Clock *clock) noexcept nogil:
     """One (row, key/value head, segment) and every query head of its group.
 
     Each K and V tile is used by all the group's query heads while it is in cache.
@@ -545,8 +607,10 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
                 oh = out + h * g.out_head
                 top = running_max + h * tile
                 total = running_total + h * tile
+                charge(clock, FORWARD_GEMM)
                 tile_gemm(LOWER_OUTPUT if diagonal else FULL, tile // 2, nq, nk, d, scale,
                           qh + qa * ldq, ldq, kt + (ka - start), ld, <real>0, p, tile)
+                charge(clock, FORWARD_OTHER)
                 for i in range(nq):
                     pi = p + i * tile
                     visible = min(nk, qa + i - ka + 1)
@@ -567,9 +631,11 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
                             oi[j] = oi[j] * rescale
                     for j in range(visible, nk):
                         pi[j] = 0
+                charge(clock, FORWARD_GEMM)
                 tile_gemm(LOWER_A if diagonal else FULL, tile // 2, nq, d, nk, <real>1, p,
                           tile, v + ka * g.ldv, g.ldv, <real>(0 if ka == start else 1),
                           oh + qa * ldo, ldo)
+                charge(clock, FORWARD_OTHER)
         for h in range(heads):
             oh = out + h * g.out_head
             top = running_max + h * tile
@@ -583,7 +649,7 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
 
 cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_ssize_t d,
                            Py_ssize_t tile, real scale, real *scratch, Interrupt *state,
-                           bint caller) noexcept nogil:
+                           bint caller, Clock *clock) noexcept nogil:
     """The backward of one (row, key/value head, segment) and its group's query heads.
 
     dK and dV of a key tile sum over query tiles, then over the group's heads in order,
@@ -637,10 +703,12 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
                 qh = q + h * g.q_head
                 douth = dout + h * g.dout_head
                 lseh = lse + h * g.lse_head
+                charge(clock, DS_GEMM)
                 tile_gemm(lower, tile // 2, nq, nk, d, scale, qh + qa * ldq, ldq,
                           kt + (ka - start), ld, <real>0, p, tile)
                 tile_gemm(lower, tile // 2, nq, nk, d, <real>1, douth + qa * lddout, lddout,
                           vt + (ka - start), ld, <real>0, ds, tile)
+                charge(clock, DS_OTHER)
                 for i in range(nq):
                     pi = p + i * tile
                     dsi = ds + i * tile
@@ -652,18 +720,24 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
                     for j in range(visible, nk):
                         pi[j] = 0
                         dsi[j] = 0
-                transpose(p, nq, nk, tile, pt, tile)
-                transpose(ds, nq, nk, tile, dst, tile)
                 # The diagonal tile is the first to reach key tile b; the group's first
                 # head starts its dK and dV rows, the others add to them.
+                charge(clock, DV_OTHER)
+                transpose(p, nq, nk, tile, pt, tile)
+                charge(clock, DV_GEMM)
                 tile_gemm(upper, tile // 2, nk, d, nq, <real>1, pt, tile, douth + qa * lddout,
                           lddout, <real>(0 if diagonal and h == 0 else 1), dv + ka * g.lddv,
                           g.lddv)
+                charge(clock, DK_OTHER)
+                transpose(ds, nq, nk, tile, dst, tile)
+                charge(clock, DK_GEMM)
                 tile_gemm(upper, tile // 2, nk, d, nq, scale, dst, tile, qh + qa * ldq, ldq,
                           <real>(0 if diagonal and h == 0 else 1), dk + ka * g.lddk, g.lddk)
+                charge(clock, DQ_GEMM)
                 tile_gemm(LOWER_A if diagonal else FULL, tile // 2, nq, d, nk, scale, ds, tile,
                           k + ka * g.ldk, g.ldk, <real>(0 if ka == start else 1),
                           dq + h * g.dq_head + qa * g.lddq, g.lddq)
+                charge(clock, DS_OTHER)
 
 
 cdef void zero_padding(Operand x, Py_ssize_t heads, Py_ssize_t width, Py_ssize_t cell,
@@ -724,18 +798,28 @@ cdef void describe_group(const Operand *operands, Py_ssize_t count, Py_ssize_t g
 
 cdef void run_item(Py_ssize_t item, bint backward, const Plan *plan, Py_ssize_t kv_heads,
                    Py_ssize_t group, const Operand *operands, Py_ssize_t d, Py_ssize_t tile,
-                   real scale, real *scratch, Interrupt *state, bint caller) noexcept nogil:
-    """Forward or backward of work item ``item`` (see ``item_group``)."""
+                   real scale, real *scratch, Interrupt *state, bint caller,
+                   double *seconds) noexcept nogil:
+    """Forward or backward of work item ``item`` (see ``item_group``); profiled into this
+    thread's ``seconds`` [BUCKETS] unless it is NULL."""
     cdef Group g
+    cdef Clock clock
+    cdef Clock *timing = NULL
+    if seconds != NULL:
+        clock.seconds = seconds
+        clock.bucket = DS_OTHER if backward else FORWARD_OTHER
+        clock.last = seqpack_monotonic_seconds()
+        timing = &clock
     describe_group(operands, 9 if backward else 5, group, d, &g)
     cdef Py_ssize_t span = item_group(item, plan, kv_heads, group, operands,
                                       9 if backward else 5, sizeof(real), &g)
     if backward:
         backward_segment(&g, plan.spans[3 * span + 1], plan.spans[3 * span + 2], d, tile,
-                               scale, scratch, state, caller)
+                         scale, scratch, state, caller, timing)
     else:
         forward_segment(&g, plan.spans[3 * span + 1], plan.spans[3 * span + 2], d, tile,
-                              scale, scratch, state, caller)
+                        scale, scratch, state, caller, timing)
+    charge(timing, 0)
 
 
 cdef int run(bint backward, const Operand *operands, Py_ssize_t kv_heads, Py_ssize_t group,
@@ -752,7 +836,10 @@ cdef int run(bint backward, const Operand *operands, Py_ssize_t kv_heads, Py_ssi
     cdef Py_ssize_t tile = tile_edge(d), item, items, size, o
     cdef Py_ssize_t heads = kv_heads * group
     cdef real *scratch
-    cdef int status = make_plan(valid_lengths, segment_starts, plan)
+    cdef double *seconds = NULL            # [threads, BUCKETS] when profiling
+    cdef bint timed = profiling
+    cdef double began = seqpack_monotonic_seconds() if timed else 0
+    cdef int b, status = make_plan(valid_lengths, segment_starts, plan)
     if status != LAYOUT_OK:
         return status
     items = plan.segments * kv_heads
@@ -762,7 +849,10 @@ cdef int run(bint backward, const Operand *operands, Py_ssize_t kv_heads, Py_ssi
     else:
         size = d * padded(plan.longest) + tile * tile + 2 * group * tile
     scratch = <real *>malloc(threads * size * sizeof(real))
-    if scratch == NULL:
+    if timed:
+        seconds = <double *>calloc(threads * BUCKETS, sizeof(double))
+    if scratch == NULL or (timed and seconds == NULL):
+        free(scratch)
         free_plan(plan)
         return OUT_OF_MEMORY
     if backward:
@@ -772,13 +862,16 @@ cdef int run(bint backward, const Operand *operands, Py_ssize_t kv_heads, Py_ssi
     else:
         zero_padding(operands[3], heads, width, d, valid_lengths, sizeof(real))
         zero_padding(operands[4], heads, width, 1, valid_lengths, sizeof(real))
+    if seconds != NULL:
+        profile_seconds[BACKWARD_SETUP if backward else FORWARD_SETUP] += (
+            seqpack_monotonic_seconds() - began)
     interrupt_start(state)
     if threads == 1:
         for item in range(items):
             if interrupted(state):
                 break
             run_item(item, backward, plan, kv_heads, group, operands, d, tile, scale,
-                           scratch, state, True)
+                     scratch, state, True, seconds)
     else:
         with parallel(num_threads=threads):
             for item in prange(items, schedule='dynamic'):
@@ -786,7 +879,13 @@ cdef int run(bint backward, const Operand *operands, Py_ssize_t kv_heads, Py_ssi
                     interrupted(state)
                 if not interrupt_requested(state):
                     run_item(item, backward, plan, kv_heads, group, operands, d, tile,
-                                   scale, scratch + threadid() * size, state, threadid() == 0)
+                             scale, scratch + threadid() * size, state, threadid() == 0,
+                             NULL if seconds == NULL else seconds + threadid() * BUCKETS)
+    if seconds != NULL:
+        for o in range(threads):
+            for b in range(BUCKETS):
+                profile_seconds[b] += seconds[o * BUCKETS + b]
+        free(seconds)
     free(scratch)
     free_plan(plan)
     return INTERRUPTED if state.stop else LAYOUT_OK

@@ -25,7 +25,7 @@ import numpy as np
 
 from .._limits import check_int, default_threads
 from ..errors import InvalidInputError
-from ..nn.attention import range_attention_backward, range_attention_forward
+from ..nn.attention import _profile, range_attention_backward, range_attention_forward
 from ..nn.softmax import range_softmax_backward, range_softmax_forward
 from .measure import matmul_peak, measure, optional_torch
 from .workloads import WORKLOADS, Workload, workload
@@ -36,10 +36,14 @@ DTYPES = ("float32", "float64")
 # --- methods: each returns (forward, forward_backward) callables, or a reason string ---
 
 
-def fused_method(w: Workload, dtype, threads):
+def fused_method(w: Workload, dtype, threads, kv_heads=None):
+    """The fused kernels into reused buffers; ``kv_heads`` (grouped-query): K and V with
+    that many heads, the same query heads and work."""
     q, k, v, dout = w.tensors(dtype)
+    if kv_heads is not None:
+        k, v = (np.ascontiguousarray(x[:, :kv_heads]) for x in (k, v))
     out, lse = np.empty_like(q), np.empty(w.shape[:3], dtype=dtype)
-    grads = [np.empty_like(q) for _ in range(3)]
+    grads = [np.empty_like(q), np.empty_like(k), np.empty_like(v)]
     layout = (w.valid_lengths, w.segment_starts)
 
     def forward():
@@ -253,8 +257,14 @@ def torch_flex_method(w: Workload, dtype, threads):
     return forward, forward_backward
 
 
+def gqa_kv_heads(w: Workload) -> int:
+    """Key/value heads of the grouped-query row: a quarter of the query heads (at least 1)."""
+    return max(1, w.heads // 4)
+
+
 METHODS = [
     ("seqpack fused", fused_method),
+    ("seqpack fused GQA, kv heads = heads/4", lambda w, d, t: fused_method(w, d, t, gqa_kv_heads(w))),
     ("seqpack reference path", reference_path_method),
     ("numpy dense masked", numpy_dense_method),
     ("torch SDPA dense bool mask", torch_dense_mask_method),
@@ -293,7 +303,30 @@ def run(workloads, dtypes, repeats, threads):
                     record.update(_milliseconds("forward_backward", timing))
                 except Exception as error:  # e.g. FlexAttention has no CPU backward: report it
                     record["note"] = f"no backward: {type(error).__name__}"
+                if method.startswith("seqpack fused"):
+                    record["kv_heads"] = gqa_kv_heads(w) if "GQA" in method else w.heads
+                    record["profile"] = profile(forward_backward, repeats)
                 yield record
+
+
+def profile(forward_backward, calls: int) -> dict:
+    """Milliseconds per forward+backward call in each profile bucket of the kernels
+    (thread-time: tile products against everything else, per phase), from separate
+    instrumented calls so that the timings above stay uninstrumented."""
+    with _profile() as seconds:
+        for _ in range(calls):
+            forward_backward()
+    return {name: 1e3 * value / calls for name, value in seconds.items()}
+
+
+PHASES = (("forward", "forward"), ("backward dS", "dS"), ("backward dQ", "dQ"),
+          ("backward dK", "dK"), ("backward dV", "dV"))
+
+
+def non_gemm_share(profile_ms: dict) -> float:
+    """The share of the kernels' thread-time spent outside tile products (setup included)."""
+    gemm = sum(value for name, value in profile_ms.items() if name.endswith("_gemm"))
+    return 1 - gemm / sum(profile_ms.values())
 
 
 def _milliseconds(name, timing):
@@ -351,6 +384,28 @@ def print_table(records, out=sys.stdout):
                 f"{ratio_b:.2f} | {gflops:.1f}{label} | {100 * gflops / r['peak_gflops']:.1f}% |",
                 file=out,
             )
+        for r in group:
+            if "profile" in r:
+                print_profile(r, out)
+
+
+def print_profile(record, out=sys.stdout):
+    """Where the fused kernels' thread-time goes, per phase, from the instrumented calls."""
+    ms = record["profile"]
+    print(
+        f"\n{record['method']} ({record['kv_heads']} key/value heads), thread-ms per fwd+bwd "
+        f"call: tile products (BLAS) vs everything else; outside tile products "
+        f"{100 * non_gemm_share(ms):.1f}%",
+        file=out,
+    )
+    print("| phase | tile products ms | other ms | other share |", file=out)
+    print("| --- | --- | --- | --- |", file=out)
+    for label, key in PHASES:
+        gemm, other = ms[f"{key}_gemm"], ms[f"{key}_other"]
+        print(f"| {label} | {gemm:.3f} | {other:.3f} | {100 * other / max(gemm + other, 1e-12):.1f}% |",
+              file=out)
+    setup = ms["forward_setup"] + ms["backward_setup"]
+    print(f"| setup (plan, zero padding, scratch) | - | {setup:.3f} | |", file=out)
 
 
 def _csv(choices):

@@ -22,6 +22,7 @@ first with the edge-only kernels instead.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -309,6 +310,22 @@ def range_attention_backward(q, k, v, out, lse, dout, valid_lengths, segment_sta
     if status:
         _raise_for(status, row, column, lengths, starts)
     return dq, dk, dv
+
+
+@contextlib.contextmanager
+def _profile():
+    """Time the kernels called inside the block: a dict, filled when the block ends, of
+    thread-seconds per bucket (``forward_gemm``, ``forward_other``, ``dS_gemm``, ...,
+    ``dV_other``: tile products against everything else per phase, and each pass's
+    ``*_setup`` on the calling thread). Off by default; results are bitwise unchanged.
+    Not thread-safe: for benchmarks and tests."""
+    kernel = _kernel()
+    report = {}
+    kernel.profile_start()
+    try:
+        yield report
+    finally:
+        report.update(kernel.profile_stop())
 
 
 # --- on the autograd tape ---
