@@ -130,6 +130,8 @@ def test_step_target_count_takes_every_form():
     assert st.step_target_count(forms) == 4 * batch.target_count
     with pytest.raises(sp.InvalidInputError, match="non-negative"):
         st.step_target_count([-1])
+    with pytest.raises(sp.InvalidInputError, match="ddp=True needs an initialized torch.distributed"):
+        st.LossAccumulator([batch], ddp=True)
 
 
 def free_port() -> int:
@@ -172,6 +174,12 @@ def distributed_rank(rank: int, world_size: int, port: int) -> None:
                 accumulator(ddp(st.tensors(batch)), batch).backward()
         for name, grad in gradients(ddp.module).items():
             assert close(grad, expected[name]), (rank, "ddp", name)
+
+        dataset = st.PackedIterableDataset(packed_plan(PREDICTIONS, 16, 1))  # rank and size from the group
+        assert (dataset.rank, dataset.world_size) == (rank, world_size)
+        shares = [None] * world_size
+        dist.all_gather_object(shares, dataset.rank_batches(0).tolist())
+        assert len(set(shares[0]) | set(shares[1])) == 2 * len(dataset) == len(batches) // 2 * 2
     finally:
         dist.destroy_process_group()
 

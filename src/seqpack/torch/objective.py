@@ -138,6 +138,8 @@ class LossAccumulator:
 
     def __init__(self, batches: Iterable, *, group=None, ddp: bool = False):
         self.denominator = _denominator(step_target_count(batches, group))
+        if ddp and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            raise InvalidInputError("ddp=True needs an initialized torch.distributed process group")
         self.factor = torch.distributed.get_world_size(group) if ddp else 1
         self.loss_sum = 0.0
         self.count = 0
