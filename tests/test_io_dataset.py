@@ -10,7 +10,7 @@ from seqpack import io
 from seqpack.io import format as fmt
 from seqpack.io.encoding import ChunkEncoder
 from seqpack.io.progress import Progress
-from seqpack.io.writer import describe_binding, manifest_of, stage_documents, write_part
+from seqpack.io.writer import Stage, describe_binding, manifest_of, stage_documents, write_part
 from seqpack.packing.placement import POLICIES
 
 FIELDS = ("inputs", "targets", "positions", "segments", "token_valid", "target_valid", "loss_mask", "valid_lengths")
@@ -95,11 +95,12 @@ def test_several_parts_number_examples_globally(tmp_path):
     for index, texts in enumerate(halves):
         reader = io.TextFiles([write_texts(tmp_path / f"docs{index}", texts)])
         encoder = ChunkEncoder(BINDING, TOKENIZER, reader.inputs)
-        staged = stage_documents([reader], encoder, staging / f"staged{index}", capacity=64, long="cut",
-                                 progress=Progress(False))
+        stage = Stage(staging / f"staged{index}", fmt.token_dtype(258), limit=100)  # spills to the file
+        staged = stage_documents([reader], encoder, stage, capacity=64, long="cut", progress=Progress(False))
         part = write_part(staging / fmt.part_name(index), staged, config, "best-fit-decreasing", "cut", Progress(False))
         part["name"] = fmt.part_name(index)
         parts.append(part)
+        stage.discard()
     inputs = [{"name": f"input{i}", "kind": "text", "unit": None} for i in range(sum(len(h) for h in halves))]
     manifest = manifest_of(parts, binding=describe_binding(BINDING, TOKENIZER), partition=sp.Partition.TRAIN,
                            config=config, policy="best-fit-decreasing", dtype=fmt.token_dtype(258), long="cut",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -84,7 +85,7 @@ class TokenizerFile:
         encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
         offsets = np.zeros(len(encodings) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encodings], out=offsets[1:])
-        flat = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64, count=int(offsets[-1]))
+        flat = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=int(offsets[-1]))
         return flat, offsets
 
 

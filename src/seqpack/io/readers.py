@@ -15,6 +15,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Protocol
 
@@ -208,7 +209,7 @@ class JsonLines:
             return DocumentChunk(inputs, locations, size, texts=values)
         offsets = np.zeros(len(values) + 1, dtype=np.int64)
         np.cumsum([len(v) for v in values], out=offsets[1:])
-        flat = np.fromiter((i for v in values for i in v), dtype=np.int64, count=int(offsets[-1]))
+        flat = np.fromiter(chain.from_iterable(values), dtype=np.int64, count=int(offsets[-1]))
         return DocumentChunk(inputs, locations, size, ids=(flat, offsets))
 
 

@@ -1,8 +1,8 @@
 """Packing a corpus onto disk: read, tokenize, validate, stage, place, write a part, publish.
 
-Documents stream through in chunks (bounded memory: one chunk of text plus O(1) bytes
-per document and example); their framed tokens are staged in a file inside the
-temporary output directory. Once every length is known, the examples (whole documents,
+Documents stream through in chunks (one chunk of text at a time, plus O(1) bytes per
+document and example); their framed tokens are staged in memory up to
+``STAGE_MEMORY_BYTES`` and beyond it in a file inside the temporary output directory. Once every length is known, the examples (whole documents,
 or with ``long="cut"`` the overlapping windows of :func:`~seqpack.data.window_ranges`)
 are placed by the chosen policy, and the part's ``tokens.bin`` is written in placement
 order from the staged file, block by block. A document longer than a row is an error
@@ -12,7 +12,6 @@ naming its file and line unless ``long="cut"``; nothing is ever truncated. See
 
 from __future__ import annotations
 
-import os
 from importlib.metadata import version
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,18 +37,57 @@ WRITE_BLOCK_TOKENS = 1 << 24
 STAGED_TOKENS = "staged-tokens.bin"
 
 
+#: Staged tokens kept in memory up to this many bytes; beyond it they spill to a file.
+STAGE_MEMORY_BYTES = 1 << 30
+
+
+class Stage:
+    """Framed tokens of the documents read so far, in input order: held in memory until
+    they pass ``limit`` bytes, then spilled to ``path`` (in the temporary output directory)."""
+
+    def __init__(self, path: Path, dtype: np.dtype, limit: int = STAGE_MEMORY_BYTES):
+        self.path, self.dtype, self.limit = path, dtype, limit
+        self._held: list[np.ndarray] = []
+        self._file = None
+        self.nbytes = 0
+
+    def add(self, tokens: np.ndarray) -> None:
+        tokens = tokens.astype(self.dtype, copy=False)
+        self.nbytes += tokens.nbytes
+        if self._file is None and self.nbytes <= self.limit:
+            self._held.append(tokens)
+            return
+        if self._file is None:
+            self._file = open(self.path, "wb")
+            for held in self._held:
+                self._file.write(memoryview(held).cast("B"))
+            self._held = []
+        self._file.write(memoryview(tokens).cast("B"))
+
+    def tokens(self) -> np.ndarray:
+        """Every staged token as one array (a memory map once spilled)."""
+        if self._file is None:
+            return np.concatenate(self._held) if self._held else np.zeros(0, self.dtype)
+        self._file.close()
+        return np.memmap(self.path, dtype=self.dtype, mode="r") if self.nbytes else np.zeros(0, self.dtype)
+
+    def discard(self) -> None:
+        """Drop the staged tokens (the spill file too)."""
+        self._held = []
+        if self._file is not None:
+            self._file.close()
+            self.path.unlink(missing_ok=True)
+
+
 @dataclass
 class Staged:
-    """Validated documents: framed tokens staged in ``path`` (``dtype``), one entry per
-    document in ``lengths``, ``inputs`` and ``locations``; ``record`` is the staged
-    file's size and SHA-256."""
+    """Validated documents: their framed ``tokens`` back to back (``dtype``) and, per
+    document, its token count, input and place in it."""
 
-    path: Path
-    dtype: np.dtype
+    tokens: np.ndarray
     lengths: np.ndarray
     inputs: np.ndarray
     locations: np.ndarray
-    record: dict
     skipped_empty: int
     input_bytes: int
 
@@ -58,48 +96,41 @@ class Staged:
         return int(self.lengths.sum())
 
 
-def stage_documents(readers: list[Reader], encoder: ChunkEncoder, path: Path, *, capacity: int, long: str,
+def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, *, capacity: int, long: str,
                     progress: Progress) -> Staged:
-    """Read, tokenize and validate every document; stage the framed tokens in ``path``.
+    """Read, tokenize and validate every document into ``stage``.
 
     With ``long="error"`` a document of more than ``capacity`` predictions is a
     :class:`CapacityError` naming its file and line (or row).
     """
-    dtype = fmt.token_dtype(encoder.binding.vocabulary_size)
-    staged = fmt.HashingFile(path)
     lengths, inputs, locations = [], [], []
     skipped = input_bytes = 0
     first_input = 0
-    try:
-        for reader in readers:
-            for chunk in reader.chunks(first_input):
-                encoded = encoder.encode(chunk)
-                document_lengths = np.diff(encoded.offsets)
-                if long == "error" and document_lengths.size:
-                    too_long = np.flatnonzero(document_lengths - 1 > capacity)
-                    if too_long.size:
-                        index = int(too_long[0])
-                        where = encoder.inputs[int(encoded.inputs[index])].where(int(encoded.locations[index]))
-                        predictions = int(document_lengths[index] - 1)
-                        raise CapacityError(
-                            f"{where}: the document has {predictions} predictions; capacity is {capacity} "
-                            f"(--cut-long cuts long documents into overlapping windows)",
-                            cells=predictions, maximum=capacity,
-                        )
-                staged.write(encoded.tokens.astype(dtype, copy=False))
-                lengths.append(document_lengths)
-                inputs.append(encoded.inputs)
-                locations.append(encoded.locations)
-                skipped += encoded.skipped
-                input_bytes += chunk.nbytes
-                progress.reading(len(document_lengths), int(encoded.tokens.shape[0]), chunk.nbytes)
-            first_input += len(reader.inputs)
-    except BaseException:
-        staged.abandon()
-        raise
-    record = staged.close()
+    for reader in readers:
+        for chunk in reader.chunks(first_input):
+            encoded = encoder.encode(chunk)
+            document_lengths = np.diff(encoded.offsets)
+            if long == "error" and document_lengths.size:
+                too_long = np.flatnonzero(document_lengths - 1 > capacity)
+                if too_long.size:
+                    index = int(too_long[0])
+                    where = encoder.inputs[int(encoded.inputs[index])].where(int(encoded.locations[index]))
+                    predictions = int(document_lengths[index] - 1)
+                    raise CapacityError(
+                        f"{where}: the document has {predictions} predictions; capacity is {capacity} "
+                        f"(--cut-long cuts long documents into overlapping windows)",
+                        cells=predictions, maximum=capacity,
+                    )
+            stage.add(encoded.tokens)
+            lengths.append(document_lengths)
+            inputs.append(encoded.inputs)
+            locations.append(encoded.locations)
+            skipped += encoded.skipped
+            input_bytes += chunk.nbytes
+            progress.reading(len(document_lengths), int(encoded.tokens.shape[0]), chunk.nbytes)
+        first_input += len(reader.inputs)
     join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
-    result = Staged(path, dtype, join(lengths), join(inputs), join(locations), record, skipped, input_bytes)
+    result = Staged(stage.tokens(), join(lengths), join(inputs), join(locations), skipped, input_bytes)
     if not result.lengths.size:
         raise InvalidInputError("the inputs hold no document with content")
     return result
@@ -136,14 +167,7 @@ def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str,
     begins = document_starts[documents] + ranges[:, 0]
     ends = document_starts[documents] + ranges[:, 1]
     directory.mkdir()
-    files = {}
-    if order is None and documents.shape[0] == staged.lengths.shape[0]:
-        # Whole documents in input order: the staged file already is tokens.bin.
-        os.rename(staged.path, directory / "tokens.bin")
-        files["tokens.bin"] = staged.record
-    else:
-        files["tokens.bin"] = _write_tokens(directory / "tokens.bin", staged, begins, ends, order, progress)
-        os.unlink(staged.path)
+    files = {"tokens.bin": _write_tokens(directory / "tokens.bin", staged.tokens, begins, ends, order, progress)}
     ordinals = np.arange(documents.shape[0], dtype=np.int64) if order is None else order
     files["occurrences.npy"] = fmt.write_array(directory / "occurrences.npy", np.stack([ordinals, rows, starts], 1))
     files["examples.npy"] = fmt.write_array(directory / "examples.npy", np.column_stack([documents, ranges]))
@@ -163,32 +187,29 @@ def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str,
     }
 
 
-def _write_tokens(path: Path, staged: Staged, begins, ends, order, progress: Progress) -> dict:
+def _write_tokens(path: Path, source: np.ndarray, begins, ends, order, progress: Progress) -> dict:
     """``tokens.bin``: each example's source tokens in placement order, gathered block by block."""
     if order is not None:
         begins, ends = begins[order], ends[order]
     sizes = np.cumsum(ends - begins)
     total = int(sizes[-1])
-    source = np.memmap(staged.path, dtype=staged.dtype, mode="r") if staged.record["bytes"] else None
     target = fmt.HashingFile(path)
-    progress.phase("writing", total * staged.dtype.itemsize, "B")
+    progress.phase("writing", total * source.dtype.itemsize, "B")
     try:
-        buffer = np.empty(min(total, WRITE_BLOCK_TOKENS), dtype=staged.dtype)
+        buffer = np.empty(min(total, WRITE_BLOCK_TOKENS), dtype=source.dtype)
         first, done = 0, 0
         while first < begins.shape[0]:
             # At least one example per block, else as many as fit the buffer.
             end = max(first + 1, int(np.searchsorted(sizes, done + buffer.shape[0], side="right")))
             count = int(sizes[end - 1]) - done
-            block = buffer[:count] if count <= buffer.shape[0] else np.empty(count, staged.dtype)
-            gather_ranges(source, begins[first:end], ends[first:end], staged.dtype, out=block)
+            block = buffer[:count] if count <= buffer.shape[0] else np.empty(count, source.dtype)
+            gather_ranges(source, begins[first:end], ends[first:end], source.dtype, out=block)
             target.write(block)
             progress.advance(block.nbytes)
             first, done = end, done + count
     except BaseException:
         target.abandon()
         raise
-    finally:
-        del source
     return target.close()
 
 
@@ -267,16 +288,17 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
     inputs = [item for reader in readers for item in reader.inputs]
     encoder = ChunkEncoder(binding, tokenizer, inputs, framed=framed, threads=threads)
     with fmt.staging_directory(out, force) as staging:
+        stage = Stage(staging / STAGED_TOKENS, fmt.token_dtype(binding.vocabulary_size))
         try:
-            staged = stage_documents(readers, encoder, staging / STAGED_TOKENS, capacity=config.capacity,
-                                     long=long, progress=progress)
+            staged = stage_documents(readers, encoder, stage, capacity=config.capacity, long=long, progress=progress)
             part = write_part(staging / fmt.part_name(0), staged, config, policy, long, progress)
         finally:
             progress.close()
+            stage.discard()
         part["name"] = fmt.part_name(0)
         manifest = manifest_of(
             [part], binding=describe_binding(binding, tokenizer), partition=partition, config=config,
-            policy=policy, dtype=staged.dtype, long=long,
+            policy=policy, dtype=stage.dtype, long=long,
             inputs=[{"name": item.name, "kind": item.kind, "unit": item.unit} for item in inputs],
             extra={"input_bytes": staged.input_bytes},
         )

@@ -1,0 +1,265 @@
+"""From a corpus on disk to a packed dataset on disk, against TRL's pack_dataset, in one run.
+
+    python bench/bench_corpus.py                 # every workload below, one table
+    python bench/bench_corpus.py --json          # the same records as JSON
+
+(a) 200k pre-tokenized examples whose token counts are lognormal (median 250, sigma 1,
+    ``numpy.random.default_rng(0)``, clipped to [2, 2048]), each framed ``[BOS, ..., EOS]``
+    in the byte tokenizer's vocabulary, in one Parquet file (a list<int32> column, written
+    untimed). seqpack: ``pack_corpus`` with best-fit-decreasing at capacity 2048 (read,
+    validate, place, write ``tokens.bin`` in placement order, checksums, fsync, publish),
+    and for reference the same table packed in memory (``ExampleTable.from_arrays`` +
+    ``seqpack.plan``) and reading the file alone. TRL (when installed): ``pack_dataset(...,
+    strategy="bfd")`` on the same table as a ``datasets.Dataset`` in memory, and TRL's
+    path to disk: ``Dataset.from_parquet`` + ``pack_dataset`` + ``save_to_disk``.
+(b) Raw text through a byte-level BPE (``tokenizers``, vocabulary 8192, trained here on
+    the first files of the Python standard library): tokenizing alone
+    (``encode_batch_fast`` on texts already in memory) against ``pack_corpus`` of the same
+    files (reading, tokenizing, validating, packing and writing).
+(c) Bytes on disk per token of (a), against the 19 bytes per cell (plus 8 per row) of the
+    eager epoch of the same placement.
+
+Every timing is the median of ``--repeats`` runs. The CPU, the threads, the in-run
+sequential write+fsync speed of the output disk and the process's peak RSS are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import seqpack as sp
+from seqpack import io
+from seqpack._limits import default_threads
+from seqpack.data.corpus import stdlib_sources
+from seqpack.packing.budget import CELL_BYTES, ROW_BYTES
+
+CAPACITY = 2048
+MEDIAN_TOKENS = 250
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def median_time(call, repeats: int, before=None) -> float:
+    seconds = []
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        start = time.perf_counter()
+        call()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def disk_write_speed(directory: Path, megabytes: int = 256) -> float:
+    """Sequential write + fsync of ``megabytes`` into ``directory``, MB/s (the in-run disk peak)."""
+    block = np.random.default_rng(1).integers(0, 255, size=1 << 20, dtype=np.uint8).tobytes()
+    path = directory / "disk-probe.bin"
+    start = time.perf_counter()
+    with open(path, "wb") as handle:
+        for _ in range(megabytes):
+            handle.write(block)
+        handle.flush()
+        os.fsync(handle.fileno())
+    seconds = time.perf_counter() - start
+    path.unlink()
+    return megabytes / seconds
+
+
+def lognormal_table(count: int):
+    """The (a) workload as a pyarrow table with one list<int32> column of framed documents."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(0)
+    sizes = np.clip(np.rint(rng.lognormal(np.log(MEDIAN_TOKENS), 1.0, count)), 2, CAPACITY).astype(np.int64)
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    tokens = rng.integers(2, 258, size=int(offsets[-1]), dtype=np.int32)
+    tokens[offsets[:-1]] = 0
+    tokens[offsets[1:] - 1] = 1
+    column = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(tokens))
+    return pa.table({"input_ids": column}), tokens, offsets
+
+
+def workload_a(work: Path, count: int, repeats: int) -> tuple[list[dict], dict]:
+    import pyarrow.parquet as pq
+
+    table, tokens, offsets = lognormal_table(count)
+    parquet = work / "lognormal.parquet"
+    pq.write_table(table, parquet)
+    tokenizer = sp.ByteTokenizer()
+    binding = sp.BatchBinding.for_tokenizer(tokenizer, split="bench")
+    config = sp.PackConfig(CAPACITY, 8)
+    out = work / "packed-a"
+    records = []
+
+    def pack():
+        io.pack_corpus([io.ArrowBatches(parquet, ids_field="input_ids")], out, binding=binding, tokenizer=tokenizer,
+                       config=config, policy="best-fit-decreasing", framed=True)
+
+    def clear():
+        shutil.rmtree(out, ignore_errors=True)
+
+    def read_only():
+        for _ in io.ArrowBatches(parquet, ids_field="input_ids").chunks(0):
+            pass
+
+    def in_memory():
+        column = table.column(0).combine_chunks()
+        flat = column.flatten().to_numpy()
+        starts = column.offsets.to_numpy().astype(np.int64)
+        examples = sp.ExampleTable.from_arrays(flat, starts, binding)
+        return sp.plan(examples, config, partition=sp.Partition.TRAIN, binding=binding, policy="best-fit-decreasing")
+
+    seqpack_disk = median_time(pack, repeats, clear)
+    records.append({"workload": "a", "method": "seqpack pack_corpus: Parquet -> packed dataset on disk (BFD)",
+                    "seconds": seqpack_disk})
+    records.append({"workload": "a", "method": "seqpack: reading the Parquet file alone (flat values + offsets)",
+                    "seconds": median_time(read_only, repeats)})
+    records.append({"workload": "a", "method": "seqpack in memory: from_arrays + plan (BFD), nothing written",
+                    "seconds": median_time(in_memory, repeats)})
+    manifest = json.loads((out / "manifest.json").read_text())
+    try:
+        import datasets
+        from trl import pack_dataset
+    except ImportError:
+        print("TRL or datasets not installed: TRL rows skipped", file=sys.stderr)
+        return records, manifest
+    dataset = datasets.Dataset(table)
+    trl_memory = median_time(lambda: pack_dataset(dataset, CAPACITY, strategy="bfd"), repeats)
+    records.append({"workload": "a", "method": "TRL pack_dataset(strategy='bfd') on the table in memory",
+                    "seconds": trl_memory})
+    trl_out = work / "trl-a"
+
+    def trl_disk():
+        loaded = datasets.Dataset.from_parquet(str(parquet), cache_dir=str(work / "hf-cache"), keep_in_memory=True)
+        pack_dataset(loaded, CAPACITY, strategy="bfd").save_to_disk(str(trl_out))
+
+    def trl_clear():
+        shutil.rmtree(trl_out, ignore_errors=True)
+        shutil.rmtree(work / "hf-cache", ignore_errors=True)
+
+    records.append({"workload": "a", "method": "TRL: Dataset.from_parquet + pack_dataset(bfd) + save_to_disk",
+                    "seconds": median_time(trl_disk, repeats, trl_clear)})
+    return records, manifest
+
+
+def train_bpe(texts: list[str], path: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=8192, special_tokens=["<unk>", "<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.save(str(path))
+
+
+def workload_b(work: Path, files: int, repeats: int) -> list[dict]:
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        print("tokenizers not installed: workload (b) skipped", file=sys.stderr)
+        return []
+    paths = [p for p in stdlib_sources()[:files]]
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in paths]
+    paths = [p for p, t in zip(paths, texts) if t]
+    texts = [t for t in texts if t]
+    tokenizer_path = work / "bpe.json"
+    train_bpe(texts[:200], tokenizer_path)
+    bound = io.TokenizerFile(tokenizer_path, bos="<|endoftext|>", eos="<|endoftext|>")
+    binding = sp.BatchBinding.for_tokenizer(bound.identity, split="bench")
+    out = work / "packed-b"
+
+    def tokenize_only():
+        bound.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+
+    def pack():
+        io.pack_corpus([io.TextFiles(paths)], out, binding=binding, tokenizer=bound, config=sp.PackConfig(CAPACITY, 8),
+                       policy="best-fit-decreasing", long="cut")
+
+    tokenize = median_time(tokenize_only, repeats)
+    whole = median_time(pack, repeats, lambda: shutil.rmtree(out, ignore_errors=True))
+    manifest = json.loads((out / "manifest.json").read_text())
+    size = sum(len(t.encode()) for t in texts)
+    return [
+        {"workload": "b", "method": f"tokenizers encode_batch_fast alone ({len(texts)} files, {size / 1e6:.1f} MB, "
+                                    f"{manifest['counts']['document_tokens']:,} tokens)", "seconds": tokenize},
+        {"workload": "b", "method": "seqpack pack_corpus: read + tokenize + validate + pack (BFD) + write",
+         "seconds": whole, "overhead_over_tokenizing": whole / tokenize - 1},
+    ]
+
+
+def storage(manifest: dict) -> dict:
+    part = manifest["parts"][0]
+    disk = sum(record["bytes"] for record in part["files"].values())
+    cells = manifest["report"]["cells"]
+    eager = cells * CELL_BYTES + manifest["report"]["rows"] * ROW_BYTES
+    return {"workload": "c", "tokens": manifest["counts"]["tokens"], "bytes_on_disk": disk,
+            "bytes_per_token": disk / manifest["counts"]["tokens"], "cells": cells,
+            "eager_bytes": eager, "eager_bytes_per_cell": eager / cells,
+            "eager_bytes_per_token": eager / manifest["counts"]["tokens"], "eager_over_disk": eager / disk}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=200_000)
+    parser.add_argument("--files", type=int, default=600, help="standard-library files for workload (b)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temporary directory)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.workdir) as temporary:
+        work = Path(temporary)
+        disk = disk_write_speed(work)
+        records_a, manifest = workload_a(work, args.examples, args.repeats)
+        records_b = workload_b(work, args.files, args.repeats)
+        bytes_record = storage(manifest)
+    conditions = {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": default_threads(),
+                  "disk_write_fsync_mb_per_s": disk,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "examples": args.examples, "repeats": args.repeats}
+    records = records_a + records_b
+    if args.json:
+        json.dump({"conditions": conditions, "records": records, "storage": bytes_record}, sys.stdout, indent=2)
+        print()
+        return
+    print(f"CPU {conditions['cpu']}, {conditions['cores']} cores, {conditions['threads']} threads; "
+          f"in-run disk write+fsync {disk:.0f} MB/s; peak RSS {conditions['peak_rss_mib']:.0f} MiB; "
+          f"medians of {args.repeats}")
+    reference = {r["workload"]: r["seconds"] for r in records if r["method"].startswith("seqpack pack_corpus")}
+    print("| workload | method | median s | vs seqpack pack_corpus |")
+    print("| --- | --- | --- | --- |")
+    for record in records:
+        ratio = record["seconds"] / reference[record["workload"]]
+        print(f"| ({record['workload']}) | {record['method']} | {record['seconds']:.3f} | {ratio:.2f}x |")
+    for record in records_b[1:]:
+        print(f"(b) reading, validating, packing and writing add {record['overhead_over_tokenizing']:.1%} "
+              f"to the tokenization time")
+    s = bytes_record
+    print(f"(c) {s['bytes_on_disk']:,} bytes on disk for {s['tokens']:,} tokens = {s['bytes_per_token']:.2f} "
+          f"bytes/token; the eager epoch: {s['eager_bytes']:,} bytes = {s['eager_bytes_per_cell']:.2f} bytes/cell = "
+          f"{s['eager_bytes_per_token']:.1f} bytes/token ({s['eager_over_disk']:.1f}x the disk)")
+
+
+if __name__ == "__main__":
+    main()
