@@ -48,8 +48,9 @@ from .packing import (
     plan,
     stream,
 )
+from .io import open_dataset
 from .nn import Decoder, DecoderConfig, masked_loss, range_attention_backward, range_attention_forward
-from . import chapters, data, layout, nn, packing  # noqa: F401 (the layers, as attributes)
+from . import chapters, data, io, layout, nn, packing  # noqa: F401 (the layers, as attributes)
 
 __all__ = [
     # errors
@@ -61,6 +62,8 @@ __all__ = [
     # layout and packing
     "PAD_CELL", "NO_SEGMENT", "PadConfig", "PackConfig", "pad", "pack", "plan", "stream", "place",
     "PaddedBatch", "PackedBatch", "PaddedEpoch", "PackedEpoch", "PackingPlan", "EfficiencyReport",
+    # corpora on disk
+    "open_dataset",
     # a batch's metadata for other libraries (seqpack.torch has tensor variants)
     "position_ids", "document_ids", "seq_lens", "cu_seqlens", "max_seqlen",
     # models and kernels

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from . import format as fmt
 from .readers import Input
 
 
+@runtime_checkable
 class PackedBatches(Protocol):
     """Packed batches built on demand: what ``seqpack.plan`` returns and ``open_dataset`` opens.
 
@@ -43,6 +44,7 @@ class PackedBatches(Protocol):
     ``batch_targets()`` every batch's valid targets (loss denominators) without building
     any; ``report()`` the efficiency report; ``config``, ``policy``, ``partition``,
     ``binding``, ``row_count``, ``batch_count`` and ``occurrence_count`` describe it.
+    ``isinstance(x, PackedBatches)`` checks that these names exist (a plan passes too).
     """
 
     config: PackConfig

@@ -80,19 +80,22 @@ def stats_text(stats: dict) -> str:
 
 def _histogram_panel(x: float, y: float, width: float, height: float, title: str, axis: str,
                      edges: list, counts: list, labels: tuple[str, str], colour: str) -> list[str]:
+    # Bar heights on a log scale, so that a bin of a few examples still shows beside a spike.
     top = max(counts) or 1
+    scale = np.log1p(top)
     bar = width / len(counts)
     parts = [f'<g class="panel"><text x="{x}" y="{y - 8}" class="title">{escape(title)}</text>',
              f'<line x1="{x}" y1="{y + height}" x2="{x + width}" y2="{y + height}" class="axis"/>']
     for index, count in enumerate(counts):
-        h = height * count / top
+        h = height * float(np.log1p(count)) / scale
         parts.append(f'<rect class="bar" x="{x + index * bar:.2f}" y="{y + height - h:.2f}" width="{bar - 1:.2f}" '
                      f'height="{h:.2f}" fill="{colour}"><title>[{edges[index]:.3g}, {edges[index + 1]:.3g}): '
                      f'{count}</title></rect>')
     parts.append(f'<text x="{x}" y="{y + height + 16}" class="tick">{escape(labels[0])}</text>')
     parts.append(f'<text x="{x + width}" y="{y + height + 16}" class="tick" text-anchor="end">{escape(labels[1])}</text>')
     parts.append(f'<text x="{x + width / 2}" y="{y + height + 32}" class="tick" text-anchor="middle">{escape(axis)}</text>')
-    parts.append(f'<text x="{x - 6}" y="{y + 10}" class="tick" text-anchor="end">{top:,}</text></g>')
+    parts.append(f'<text x="{x - 6}" y="{y + 10}" class="tick" text-anchor="end">{top:,}</text>')
+    parts.append(f'<text x="{x - 6}" y="{y + height}" class="tick" text-anchor="end">0</text></g>')
     return parts
 
 
@@ -108,9 +111,9 @@ def stats_svg(stats: dict) -> str:
         f'<text x="20" y="22" class="title">{escape(report["policy"])}, capacity {report["capacity"]}: '
         f'{report["rows"]:,} rows, real-target fraction {report["real_target_fraction"]:.4f}</text>',
     ]
-    parts += _histogram_panel(70, 60, 340, 180, "example lengths (predictions)", "predictions",
+    parts += _histogram_panel(70, 60, 340, 180, "examples by length (log count)", "predictions",
                               lengths["edges"], lengths["counts"], ("0", f"{report['capacity']:,}"), "#4477aa")
-    parts += _histogram_panel(490, 60, 340, 180, "row fill (valid cells / capacity)", "fill",
+    parts += _histogram_panel(490, 60, 340, 180, "rows by fill (log count)", "valid cells / capacity",
                               fill["edges"], fill["counts"], ("0", "1"), "#228833")
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
