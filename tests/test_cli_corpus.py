@@ -238,3 +238,17 @@ def test_the_sample_corpus_packs_verifies_and_reports(tmp_path):
     stats = json.loads(run("stats", tmp_path / "packed", "--json").stdout)
     assert stats["counts"]["documents"] > 1000 and stats["report"]["real_target_fraction"] > 0.9
     assert stats["storage"]["bytes_per_token"] < 2.5
+
+
+@pytest.mark.slow
+def test_the_readme_training_snippet_runs_on_a_packed_directory(tmp_path, docs, monkeypatch):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (block,) = re.findall(r"```python corpus\n(.*?)```", readme, flags=re.S)
+    assert run("pack", docs, "--out", "packed/", "--cut-long", "--quiet", cwd=tmp_path).returncode == 0
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    assert namespace["number"] == len(namespace["dataset"]) - 1
