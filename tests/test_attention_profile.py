@@ -57,8 +57,9 @@ def test_profile_buckets_are_consistent():
     with _profile() as both:
         run_both(*case, threads=2)
     wall = time.perf_counter() - began
-    assert all(value > 0 for name, value in both.items() if name != "dQ_other")
-    assert both["dQ_other"] == 0  # dQ has no work outside its tile products
+    outside = ("dQ_other", "dK_other", "dV_other")  # BLAS reads the panels transposed
+    assert all(value > 0 for name, value in both.items() if name not in outside)
+    assert all(both[name] == 0 for name in outside)
     # Thread-time inside the kernels fits in the wall time of two threads.
     assert sum(both.values()) <= 2 * wall
     # Off again: a later call adds nothing to a finished report.

@@ -1,29 +1,31 @@
 """Fused range attention: forward and backward over permitted edges only.
 
 A work item is one (row, key/value head, segment) with every query head of that key/value
-head's group (grouped-query attention; multi-head attention is a group of one): each K
-and V tile is used by all the group's query heads while it is in cache, and dK and dV
-sum over the group's heads in order. Inside a segment the queries and keys are cut
-into tiles aligned at the segment start; a query tile meets the key tiles at or before
-it, and only the diagonal tile needs the causal mask (its quarter above the diagonal is
+head's group (grouped-query attention; multi-head attention is a group of one): K and V
+of the segment are transposed once for all the group's query heads, and dK and dV sum
+over the group's heads in order. Inside a segment the queries and keys are cut into
+tiles aligned at the segment start; a query tile meets the key tiles at or before it,
+and only the diagonal tile needs the causal mask (its quarter above the diagonal is
 skipped). No score outside the segment is ever computed (about 95% of the computed ones
 are permitted edges on ~250-token segments) and nothing of size T*T is allocated. The
-forward keeps an online softmax (running max and sum per query) and saves the per-query
-log-sum-exp; the backward recomputes the probabilities from it and
-``D = rowsum(dout * out)``.
+scores of a query tile against all its keys form one panel (tile x segment length), so
+the forward's softmax is exact in one max, exp and sum pass per query, with no
+rescaling; it saves the per-query log-sum-exp, and the backward recomputes the
+probabilities from it and ``D = rowsum(dout * out)``.
 
-Tile products go to BLAS (``scipy.linalg.cython_blas``), always in the no-transpose
-form that OpenBLAS runs fastest on small tiles, so K and V are transposed once per
-segment and the probability tiles once per tile. Every product has at most 64**3
-multiply-adds (tiles shrink for head_dim > 64; this holds up to MAX_HEAD_DIM = 4096,
-which the Python layer enforces), the size at which OpenBLAS never starts its own
-threads, so BLAS stays single-threaded inside the OpenMP region. Arrays are strided
-with a contiguous last axis: the cell stride of a [T, d] block is the BLAS leading
-dimension, so a ``[B, H, T, D]`` view of ``[B, T, H, D]`` storage is read or written in
-place. Each work item writes only its own segment's output rows and sums in a fixed
-order, so results are bitwise identical for any thread count. The exponentials use a
-vectorizable polynomial exp (below); the rest of the per-edge work is a few vector
-passes over each tile.
+Tile products go to BLAS (``scipy.linalg.cython_blas``). K and V are transposed once per
+segment so that the score products are in the no-transpose form; the backward's
+products with transposed probabilities and dS let BLAS read the panels transposed
+(measured no slower than transposing them first, and a pass less). Every product has
+at most 64**3 multiply-adds (tiles shrink for head_dim > 64; this holds up to
+MAX_HEAD_DIM = 4096, which the Python layer enforces), the size at which OpenBLAS never
+starts its own threads, so BLAS stays single-threaded inside the OpenMP region. Arrays
+are strided with a contiguous last axis: the cell stride of a [T, d] block is the BLAS
+leading dimension, so a ``[B, H, T, D]`` view of ``[B, T, H, D]`` storage is read or
+written in place. Each work item writes only its own segment's output rows and sums in
+a fixed order, so results are bitwise identical for any thread count. The exponentials
+use a vectorizable polynomial exp (below); the rest of the per-edge work is a few
+vector passes over each panel row.
 """
 
 from cython.parallel cimport parallel, prange, threadid
@@ -372,17 +374,19 @@ def plan_layout(const Py_ssize_t[::1] valid_lengths not None,
 
 
 cdef inline void gemm(Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t inner, real alpha,
-                      const real *a, Py_ssize_t lda, const real *b, Py_ssize_t ldb,
-                      real beta, real *c, Py_ssize_t ldc) noexcept nogil:
-    """Row-major ``c[rows, cols] = alpha * a[rows, inner] @ b[inner, cols] + beta * c``."""
+                      const real *a, Py_ssize_t lda, bint a_transposed, const real *b,
+                      Py_ssize_t ldb, real beta, real *c, Py_ssize_t ldc) noexcept nogil:
+    """Row-major ``c[rows, cols] = alpha * a[rows, inner] @ b[inner, cols] + beta * c``;
+    with ``a_transposed``, ``a`` is stored as its transpose, [inner, rows]."""
     # A row-major product is the column-major product of the transposes: c^T = b^T a^T.
     cdef char no = b'N'
+    cdef char op_a = b'T' if a_transposed else b'N'
     cdef int m = <int>cols, n = <int>rows, k = <int>inner
     cdef int la = <int>lda, lb = <int>ldb, lc = <int>ldc
     if real is float:
-        sgemm(&no, &no, &m, &n, &k, &alpha, <float *>b, &lb, <float *>a, &la, &beta, c, &lc)
+        sgemm(&no, &op_a, &m, &n, &k, &alpha, <float *>b, &lb, <float *>a, &la, &beta, c, &lc)
     else:
-        dgemm(&no, &no, &m, &n, &k, &alpha, <double *>b, &lb, <double *>a, &la, &beta, c, &lc)
+        dgemm(&no, &op_a, &m, &n, &k, &alpha, <double *>b, &lb, <double *>a, &la, &beta, c, &lc)
 
 
 cdef enum:
@@ -395,23 +399,26 @@ cdef enum:
 
 cdef inline void tile_gemm(int shape, Py_ssize_t half, Py_ssize_t rows, Py_ssize_t cols,
                            Py_ssize_t inner, real alpha, const real *a, Py_ssize_t lda,
-                           const real *b, Py_ssize_t ldb, real beta, real *c,
-                           Py_ssize_t ldc) noexcept nogil:
+                           bint a_transposed, const real *b, Py_ssize_t ldb, real beta,
+                           real *c, Py_ssize_t ldc) noexcept nogil:
     """``gemm`` that skips the quarter of a diagonal tile lying above the diagonal.
 
     The top ``half`` rows and the rest are two products; a quarter of the work is saved.
     """
+    # Element (row r, inner i) of a is at a + r * row_step + i * inner_step.
+    cdef Py_ssize_t row_step = 1 if a_transposed else lda
+    cdef Py_ssize_t inner_step = lda if a_transposed else 1
     if shape == FULL or rows <= half:
-        gemm(rows, cols, inner, alpha, a, lda, b, ldb, beta, c, ldc)
+        gemm(rows, cols, inner, alpha, a, lda, a_transposed, b, ldb, beta, c, ldc)
         return
     gemm(half, half if shape == LOWER_OUTPUT else cols, half if shape == LOWER_A else inner,
-         alpha, a, lda, b, ldb, beta, c, ldc)
+         alpha, a, lda, a_transposed, b, ldb, beta, c, ldc)
     if shape == UPPER_A:
-        gemm(rows - half, cols, inner - half, alpha, a + half * lda + half, lda, b + half * ldb,
-             ldb, beta, c + half * ldc, ldc)
+        gemm(rows - half, cols, inner - half, alpha, a + half * (row_step + inner_step), lda,
+             a_transposed, b + half * ldb, ldb, beta, c + half * ldc, ldc)
     else:
-        gemm(rows - half, cols, inner, alpha, a + half * lda, lda, b, ldb, beta,
-             c + half * ldc, ldc)
+        gemm(rows - half, cols, inner, alpha, a + half * row_step, lda, a_transposed, b, ldb,
+             beta, c + half * ldc, ldc)
 
 
 cdef inline void exp_shift(real *dst, const real *src, Py_ssize_t n, real shift) noexcept nogil:
@@ -478,11 +485,11 @@ cdef enum:
     DS_GEMM = 2             # backward: recomputed scores and dP
     DS_OTHER = 3            # backward: K and V transposed, D, probabilities and dS
     DQ_GEMM = 4
-    DQ_OTHER = 5
-    DK_GEMM = 6
-    DK_OTHER = 7            # backward: dS transposed
+    DQ_OTHER = 5            # (dQ, dK and dV have no work outside their tile products:
+    DK_GEMM = 6             # BLAS takes the probability and dS panels transposed)
+    DK_OTHER = 7
     DV_GEMM = 8
-    DV_OTHER = 9            # backward: probabilities transposed
+    DV_OTHER = 9
     FORWARD_SETUP = 10
     BACKWARD_SETUP = 11
     BUCKETS = 12
@@ -568,9 +575,11 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
                           bint caller, Clock *clock) noexcept nogil:
     """One (row, key/value head, segment) and every query head of its group.
 
-    Each K and V tile is used by all the group's query heads while it is in cache.
-    Stops early (output undefined) when an interrupt is requested; the calling thread
-    (``caller``) looks for pending signals once per query tile.
+    A query tile's scores against all its keys form one panel, so each query's softmax
+    is exact in one pass (max, exp, sum) and the output needs no rescaling. The
+    transposed K of the segment serves every query head of the group. Stops early
+    (output undefined) when an interrupt is requested; the calling thread (``caller``)
+    looks for pending signals once per query tile.
     """
     cdef const real *q = <const real *>g.q
     cdef const real *k = <const real *>g.k
@@ -580,71 +589,53 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
     cdef Py_ssize_t length = end - start, heads = g.heads
     cdef Py_ssize_t ld = padded(length), ldq = g.ldq, ldo = g.ldo
     cdef real *kt = scratch                    # [d, ld]: K of the segment, transposed
-    cdef real *p = kt + d * ld                 # [tile, tile]: scores, then probabilities
-    cdef real *running_max = p + tile * tile   # [heads, tile]: running max per query
-    cdef real *running_total = running_max + heads * tile  # [heads, tile]: sum of exp
+    cdef real *p = kt + d * ld                 # [tile, ld]: a query tile's scores, then
+                                               # probabilities, against keys start..
+    cdef real *total = p + tile * ld           # [tile]: sum of exp per query
     cdef Py_ssize_t a, b, h, qa, ka, nq, nk, i, j, visible
     cdef const real *qh
     cdef real *oh
     cdef real *pi
     cdef real *oi
-    cdef real *top
-    cdef real *total
-    cdef real new_max, rescale
-    cdef bint diagonal
+    cdef real top
     transpose(k + start * g.ldk, length, d, g.ldk, kt, ld)
     for a in range((length + tile - 1) // tile):
         if (caller and interrupted(state)) or interrupt_requested(state):
             return
         qa = start + a * tile
         nq = min(tile, end - qa)
-        for b in range(a + 1):
-            ka = start + b * tile
-            nk = min(tile, end - ka)
-            diagonal = ka == qa
-            for h in range(heads):
-                qh = q + h * g.q_head
-                oh = out + h * g.out_head
-                top = running_max + h * tile
-                total = running_total + h * tile
-                charge(clock, FORWARD_GEMM)
-                tile_gemm(LOWER_OUTPUT if diagonal else FULL, tile // 2, nq, nk, d, scale,
-                          qh + qa * ldq, ldq, kt + (ka - start), ld, <real>0, p, tile)
-                charge(clock, FORWARD_OTHER)
-                for i in range(nq):
-                    pi = p + i * tile
-                    visible = min(nk, qa + i - ka + 1)
-                    new_max = row_max(pi, visible)
-                    if ka == start:
-                        top[i] = new_max
-                        exp_shift(pi, pi, visible, new_max)
-                        total[i] = row_sum(pi, visible)
-                    else:
-                        if new_max < top[i]:
-                            new_max = top[i]
-                        rescale = scalar_exp(top[i] - new_max)
-                        top[i] = new_max
-                        exp_shift(pi, pi, visible, new_max)
-                        total[i] = total[i] * rescale + row_sum(pi, visible)
-                        oi = oh + (qa + i) * ldo
-                        for j in range(d):
-                            oi[j] = oi[j] * rescale
-                    for j in range(visible, nk):
-                        pi[j] = 0
-                charge(clock, FORWARD_GEMM)
-                tile_gemm(LOWER_A if diagonal else FULL, tile // 2, nq, d, nk, <real>1, p,
-                          tile, v + ka * g.ldv, g.ldv, <real>(0 if ka == start else 1),
-                          oh + qa * ldo, ldo)
-                charge(clock, FORWARD_OTHER)
         for h in range(heads):
+            qh = q + h * g.q_head
             oh = out + h * g.out_head
-            top = running_max + h * tile
-            total = running_total + h * tile
+            charge(clock, FORWARD_GEMM)
+            for b in range(a + 1):
+                ka = start + b * tile
+                nk = min(tile, end - ka)
+                tile_gemm(LOWER_OUTPUT if ka == qa else FULL, tile // 2, nq, nk, d, scale,
+                          qh + qa * ldq, ldq, False, kt + (ka - start), ld, <real>0,
+                          p + (ka - start), ld)
+            charge(clock, FORWARD_OTHER)
+            for i in range(nq):
+                pi = p + i * ld
+                visible = qa + i - start + 1
+                top = row_max(pi, visible)
+                exp_shift(pi, pi, visible, top)
+                total[i] = row_sum(pi, visible)
+                for j in range(visible, qa + nq - start):
+                    pi[j] = 0
+                lse[h * g.lse_head + (qa + i) * g.lse_cell] = top + scalar_log(total[i])
+            charge(clock, FORWARD_GEMM)
+            for b in range(a + 1):
+                ka = start + b * tile
+                nk = min(tile, end - ka)
+                tile_gemm(LOWER_A if ka == qa else FULL, tile // 2, nq, d, nk, <real>1,
+                          p + (ka - start), ld, False, v + ka * g.ldv, g.ldv,
+                          <real>(0 if b == 0 else 1), oh + qa * ldo, ldo)
+            charge(clock, FORWARD_OTHER)
             for i in range(nq):
                 oi = oh + (qa + i) * ldo
                 for j in range(d):
                     oi[j] = oi[j] / total[i]
-                lse[h * g.lse_head + (qa + i) * g.lse_cell] = top[i] + scalar_log(total[i])
 
 
 cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_ssize_t d,
@@ -652,8 +643,10 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
                            bint caller, Clock *clock) noexcept nogil:
     """The backward of one (row, key/value head, segment) and its group's query heads.
 
-    dK and dV of a key tile sum over query tiles, then over the group's heads in order,
-    so the result never depends on the thread count. Interrupted as ``forward_segment``.
+    Per query tile and head, the probabilities and dS against all keys form two panels;
+    dV and dK take them transposed through BLAS. dK and dV of a key tile sum over query
+    tiles, then over the group's heads in order, so the result never depends on the
+    thread count. Interrupted as ``forward_segment``.
     """
     cdef const real *q = <const real *>g.q
     cdef const real *k = <const real *>g.k
@@ -668,20 +661,17 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
     cdef Py_ssize_t ld = padded(length), ldq = g.ldq, lddout = g.lddout
     cdef real *kt = scratch                    # [d, ld]: K of the segment, transposed
     cdef real *vt = kt + d * ld                # [d, ld]: V of the segment, transposed
-    cdef real *p = vt + d * ld                 # [tile, tile]: scores, then probabilities
-    cdef real *ds = p + tile * tile            # [tile, tile]: dP, then dS
-    cdef real *pt = ds + tile * tile           # [tile, tile]: probabilities transposed
-    cdef real *dst = pt + tile * tile          # [tile, tile]: dS transposed
-    cdef real *delta = dst + tile * tile       # [heads, tile]: rowsum(dout * out) per query
-    cdef Py_ssize_t a, b, h, qa, ka, nq, nk, i, j, visible
+    cdef real *p = vt + d * ld                 # [tile, ld]: scores, then probabilities
+    cdef real *ds = p + tile * ld              # [tile, ld]: dP, then dS
+    cdef real *delta = ds + tile * ld          # [heads, tile]: rowsum(dout * out) per query
+    cdef Py_ssize_t a, b, h, qa, ka, nq, nk, i, j, visible, keys
     cdef const real *qh
     cdef const real *douth
     cdef const real *lseh
     cdef real *pi
     cdef real *dsi
     cdef real di
-    cdef bint diagonal
-    cdef int lower, upper
+    cdef bint diagonal, first
     transpose(k + start * g.ldk, length, d, g.ldk, kt, ld)
     transpose(v + start * g.ldv, length, d, g.ldv, vt, ld)
     for a in range((length + tile - 1) // tile):
@@ -689,54 +679,57 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
             return
         qa = start + a * tile
         nq = min(tile, end - qa)
+        keys = qa + nq - start
         for h in range(heads):
             for i in range(nq):
                 delta[h * tile + i] = row_dot(dout + h * g.dout_head + (qa + i) * lddout,
                                               out + h * g.out_head + (qa + i) * g.ldo, d)
-        for b in range(a + 1):
-            ka = start + b * tile
-            nk = min(tile, end - ka)
-            diagonal = ka == qa
-            lower = LOWER_OUTPUT if diagonal else FULL
-            upper = UPPER_A if diagonal else FULL
-            for h in range(heads):
-                qh = q + h * g.q_head
-                douth = dout + h * g.dout_head
-                lseh = lse + h * g.lse_head
-                charge(clock, DS_GEMM)
-                tile_gemm(lower, tile // 2, nq, nk, d, scale, qh + qa * ldq, ldq,
-                          kt + (ka - start), ld, <real>0, p, tile)
-                tile_gemm(lower, tile // 2, nq, nk, d, <real>1, douth + qa * lddout, lddout,
-                          vt + (ka - start), ld, <real>0, ds, tile)
-                charge(clock, DS_OTHER)
-                for i in range(nq):
-                    pi = p + i * tile
-                    dsi = ds + i * tile
-                    visible = min(nk, qa + i - ka + 1)
-                    exp_shift(pi, pi, visible, lseh[(qa + i) * g.lse_cell])
-                    di = delta[h * tile + i]
-                    for j in range(visible):
-                        dsi[j] = pi[j] * (dsi[j] - di)
-                    for j in range(visible, nk):
-                        pi[j] = 0
-                        dsi[j] = 0
+        for h in range(heads):
+            qh = q + h * g.q_head
+            douth = dout + h * g.dout_head
+            lseh = lse + h * g.lse_head
+            charge(clock, DS_GEMM)
+            for b in range(a + 1):
+                ka = start + b * tile
+                nk = min(tile, end - ka)
+                diagonal = ka == qa
+                tile_gemm(LOWER_OUTPUT if diagonal else FULL, tile // 2, nq, nk, d, scale,
+                          qh + qa * ldq, ldq, False, kt + (ka - start), ld, <real>0,
+                          p + (ka - start), ld)
+                tile_gemm(LOWER_OUTPUT if diagonal else FULL, tile // 2, nq, nk, d, <real>1,
+                          douth + qa * lddout, lddout, False, vt + (ka - start), ld, <real>0,
+                          ds + (ka - start), ld)
+            charge(clock, DS_OTHER)
+            for i in range(nq):
+                pi = p + i * ld
+                dsi = ds + i * ld
+                visible = qa + i - start + 1
+                exp_shift(pi, pi, visible, lseh[(qa + i) * g.lse_cell])
+                di = delta[h * tile + i]
+                for j in range(visible):
+                    dsi[j] = pi[j] * (dsi[j] - di)
+                for j in range(visible, keys):
+                    pi[j] = 0
+                    dsi[j] = 0
+            for b in range(a + 1):
+                ka = start + b * tile
+                nk = min(tile, end - ka)
+                diagonal = ka == qa
                 # The diagonal tile is the first to reach key tile b; the group's first
                 # head starts its dK and dV rows, the others add to them.
-                charge(clock, DV_OTHER)
-                transpose(p, nq, nk, tile, pt, tile)
+                first = diagonal and h == 0
                 charge(clock, DV_GEMM)
-                tile_gemm(upper, tile // 2, nk, d, nq, <real>1, pt, tile, douth + qa * lddout,
-                          lddout, <real>(0 if diagonal and h == 0 else 1), dv + ka * g.lddv,
-                          g.lddv)
-                charge(clock, DK_OTHER)
-                transpose(ds, nq, nk, tile, dst, tile)
+                tile_gemm(UPPER_A if diagonal else FULL, tile // 2, nk, d, nq, <real>1,
+                          p + (ka - start), ld, True, douth + qa * lddout, lddout,
+                          <real>(0 if first else 1), dv + ka * g.lddv, g.lddv)
                 charge(clock, DK_GEMM)
-                tile_gemm(upper, tile // 2, nk, d, nq, scale, dst, tile, qh + qa * ldq, ldq,
-                          <real>(0 if diagonal and h == 0 else 1), dk + ka * g.lddk, g.lddk)
+                tile_gemm(UPPER_A if diagonal else FULL, tile // 2, nk, d, nq, scale,
+                          ds + (ka - start), ld, True, qh + qa * ldq, ldq,
+                          <real>(0 if first else 1), dk + ka * g.lddk, g.lddk)
                 charge(clock, DQ_GEMM)
-                tile_gemm(LOWER_A if diagonal else FULL, tile // 2, nq, d, nk, scale, ds, tile,
-                          k + ka * g.ldk, g.ldk, <real>(0 if ka == start else 1),
-                          dq + h * g.dq_head + qa * g.lddq, g.lddq)
+                tile_gemm(LOWER_A if diagonal else FULL, tile // 2, nq, d, nk, scale,
+                          ds + (ka - start), ld, False, k + ka * g.ldk, g.ldk,
+                          <real>(0 if b == 0 else 1), dq + h * g.dq_head + qa * g.lddq, g.lddq)
                 charge(clock, DS_OTHER)
 
 
@@ -828,9 +821,9 @@ cdef int run(bint backward, const Operand *operands, Py_ssize_t kv_heads, Py_ssi
              Interrupt *state) noexcept nogil:
     """Plan the layout, zero the padding of the outputs, run every work item.
 
-    Per thread, the forward needs K of a segment transposed, a score tile and a running
-    max and sum per query of the group; the backward K and V transposed, four tiles and
-    rowsum(dout * out) per query of the group. The work is counted as 2 (forward) or 4
+    Per thread, the forward needs K of a segment transposed, a score panel (a query tile
+    against the segment's keys) and a sum per query; the backward K and V transposed, two
+    panels and rowsum(dout * out) per query of the group. The work is counted as 2 (forward) or 4
     (backward) * d multiply-adds per permitted edge and query head.
     """
     cdef Py_ssize_t tile = tile_edge(d), item, items, size, o
@@ -845,9 +838,9 @@ cdef int run(bint backward, const Operand *operands, Py_ssize_t kv_heads, Py_ssi
     items = plan.segments * kv_heads
     threads = thread_count(threads, items, plan.edges * heads * d * (4 if backward else 2))
     if backward:
-        size = 2 * d * padded(plan.longest) + 4 * tile * tile + group * tile
+        size = (2 * d + 2 * tile) * padded(plan.longest) + group * tile
     else:
-        size = d * padded(plan.longest) + tile * tile + 2 * group * tile
+        size = (d + tile) * padded(plan.longest) + tile
     scratch = <real *>malloc(threads * size * sizeof(real))
     if timed:
         seconds = <double *>calloc(threads * BUCKETS, sizeof(double))
