@@ -113,6 +113,10 @@ def test_set_epoch_keeps_a_restored_position_of_that_epoch_only():
     dataset.load_state_dict({**dataset.state_dict(), "epoch": 1, "position": 4})
     dataset.set_epoch(2)
     assert ids(dataset) == ids(epoch_items(source, 5, 2))
+    assert dataset.state_dict()["position"] == len(dataset)  # the pass ran to the end
+    iterator = iter(dataset)
+    next(iterator), next(iterator)
+    assert dataset.state_dict()["position"] == 2  # a new pass counts from its start
 
 
 def epoch_items(source, seed, epoch):

@@ -140,6 +140,7 @@ class PackedIterableDataset(IterableDataset):
             self._resume = None
         else:
             start = 0
+        self._position = start
         numbers = self.rank_batches(self.epoch)
         # Worker w yields positions start + w, start + w + W, ...; after each, its state is
         # the base of its next one, so a state saved in a worker resumes that worker.
