@@ -305,10 +305,8 @@ class PackedDataset:
 
     def row_fill(self) -> np.ndarray:
         """Valid cells of every row, in row order (int64)."""
-        result = np.zeros(self.row_count, dtype=np.int64)
-        for part in self.parts:
-            np.add.at(result, part.first_row + part.rows, part.lengths)
-        return result
+        return np.concatenate([np.bincount(part.rows, weights=part.lengths, minlength=part.row_count)
+                               for part in self.parts]).astype(np.int64)
 
     def report(self) -> EfficiencyReport:
         """Storage and attention efficiency of the packed epoch."""

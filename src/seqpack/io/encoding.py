@@ -146,7 +146,7 @@ class ChunkEncoder:
                 raise InvalidInputError(f"{self.where(chunk, 0)}: token IDs must be integers, not {values.dtype}")
             self._check_int32(chunk, values, offsets)
             if self.framed:
-                tokens, offsets = values.astype(np.int32), offsets
+                tokens = np.ascontiguousarray(values, dtype=np.int32)
             else:
                 tokens, offsets = frame(values, offsets, binding.bos_id, binding.eos_id)
         elif isinstance(self.tokenizer, TokenizerFile):
@@ -172,7 +172,7 @@ class ChunkEncoder:
             raise InvalidInputError(f"{self.where(chunk, index)}: not UTF-8 text (byte {error.start})") from None
 
     def _check_int32(self, chunk: DocumentChunk, values: np.ndarray, offsets: np.ndarray) -> None:
-        if not values.size:
+        if not values.size or np.can_cast(values.dtype, np.int32):
             return
         low, high = int(values.min()), int(values.max())
         if low >= -INT32_MAX - 1 and high <= INT32_MAX:
