@@ -1,10 +1,9 @@
-"""Gathering token ranges into one contiguous array, in the order given.
+"""Gathering token ranges into one array, each range at a given place.
 
-``gather_ranges`` copies ``source[begins[i]:ends[i]]`` for every ``i`` back to back into
-``out`` (converting the token type), so a row's examples, scattered across a corpus,
-become one sequential run: the fill then reads memory in order under every placement
-policy, and a packed dataset writes its tokens in placement order. The kernel trusts its
-arguments: ranges inside ``source``, ``out`` exactly ``sum(ends - begins)`` long
+``gather_ranges`` copies ``source[begins[i]:ends[i]]`` to ``out[at[i]:]`` for every ``i``
+(converting the token type), so examples scattered across a corpus become one
+sequential run: a packed dataset writes its tokens in placement order this way. The
+kernel trusts its arguments: ranges inside ``source`` and their targets inside ``out``
 (``seqpack.packing.gather`` checks). Interruptible: Ctrl-C raises ``KeyboardInterrupt``
 within ~20 ms, ``out`` then undefined.
 """
@@ -31,11 +30,12 @@ def gather_ranges(
     const source_t[::1] source not None,      # tokens
     const int64_t[::1] begins not None,       # [n] range i is source[begins[i]:ends[i]]
     const int64_t[::1] ends not None,         # [n]
-    out_t[::1] out not None,                  # [sum(ends - begins)] the ranges back to back
+    out_t[::1] out not None,                  # the gathered tokens
+    const int64_t[::1] at not None,           # [n] range i goes to out[at[i]:at[i] + ends[i] - begins[i]]
 ):
-    """Copy every range of ``source`` into ``out`` back to back (one memcpy per range
-    when the types agree, a converting loop otherwise)."""
-    cdef Py_ssize_t i, j, length, at = 0
+    """Copy every range of ``source`` to its place in ``out`` (one memcpy per range when
+    the types agree, a converting loop otherwise)."""
+    cdef Py_ssize_t i, j, length, target
     cdef Interrupt interrupt
     with nogil:
         interrupt_start(&interrupt)
@@ -45,11 +45,11 @@ def gather_ranges(
             length = ends[i] - begins[i]
             if length <= 0:
                 continue
+            target = at[i]
             if source_t is out_t:
-                memcpy(&out[at], &source[begins[i]], length * sizeof(out_t))
+                memcpy(&out[target], &source[begins[i]], length * sizeof(out_t))
             else:
                 for j in range(length):
-                    out[at + j] = <out_t>source[begins[i] + j]
-            at += length
+                    out[target + j] = <out_t>source[begins[i] + j]
     if interrupt.stop:
         raise_pending()

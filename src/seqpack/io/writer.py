@@ -64,12 +64,12 @@ class Stage:
             self._held = []
         self._file.write(memoryview(tokens).cast("B"))
 
-    def tokens(self) -> np.ndarray:
-        """Every staged token as one array (a memory map once spilled)."""
+    def pieces(self) -> list[np.ndarray]:
+        """The staged tokens: the chunks held in memory, or one memory map once spilled."""
         if self._file is None:
-            return np.concatenate(self._held) if self._held else np.zeros(0, self.dtype)
+            return list(self._held)
         self._file.close()
-        return np.memmap(self.path, dtype=self.dtype, mode="r") if self.nbytes else np.zeros(0, self.dtype)
+        return [np.memmap(self.path, dtype=self.dtype, mode="r")]
 
     def discard(self) -> None:
         """Drop the staged tokens (the spill file too)."""
@@ -81,10 +81,10 @@ class Stage:
 
 @dataclass
 class Staged:
-    """Validated documents: their framed ``tokens`` back to back (``dtype``) and, per
-    document, its token count, input and place in it."""
+    """Validated documents: their framed tokens back to back, in ``pieces`` (arrays that
+    each hold whole documents), and per document its token count, input and place in it."""
 
-    tokens: np.ndarray
+    pieces: list
     lengths: np.ndarray
     inputs: np.ndarray
     locations: np.ndarray
@@ -130,7 +130,7 @@ def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, 
             progress.reading(len(document_lengths), int(encoded.tokens.shape[0]), chunk.nbytes)
         first_input += len(reader.inputs)
     join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
-    result = Staged(stage.tokens(), join(lengths), join(inputs), join(locations), skipped, input_bytes)
+    result = Staged(stage.pieces(), join(lengths), join(inputs), join(locations), skipped, input_bytes)
     if not result.lengths.size:
         raise InvalidInputError("the inputs hold no document with content")
     return result
@@ -167,7 +167,7 @@ def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str,
     begins = document_starts[documents] + ranges[:, 0]
     ends = document_starts[documents] + ranges[:, 1]
     directory.mkdir()
-    files = {"tokens.bin": _write_tokens(directory / "tokens.bin", staged.tokens, begins, ends, order, progress)}
+    files = {"tokens.bin": _write_tokens(directory / "tokens.bin", staged.pieces, begins, ends, order, progress)}
     ordinals = np.arange(documents.shape[0], dtype=np.int64) if order is None else order
     files["occurrences.npy"] = fmt.write_array(directory / "occurrences.npy", np.stack([ordinals, rows, starts], 1))
     files["examples.npy"] = fmt.write_array(directory / "examples.npy", np.column_stack([documents, ranges]))
@@ -187,23 +187,35 @@ def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str,
     }
 
 
-def _write_tokens(path: Path, source: np.ndarray, begins, ends, order, progress: Progress) -> dict:
-    """``tokens.bin``: each example's source tokens in placement order, gathered block by block."""
+def _write_tokens(path: Path, pieces: list, begins, ends, order, progress: Progress) -> dict:
+    """``tokens.bin``: each example's source tokens in placement order, gathered block by
+    block from the staged pieces (no example spans two pieces)."""
     if order is not None:
         begins, ends = begins[order], ends[order]
+    piece_starts = np.cumsum([0] + [piece.shape[0] for piece in pieces])
     sizes = np.cumsum(ends - begins)
     total = int(sizes[-1])
+    dtype = pieces[0].dtype
     target = fmt.HashingFile(path)
-    progress.phase("writing", total * source.dtype.itemsize, "B")
+    progress.phase("writing", total * dtype.itemsize, "B")
     try:
-        buffer = np.empty(min(total, WRITE_BLOCK_TOKENS), dtype=source.dtype)
+        buffer = np.empty(min(total, WRITE_BLOCK_TOKENS), dtype=dtype)
         first, done = 0, 0
         while first < begins.shape[0]:
             # At least one example per block, else as many as fit the buffer.
             end = max(first + 1, int(np.searchsorted(sizes, done + buffer.shape[0], side="right")))
             count = int(sizes[end - 1]) - done
-            block = buffer[:count] if count <= buffer.shape[0] else np.empty(count, source.dtype)
-            gather_ranges(source, begins[first:end], ends[first:end], source.dtype, out=block)
+            block = buffer[:count] if count <= buffer.shape[0] else np.empty(count, dtype)
+            at = sizes[first:end] - (ends[first:end] - begins[first:end]) - done
+            which = np.searchsorted(piece_starts, begins[first:end], side="right") - 1
+            by_piece = np.argsort(which, kind="stable")
+            cuts = np.searchsorted(which[by_piece], np.arange(len(pieces) + 1))
+            for number, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+                if a < b:
+                    chosen = by_piece[a:b] + first
+                    shift = piece_starts[number]
+                    gather_ranges(pieces[number], begins[chosen] - shift, ends[chosen] - shift, dtype, out=block,
+                                  at=at[chosen - first])
             target.write(block)
             progress.advance(block.nbytes)
             first, done = end, done + count

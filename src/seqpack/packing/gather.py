@@ -1,4 +1,4 @@
-"""Token ranges gathered back to back, in the order given (see ``pyx/packing/_gather.pyx``)."""
+"""Token ranges gathered into one array, back to back or each at a given place (``pyx/packing/_gather.pyx``)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,16 @@ from . import _gather
 TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.int32))
 
 
-def gather_ranges(source: np.ndarray, begins, ends, dtype=np.int32, out: np.ndarray | None = None) -> np.ndarray:
-    """``source[begins[i]:ends[i]]`` for every ``i``, back to back in one ``dtype`` array.
+def gather_ranges(source: np.ndarray, begins, ends, dtype=np.int32, out: np.ndarray | None = None,
+                  at=None) -> np.ndarray:
+    """``source[begins[i]:ends[i]]`` for every ``i`` in one ``dtype`` array: back to back,
+    or range ``i`` at ``out[at[i]:]``.
 
     ``source`` is a 1-D uint16 or int32 array (a memory map too); ``dtype`` is uint16 or
     int32 (a uint16 result must hold every gathered value: the caller knows its
-    vocabulary). ``out``, when given, is a C-contiguous ``dtype`` array of exactly the
-    gathered length. Every range must lie inside ``source``.
+    vocabulary). ``out``, when given, is a writable C-contiguous ``dtype`` array: exactly
+    the gathered length, or with ``at`` long enough for every range at its place. Every
+    range must lie inside ``source``.
     """
     dtype = np.dtype(dtype)
     if not isinstance(source, np.ndarray) or source.ndim != 1 or source.dtype not in TOKEN_DTYPES:
@@ -35,11 +38,19 @@ def gather_ranges(source: np.ndarray, begins, ends, dtype=np.int32, out: np.ndar
         raise InvalidInputError(
             f"range {i} [{begins[i]}, {ends[i]}) is not inside the source of {source.shape[0]} tokens"
         )
-    total = int(lengths.sum())
+    if at is None:
+        at = np.zeros(begins.shape[0], dtype=np.int64)
+        np.cumsum(lengths[:-1], out=at[1:])
+        need = int(lengths.sum())
+    else:
+        at = integer_array("at", at, np.int64, 1)
+        if at.shape != begins.shape or (at.size and at.min() < 0):
+            raise InvalidInputError("at must hold one non-negative place per range")
+        need = int((at + lengths).max()) if at.size else 0
     if out is None:
-        out = np.empty(total, dtype=dtype)
-    elif not isinstance(out, np.ndarray) or out.dtype != dtype or out.shape != (total,) \
+        out = np.empty(need, dtype=dtype)
+    elif not isinstance(out, np.ndarray) or out.dtype != dtype or out.ndim != 1 or out.shape[0] < need \
             or not out.flags.c_contiguous or not out.flags.writeable:
-        raise InvalidInputError(f"out must be a writable C-contiguous {dtype} array of {total} tokens")
-    _gather.gather_ranges(np.ascontiguousarray(source), begins, ends, out)
+        raise InvalidInputError(f"out must be a writable C-contiguous {dtype} array of at least {need} tokens")
+    _gather.gather_ranges(np.ascontiguousarray(source), begins, ends, out, at)
     return out
