@@ -39,6 +39,7 @@ import json
 import os
 import shutil
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -62,30 +63,51 @@ def part_name(index: int) -> str:
     return f"part-{index:05d}"
 
 
+#: Writes at least this large are hashed on a second thread while they are written.
+PARALLEL_HASH_BYTES = 1 << 20
+
+
 class HashingFile:
     """A file written once, front to back, whose SHA-256 and size are kept as it grows;
-    ``close()`` flushes and fsyncs it and returns its manifest record."""
+    ``close()`` flushes and fsyncs it and returns its manifest record.
+
+    Large writes are hashed on a helper thread during the write (both release the GIL);
+    ``write`` returns only when both are done, so the caller may reuse its buffer.
+    """
 
     def __init__(self, path: Path):
         self.path = path
         self._handle = open(path, "wb")
         self._digest = hashlib.sha256()
+        self._hasher = None
         self.size = 0
 
     def write(self, data) -> None:
         view = memoryview(data).cast("B")
-        self._handle.write(view)
-        self._digest.update(view)
+        if view.nbytes >= PARALLEL_HASH_BYTES:
+            if self._hasher is None:
+                self._hasher = ThreadPoolExecutor(max_workers=1)
+            hashing = self._hasher.submit(self._digest.update, view)
+            try:
+                self._handle.write(view)
+            finally:
+                hashing.result()
+        else:
+            self._handle.write(view)
+            self._digest.update(view)
         self.size += view.nbytes
 
     def close(self) -> dict:
         self._handle.flush()
         os.fsync(self._handle.fileno())
-        self._handle.close()
+        self.abandon()
         return {"bytes": self.size, "sha256": self._digest.hexdigest()}
 
     def abandon(self) -> None:
+        """Close without syncing (the partial file is removed with its directory)."""
         self._handle.close()
+        if self._hasher is not None:
+            self._hasher.shutdown()
 
 
 def write_array(path: Path, array: np.ndarray) -> dict:
