@@ -300,7 +300,7 @@ class ArrowBatches:
             path = str(source)
             try:
                 if self.inputs[0].kind == "parquet":
-                    handle = pa.parquet.ParquetFile(path)
+                    handle = pa.parquet.ParquetFile(path, memory_map=True)
                     names = handle.schema_arrow.names
                     column, _ = _column_field(names, self.text_field, self.ids_field, path)
                     return names, handle.iter_batches(batch_size=self.BATCH_ROWS, columns=[column])
