@@ -1,6 +1,7 @@
 """Corpus readers: every input kind gives the same documents, and every error names its place."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -176,3 +177,16 @@ def test_missing_inputs(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(sp.InvalidInputError, match="no document with content"):
         pack(tmp_path, io.JsonLines(tmp_path / "empty.jsonl"))
+
+
+def test_the_byte_path_needs_neither_pyarrow_nor_tqdm_nor_tokenizers(tmp_path, monkeypatch):
+    """Without the extras, text and JSONL pack with the byte tokenizer; the others name their extra."""
+    for name in ("pyarrow", "tqdm", "tokenizers"):
+        monkeypatch.setitem(sys.modules, name, None)  # import now raises ImportError
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"text": t}) for t in TEXTS))
+    assert documents_of(pack(tmp_path, io.JsonLines(path))) == expected_documents(TEXTS)
+    with pytest.raises(sp.InvalidInputError, match=r"pip install 'seqpack\[corpus\]'"):
+        pack(tmp_path, io.ArrowBatches(tmp_path / "docs.jsonl"), "other")
+    with pytest.raises(sp.InvalidInputError, match=r"pip install 'seqpack\[hf\]'"):
+        io.TokenizerFile(tmp_path / "tokenizer.json", bos=0, eos=1)
