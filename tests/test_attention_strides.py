@@ -161,3 +161,18 @@ def test_buffers_that_overlap_themselves_or_reverse_are_rejected():
     with pytest.raises(InvalidInputError, match="lse must be writeable, with a contiguous last axis"):
         range_attention_forward(q, k, v, lengths, starts, lse=np.empty(q.shape[:3] + (2,))[..., 0])
     range_attention_forward(q, k, v, lengths, starts, out=base[:, ::-1][:, ::-1], lse=np.empty(q.shape[:3]))
+
+
+def test_axes_of_length_one_may_have_any_stride():
+    """numpy calls such arrays C-contiguous whatever those strides are: they must not reach
+    BLAS as a leading dimension."""
+    q, k, v, dout, lengths, starts = case(seed=7, heads=2, kv_heads=1, width=1)
+    expected = run_both(q, k, v, dout, lengths, starts)
+    views = []
+    for x in (q, k, v, dout):
+        strides = [2**40 if n == 1 else s for n, s in zip(x.shape, x.strides)]
+        strides[2] = 2**40 if x is q else -(2**40)  # past a C int, or negative
+        views.append(np.lib.stride_tricks.as_strided(x, strides=strides))
+    assert views[1].strides[1] == 2**40 and views[0].strides[2] == 2**40
+    for name, a, b in zip(NAMES, expected, run_both(*views, lengths, starts)):
+        assert a.tobytes() == b.tobytes(), name

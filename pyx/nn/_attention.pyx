@@ -75,8 +75,9 @@ cdef extern from *:
        and ln2 split in two, Taylor polynomial of DEGREE on |r| <= ln2 / 2 by Horner's rule
        (coefficients 1/k! folded at compile time from LAST = 1/DEGREE!; truncation below
        1 ulp), 2**n built in the exponent bits.
-       Arguments below LO (including -inf) give exactly 0; above HI they saturate. */
-    #define SEQPACK_EXP_BODY(T, I, DEGREE, LAST, LO, HI, MAGIC, MANTISSA, BIAS, LN2_HI, LN2_LO) \
+       Arguments below LO (including -inf) give exactly 0; above HI they saturate.
+       With ``ds`` (the backward), also ds[j] = dst[j] * (ds[j] - di) in the same pass. */
+    #define SEQPACK_EXP_LOOP(T, I, STORE, DEGREE, LAST, LO, HI, MAGIC, MANTISSA, BIAS, LN2_HI, LN2_LO) \
     {                                                                                         \
         for (ptrdiff_t j = 0; j < n; j++) {                                                   \
             T x = src[j] - shift;                                                             \
@@ -97,11 +98,19 @@ cdef extern from *:
             }                                                                                 \
             s.i = (e + BIAS) << MANTISSA;                                                     \
             T y = p * s.f;                                                                    \
-            dst[j] = x < (T)(LO) ? 0 : y;                                                     \
+            STORE(j, x < (T)(LO) ? 0 : y);                                                    \
         }                                                                                     \
     }
+    #define SEQPACK_STORE_EXP(j, value) dst[j] = (value)
+    #define SEQPACK_STORE_EXP_DS(j, value) dst[j] = (value); ds[j] = dst[j] * (ds[j] - di)
+    #define SEQPACK_EXP_BODY(T, I, ...)                                                        \
+    {                                                                                         \
+        if (ds == NULL) SEQPACK_EXP_LOOP(T, I, SEQPACK_STORE_EXP, __VA_ARGS__)                \
+        else SEQPACK_EXP_LOOP(T, I, SEQPACK_STORE_EXP_DS, __VA_ARGS__)                        \
+    }
     #define SEQPACK_EXP_SIGNATURE(T, NAME) \
-        static void NAME(T *restrict dst, const T *restrict src, ptrdiff_t n, T shift)
+        static void NAME(T *restrict dst, const T *restrict src, ptrdiff_t n, T shift,        \
+                         T *restrict ds, T di)
     #if SEQPACK_X86_PATHS
     #define SEQPACK_EXP_SHIFT(T, I, SUFFIX, ...)                                               \
         SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_baseline) SEQPACK_EXP_BODY(T, I, __VA_ARGS__) \
@@ -120,10 +129,10 @@ cdef extern from *:
                       6.93147180369123816490e-01, 1.90821492927058770002e-10)
 
     /* The chosen path: 0 baseline, 1 AVX2, 2 AVX-512. */
-    static void (*seqpack_exp_shift_f)(float *restrict, const float *restrict, ptrdiff_t, float) =
-        seqpack_exp_f_baseline;
-    static void (*seqpack_exp_shift_d)(double *restrict, const double *restrict, ptrdiff_t, double) =
-        seqpack_exp_d_baseline;
+    static void (*seqpack_exp_shift_f)(float *restrict, const float *restrict, ptrdiff_t, float,
+                                       float *restrict, float) = seqpack_exp_f_baseline;
+    static void (*seqpack_exp_shift_d)(double *restrict, const double *restrict, ptrdiff_t, double,
+                                       double *restrict, double) = seqpack_exp_d_baseline;
 
     /* Whether this CPU can run path ``path``. */
     static int seqpack_exp_path_supported(int path)
@@ -201,9 +210,10 @@ cdef extern from *:
     #pragma GCC pop_options
     #endif
     """
-    void seqpack_exp_shift_f(float *dst, const float *src, Py_ssize_t n, float shift) noexcept nogil
-    void seqpack_exp_shift_d(double *dst, const double *src, Py_ssize_t n,
-                             double shift) noexcept nogil
+    void seqpack_exp_shift_f(float *dst, const float *src, Py_ssize_t n, float shift, float *ds,
+                             float di) noexcept nogil
+    void seqpack_exp_shift_d(double *dst, const double *src, Py_ssize_t n, double shift,
+                             double *ds, double di) noexcept nogil
     int seqpack_exp_path_supported(int path) noexcept nogil
     int seqpack_exp_use_path(int path) noexcept nogil
     float seqpack_sum_f(const float *x, Py_ssize_t n) noexcept nogil
@@ -422,10 +432,19 @@ cdef inline void tile_gemm(int shape, Py_ssize_t half, Py_ssize_t rows, Py_ssize
 
 
 cdef inline void exp_shift(real *dst, const real *src, Py_ssize_t n, real shift) noexcept nogil:
+    """``dst[j] = exp(src[j] - shift)``."""
     if real is float:
-        seqpack_exp_shift_f(dst, src, n, shift)
+        seqpack_exp_shift_f(dst, src, n, shift, NULL, 0)
     else:
-        seqpack_exp_shift_d(dst, src, n, shift)
+        seqpack_exp_shift_d(dst, src, n, shift, NULL, 0)
+
+
+cdef inline void exp_ds(real *p, Py_ssize_t n, real shift, real *ds, real di) noexcept nogil:
+    """Probabilities ``p[j] = exp(p[j] - shift)`` and ``ds[j] = p[j] * (ds[j] - di)``."""
+    if real is float:
+        seqpack_exp_shift_f(p, p, n, shift, ds, di)
+    else:
+        seqpack_exp_shift_d(p, p, n, shift, ds, di)
 
 
 cdef inline real row_sum(const real *x, Py_ssize_t n) noexcept nogil:
@@ -565,11 +584,6 @@ cdef struct Group:
     Py_ssize_t dout_head, lddout, dq_head, lddq, lddk, lddv
 
 
-cdef inline Py_ssize_t cell_stride(Operand x, Py_ssize_t d) noexcept nogil:
-    """Leading dimension of a [T, d] block (``d`` when T is 1 and the stride is moot)."""
-    return x.cell if x.cell >= d else d
-
-
 cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_ssize_t d,
                           Py_ssize_t tile, real scale, real *scratch, Interrupt *state,
                           bint caller, Clock *clock) noexcept nogil:
@@ -670,7 +684,6 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
     cdef const real *lseh
     cdef real *pi
     cdef real *dsi
-    cdef real di
     cdef bint diagonal, first
     transpose(k + start * g.ldk, length, d, g.ldk, kt, ld)
     transpose(v + start * g.ldv, length, d, g.ldv, vt, ld)
@@ -704,10 +717,7 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
                 pi = p + i * ld
                 dsi = ds + i * ld
                 visible = qa + i - start + 1
-                exp_shift(pi, pi, visible, lseh[(qa + i) * g.lse_cell])
-                di = delta[h * tile + i]
-                for j in range(visible):
-                    dsi[j] = pi[j] * (dsi[j] - di)
+                exp_ds(pi, visible, lseh[(qa + i) * g.lse_cell], dsi, delta[h * tile + i])
                 for j in range(visible, keys):
                     pi[j] = 0
                     dsi[j] = 0
@@ -776,17 +786,17 @@ cdef Py_ssize_t item_group(Py_ssize_t item, const Plan *plan, Py_ssize_t kv_head
 
 
 cdef void describe_group(const Operand *operands, Py_ssize_t count, Py_ssize_t group,
-                         Py_ssize_t d, Group *g) noexcept nogil:
+                         Group *g) noexcept nogil:
     """The strides of a work item (the same for every item of a call)."""
     g.heads = group
-    g.q_head, g.ldq = operands[0].head, cell_stride(operands[0], d)
-    g.ldk, g.ldv = cell_stride(operands[1], d), cell_stride(operands[2], d)
-    g.out_head, g.ldo = operands[3].head, cell_stride(operands[3], d)
+    g.q_head, g.ldq = operands[0].head, operands[0].cell
+    g.ldk, g.ldv = operands[1].cell, operands[2].cell
+    g.out_head, g.ldo = operands[3].head, operands[3].cell
     g.lse_head, g.lse_cell = operands[4].head, operands[4].cell
     if count > 5:
-        g.dout_head, g.lddout = operands[5].head, cell_stride(operands[5], d)
-        g.dq_head, g.lddq = operands[6].head, cell_stride(operands[6], d)
-        g.lddk, g.lddv = cell_stride(operands[7], d), cell_stride(operands[8], d)
+        g.dout_head, g.lddout = operands[5].head, operands[5].cell
+        g.dq_head, g.lddq = operands[6].head, operands[6].cell
+        g.lddk, g.lddv = operands[7].cell, operands[8].cell
 
 
 cdef void run_item(Py_ssize_t item, bint backward, const Plan *plan, Py_ssize_t kv_heads,
@@ -803,7 +813,7 @@ cdef void run_item(Py_ssize_t item, bint backward, const Plan *plan, Py_ssize_t 
         clock.bucket = DS_OTHER if backward else FORWARD_OTHER
         clock.last = seqpack_monotonic_seconds()
         timing = &clock
-    describe_group(operands, 9 if backward else 5, group, d, &g)
+    describe_group(operands, 9 if backward else 5, group, &g)
     cdef Py_ssize_t span = item_group(item, plan, kv_heads, group, operands,
                                       9 if backward else 5, sizeof(real), &g)
     if backward:
@@ -885,13 +895,20 @@ cdef int run(bint backward, const Operand *operands, Py_ssize_t kv_heads, Py_ssi
 
 
 cdef Operand operand4(const real[:, :, :, :] x) noexcept:
-    return Operand(<void *>&x[0, 0, 0, 0], x.strides[0] // <Py_ssize_t>sizeof(real),
-                   x.strides[1] // <Py_ssize_t>sizeof(real), x.strides[2] // <Py_ssize_t>sizeof(real))
+    """A 4-D operand; the stride of an axis of length 1 is moot, so it is normalized (a
+    single cell's leading dimension is head_dim)."""
+    cdef Py_ssize_t item = sizeof(real)
+    return Operand(<void *>&x[0, 0, 0, 0], x.strides[0] // item if x.shape[0] > 1 else 0,
+                   x.strides[1] // item if x.shape[1] > 1 else 0,
+                   x.strides[2] // item if x.shape[2] > 1 else x.shape[3])
 
 
 cdef Operand operand3(const real[:, :, :] x) noexcept:
-    return Operand(<void *>&x[0, 0, 0], x.strides[0] // <Py_ssize_t>sizeof(real),
-                   x.strides[1] // <Py_ssize_t>sizeof(real), x.strides[2] // <Py_ssize_t>sizeof(real))
+    """A 3-D operand (lse), normalized as in ``operand4``."""
+    cdef Py_ssize_t item = sizeof(real)
+    return Operand(<void *>&x[0, 0, 0], x.strides[0] // item if x.shape[0] > 1 else 0,
+                   x.strides[1] // item if x.shape[1] > 1 else 0,
+                   x.strides[2] // item if x.shape[2] > 1 else 1)
 
 
 def forward(const real[:, :, :, :] q not None, const real[:, :, :, :] k not None,

@@ -27,7 +27,7 @@ from .._limits import check_int, default_threads
 from ..errors import InvalidInputError
 from ..nn.attention import _profile, range_attention_backward, range_attention_forward
 from ..nn.softmax import range_softmax_backward, range_softmax_forward
-from .measure import matmul_peak, measure, optional_torch
+from .measure import cpu_description, matmul_peak, measure, optional_torch
 from .workloads import WORKLOADS, Workload, workload
 
 DTYPES = ("float32", "float64")
@@ -281,7 +281,7 @@ def run(workloads, dtypes, repeats, threads):
     torch = optional_torch()
     if torch is not None:
         torch.set_num_threads(threads)
-    peaks = {}
+    peaks, cpu = {}, cpu_description()
     for name in workloads:
         w = workload(name)
         for dtype in dtypes or w.dtypes:
@@ -290,7 +290,7 @@ def run(workloads, dtypes, repeats, threads):
             for method, build in METHODS:
                 record = {"workload": name, "dtype": dtype, "method": method, "threads": threads}
                 record.update(edges=w.edges, dense_cells=w.dense_cells)
-                record.update(peak_gflops=peaks[dtype][0], peak_source=peaks[dtype][1])
+                record.update(peak_gflops=peaks[dtype][0], peak_source=peaks[dtype][1], cpu=cpu)
                 timed = build(w, dtype, threads)
                 if isinstance(timed, str):
                     record["note"] = timed
@@ -355,7 +355,8 @@ def print_table(records, out=sys.stdout):
             f"{head_dim}; permitted edges {first['edges']:,} of {first['dense_cells']:,} dense "
             f"cells ({100 * first['edges'] / first['dense_cells']:.1f}%); "
             f"threads {first['threads']}; "
-            f"matmul peak {first['peak_gflops']:.0f} GFLOP/s ({first['peak_source']})",
+            f"matmul peak {first['peak_gflops']:.0f} GFLOP/s ({first['peak_source']}); "
+            f"CPU {first.get('cpu', 'unknown')}",
             file=out,
         )
         fused = next((r for r in group if r["method"] == "seqpack fused"), {})

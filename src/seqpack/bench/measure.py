@@ -1,8 +1,10 @@
-"""Timing shared by the ``seqpack bench`` suites: medians of ~20 ms samples, a matmul peak."""
+"""Timing shared by the ``seqpack bench`` suites: medians of ~20 ms samples, a matmul peak,
+the CPU it ran on."""
 
 from __future__ import annotations
 
 import importlib.util
+import platform
 import statistics
 import time
 
@@ -58,3 +60,23 @@ def matmul_peak(dtype, threads):
 
     seconds = measure(product, 3)[0]
     return 2 * size**3 / seconds / 1e9, label
+
+
+SIMD_FLAGS = ("sse4_2", "avx", "fma", "avx2", "avx512f", "avx512bw", "avx512_vnni", "amx_tile")
+
+
+def cpu_description(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU model and its vector-instruction flags (from /proc/cpuinfo where it exists)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open(cpuinfo, encoding="utf-8") as lines:
+            for line in lines:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    return f"{model}; {' '.join(flag for flag in SIMD_FLAGS if flag in flags) or 'flags unknown'}"

@@ -144,7 +144,9 @@ def _floats(names, arrays):
         expected = shape[:3] if name == "lse" else kv_shape if name in _KV_NAMES else shape
         if array.shape != expected:
             raise InvalidInputError(f"{name} has shape {array.shape}; expected {expected}")
-        coerced.append(array if _in_place(array) else np.ascontiguousarray(array))
+        flags = array.flags
+        in_place = (flags.c_contiguous and flags.aligned) or _in_place(array)
+        coerced.append(array if in_place else np.ascontiguousarray(array))
     return coerced
 
 
@@ -231,7 +233,7 @@ def _outputs(specs: dict, dtype, inputs: dict) -> list:
                 f"{name} must be writeable, with a contiguous last axis and non-negative, "
                 f"aligned strides; got strides {given.strides}"
             )
-        if _overlaps_itself(given):
+        if not given.flags.c_contiguous and _overlaps_itself(given):
             raise InvalidInputError(f"{name} overlaps itself in memory (strides {given.strides})")
     check_disjoint({name: given for name, (given, _) in specs.items()}, inputs)
     return [np.empty(shape, dtype=dtype) if given is None else given for given, shape in specs.values()]
