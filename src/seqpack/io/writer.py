@@ -272,6 +272,20 @@ def manifest_of(parts: list[dict], *, binding: dict, partition: Partition, confi
     }
 
 
+def check_arguments(binding: BatchBinding, tokenizer, config: PackConfig, policy: str, partition: Partition,
+                    long: str) -> None:
+    """The checks :func:`pack_corpus` (and the sharded packers) make before reading anything."""
+    if long not in LONG_DOCUMENTS:
+        raise InvalidInputError(f"long must be one of {LONG_DOCUMENTS}, not {long!r}")
+    if not isinstance(config, PackConfig):
+        raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
+    check_policy(policy, config.capacity)
+    if not isinstance(partition, Partition):
+        raise InvalidInputError(f"partition must be a Partition, not {partition!r}")
+    if tokenizer is not binding.tokenizer and getattr(tokenizer, "identity", None) != binding.tokenizer_identity:
+        raise InvalidInputError("the tokenizer's identity differs from the binding's")
+
+
 def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer, config: PackConfig,
                 policy: str = "next-fit", partition: Partition = Partition.TRAIN, long: str = "error",
                 framed: bool = False, force: bool = False, progress: Progress | None = None,
@@ -287,15 +301,7 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
     once complete (see :mod:`seqpack.io.format`).
     """
     out = Path(out)
-    if long not in LONG_DOCUMENTS:
-        raise InvalidInputError(f"long must be one of {LONG_DOCUMENTS}, not {long!r}")
-    if not isinstance(config, PackConfig):
-        raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
-    check_policy(policy, config.capacity)
-    if not isinstance(partition, Partition):
-        raise InvalidInputError(f"partition must be a Partition, not {partition!r}")
-    if tokenizer is not binding.tokenizer and getattr(tokenizer, "identity", None) != binding.tokenizer_identity:
-        raise InvalidInputError("the tokenizer's identity differs from the binding's")
+    check_arguments(binding, tokenizer, config, policy, partition, long)
     progress = progress or Progress(enabled=False)
     inputs = [item for reader in readers for item in reader.inputs]
     encoder = ChunkEncoder(binding, tokenizer, inputs, framed=framed, threads=threads)
