@@ -2,18 +2,19 @@
 
 Documents stream through in chunks (one chunk of text at a time, plus O(1) bytes per
 document and example); their framed tokens are staged in memory up to
-``STAGE_MEMORY_BYTES`` and beyond it in a file inside the temporary output directory. Once every length is known, the examples (whole documents,
-or with ``long="cut"`` the overlapping windows of :func:`~seqpack.data.window_ranges`)
-are placed by the chosen policy, and the part's ``tokens.bin`` is written in placement
-order from the staged file, block by block. A document longer than a row is an error
+``STAGE_MEMORY_BYTES`` and beyond it in a file inside the temporary output directory.
+Once every length is known, the examples (whole documents, or with ``long="cut"`` the
+overlapping windows of :func:`~seqpack.data.window_ranges`) are placed by the chosen
+policy, and the part's ``tokens.bin`` is written in placement order from the staged
+tokens, block by block. A document longer than a row is an error
 naming its file and line unless ``long="cut"``; nothing is ever truncated. See
 :mod:`seqpack.io.format` for the files and the crash-safe publication.
 """
 
 from __future__ import annotations
 
-from importlib.metadata import version
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +36,6 @@ from .readers import Reader
 #: Tokens gathered per block while writing ``tokens.bin`` in placement order.
 WRITE_BLOCK_TOKENS = 1 << 24
 STAGED_TOKENS = "staged-tokens.bin"
-
-
 #: Staged tokens kept in memory up to this many bytes; beyond it they spill to a file.
 STAGE_MEMORY_BYTES = 1 << 30
 
