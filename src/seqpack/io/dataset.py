@@ -105,7 +105,9 @@ class Part:
             if path.stat().st_size != expected:
                 raise InvalidInputError(f"{path}: {path.stat().st_size} bytes; the manifest records {expected}")
         size = record["files"]["tokens.bin"]["bytes"]
-        self.tokens = np.memmap(directory / "tokens.bin", dtype=dtype, mode="r") if size else np.zeros(0, dtype)
+        # A plain array over the map: slicing a numpy.memmap costs more than filling a batch.
+        self.tokens = np.memmap(directory / "tokens.bin", dtype=dtype, mode="r").view(np.ndarray) if size \
+            else np.zeros(0, dtype)
         self.occurrences = self._table("occurrences.npy", self.example_count)
         self.examples = self._table("examples.npy", self.example_count)
         self.documents = self._table("documents.npy", int(record["documents"]))
@@ -171,9 +173,7 @@ class _BatchSource:
 
     def __init__(self, dataset: "PackedDataset", tokens, ordinals, begins, ends):
         self._dataset = dataset
-        self._tokens, self._begins, self._ends = tokens, begins, ends
-        self._sorter = np.argsort(ordinals, kind="stable")
-        self._sorted = ordinals[self._sorter]
+        self._tokens, self._ordinals, self._begins, self._ends = tokens, ordinals, begins, ends
 
     def __len__(self) -> int:
         return self._dataset.occurrence_count
@@ -184,10 +184,16 @@ class _BatchSource:
     def example_id(self, ordinal: int) -> str:
         return self._dataset.example_id(ordinal)
 
+    @cached_property
+    def _sorter(self) -> np.ndarray:
+        return np.argsort(self._ordinals, kind="stable")
+
     def gather(self, ordinals: np.ndarray):
-        at = np.searchsorted(self._sorted, ordinals)
-        at = np.minimum(at, self._sorted.shape[0] - 1)
-        if not np.array_equal(self._sorted[at], ordinals):
+        if ordinals is self._ordinals:  # the fill asks for the batch's own placement order
+            return self._tokens, self._begins, self._ends
+        known = self._ordinals[self._sorter]
+        at = np.minimum(np.searchsorted(known, ordinals), known.shape[0] - 1)
+        if not np.array_equal(known[at], ordinals):
             raise InvalidInputError("an occurrence names an example outside this batch")
         index = self._sorter[at]
         return self._tokens, self._begins[index], self._ends[index]
@@ -264,7 +270,7 @@ class PackedDataset:
         per_batch = self.config.rows_per_batch
         first, end = int(part.bounds[local]), int(part.bounds[local + 1])
         offsets = part.token_offsets[first: end + 1]
-        tokens = np.asarray(part.tokens[offsets[0]: offsets[-1]]).astype(np.int32)
+        tokens = part.tokens[offsets[0]: offsets[-1]].astype(np.int32)
         ordinals = part.ordinals[first:end] + part.first_example
         begins, ends = offsets[:-1] - offsets[0], offsets[1:] - offsets[0]
         source = _BatchSource(self, tokens, ordinals, begins, ends)
