@@ -35,6 +35,8 @@ from .writer import STAGED_TOKENS, Stage, check_arguments, describe_binding, man
 
 #: What the manifest says about placement in a sharded dataset.
 PLACEMENT_SCOPE = "each shard (part) is placed on its own; rows and batches never span shards"
+#: Input bytes per shard when no shard count is given.
+SHARD_BYTES = 64 << 20
 
 
 class RowGroups:
@@ -126,11 +128,12 @@ def units_of(reader: Reader, first_input: int) -> list[Unit]:
     return [Unit(reader, first_input, weight)]
 
 
-def plan_shards(readers: list[Reader], count: int) -> tuple[list[Input], list[Shard]]:
-    """``(inputs, shards)``: every input in order, and at most ``count`` shards of
-    consecutive units of about equal bytes (a unit goes to the shard its middle byte
-    falls in; empty shards are dropped). The plan depends only on the inputs and ``count``."""
-    count = check_int("shards", count)
+def plan_shards(readers: list[Reader], count: int | None) -> tuple[list[Input], list[Shard]]:
+    """``(inputs, shards)``: every input in order, and at most ``count`` shards (by
+    default one per ``SHARD_BYTES`` of input) of consecutive units of about equal bytes
+    (a unit goes to the shard its middle byte falls in; empty shards are dropped). The
+    plan depends only on the inputs and ``count``, never on the machines that pack it."""
+    count = None if count is None else check_int("shards", count)
     inputs = [item for reader in readers for item in reader.inputs]
     units, first = [], 0
     for reader in readers:
@@ -140,6 +143,8 @@ def plan_shards(readers: list[Reader], count: int) -> tuple[list[Input], list[Sh
         raise InvalidInputError("the inputs hold no document with content")
     weights = np.array([max(unit.weight, 1) for unit in units], dtype=np.int64)
     ends = np.cumsum(weights)
+    if count is None:
+        count = max(1, -(-int(ends[-1]) // SHARD_BYTES))
     middles = 2 * (ends - weights) + weights  # twice each unit's middle byte
     owners = np.minimum(middles * count // (2 * int(ends[-1])), count - 1)
     groups = np.split(np.arange(len(units)), np.flatnonzero(np.diff(owners)) + 1)
@@ -223,14 +228,14 @@ class ShardProgress(Progress):
         self.advance(1)
 
 
-def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer, config: PackConfig, shards: int,
-                 policy: str = "next-fit", partition: Partition = Partition.TRAIN, long: str = "error",
-                 framed: bool = False, force: bool = False, progress: bool = False, threads: int | None = None,
-                 run: Runner | None = None) -> dict:
+def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer, config: PackConfig,
+                 shards: int | None, policy: str = "next-fit", partition: Partition = Partition.TRAIN,
+                 long: str = "error", framed: bool = False, force: bool = False, progress: bool = False,
+                 threads: int | None = None, run: Runner | None = None) -> dict:
     """Pack ``readers`` at ``out`` as one dataset of one part per shard; return its manifest.
 
     The arguments are :func:`~seqpack.io.pack_corpus`'s, plus ``shards`` (at most that
-    many, see :func:`plan_shards`) and ``run`` (default :func:`run_serially`); ``progress``
+    many, or ``None`` for one per ``SHARD_BYTES``; see :func:`plan_shards`) and ``run`` (default :func:`run_serially`); ``progress``
     draws a bar over shards and tokens. Example ordinals, documents, rows and batches
     are global in shard order, then input order. Every runner gives the same bytes.
     """
@@ -242,12 +247,14 @@ def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer
     input_bytes = 0
     with fmt.staging_directory(out, force) as staging:
         bar = ShardProgress(len(planned), enabled=progress)
+        finished = (run or run_serially)(job, planned, staging)
         try:
-            for index, (record, nbytes) in (run or run_serially)(job, planned, staging):
+            for index, (record, nbytes) in finished:
                 records[index] = record
                 input_bytes += nbytes
                 bar.shard_done(record, nbytes)
         finally:
+            finished.close()  # a runner stops its running shards before the staging directory goes
             bar.close()
         names = {record["name"] for record in records}
         for entry in staging.iterdir():  # what killed attempts left

@@ -1,0 +1,136 @@
+"""Packing a corpus on a Ray cluster: one Ray task per shard, one part per task.
+
+The driver plans the shards (:func:`seqpack.io.shards.plan_shards`), puts the settings
+in the object store once and submits one task per shard; each task reads, tokenizes,
+places and writes its part into the dataset's temporary directory (which every node
+must see: a shared file system) and returns only the part's small record. The driver
+collects the records as tasks finish, drawing a bar over shards and tokens, and writes
+the manifest only after every part is complete (:func:`seqpack.io.shards.pack_sharded`).
+A task whose worker dies is retried by Ray (``max_retries``) and rewrites its part from
+the start; a task that fails on its input fails the run with the shard, file and line
+named, after the other tasks are cancelled and the temporary directory removed.
+
+Tasks rather than Ray Data: a shard's work is one indivisible step (placement needs all
+of a shard's lengths before anything is written) whose output is a directory on disk,
+not rows to stream onward, and the driver needs exactly one result per shard, in shard
+order, to number the parts. Ray Data's streaming blocks would add a repartition and a
+custom datasink to recover what one task per shard gives directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from .._limits import check_int
+from ..data import BatchBinding, ByteTokenizer, Partition
+from ..errors import InvalidInputError, SeqpackError
+from ..io.readers import missing_extra, reader_for
+from ..io.shards import ShardJob, pack_shard, pack_sharded
+from ..packing import PackConfig
+
+#: Times Ray reruns a shard whose worker process died.
+MAX_RETRIES = 3
+
+
+def import_ray():
+    """Ray (the ``ray`` extra), or an error naming the extra."""
+    try:
+        import ray
+    except ImportError:
+        raise missing_extra("the Ray engine", "ray") from None
+    return ray
+
+
+def pack_shard_task(job: ShardJob, shard, staging: str):
+    """A Ray task: pack one shard. Returns ``(result, None)``, or ``(None, failure)`` for
+    a seqpack error (its class, message and attributes: not every error class pickles)."""
+    if job.threads is not None:  # the tokenizers pool, read when it first starts in this worker
+        os.environ["RAYON_NUM_THREADS"] = str(job.threads)
+    try:
+        return pack_shard(job, shard, Path(staging)), None
+    except SeqpackError as error:
+        return None, (type(error), str(error), vars(error))
+
+
+def _raise_failure(failure) -> None:
+    kind, message, attributes = failure
+    error = kind.__new__(kind)
+    error.args = (message,)
+    error.__dict__.update(attributes)
+    raise error
+
+
+def ray_runner(ray, *, cpus_per_task: int, max_retries: int):
+    """A :data:`seqpack.io.shards.Runner` that packs each shard as a Ray task."""
+    remote = ray.remote(pack_shard_task).options(num_cpus=cpus_per_task, max_retries=max_retries)
+
+    def run(job, shards, staging):
+        settings = ray.put(job)
+        pending = {remote.remote(settings, shard, str(staging)): shard for shard in shards}
+        try:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                shard = pending.pop(done[0])
+                try:
+                    result, failure = ray.get(done[0])
+                except ray.exceptions.RayError as error:
+                    raise SeqpackError(f"{shard.label}: the Ray task failed: {error}") from None
+                if failure is not None:
+                    _raise_failure(failure)
+                yield shard.index, result
+        finally:
+            for ref in pending:  # nothing may still write into the directory the driver removes
+                ray.cancel(ref, force=True)
+            for ref in pending:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError:
+                    pass
+
+    return run
+
+
+def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str = "next-fit", shards: int | None = None,
+                address: str | None = None, binding: BatchBinding | None = None,
+                partition: Partition = Partition.TRAIN, long: str = "error", framed: bool = False,
+                force: bool = False, progress: bool = False, threads: int = 1, max_retries: int = MAX_RETRIES) -> dict:
+    """Pack ``inputs`` at ``out`` on a Ray cluster, one task per shard; return the manifest.
+
+    ``inputs`` are readers or paths (read by :func:`seqpack.io.reader_for`);
+    ``tokenizer`` is a :class:`~seqpack.ByteTokenizer` (default) or a
+    :class:`~seqpack.io.TokenizerFile`, and ``binding`` defaults to the tokenizer's with the
+    split name ``"corpus"``. ``shards`` as in :func:`seqpack.io.shards.plan_shards` (by
+    default one per 64 MiB of input). Each task takes ``threads`` CPUs and runs the
+    tokenizer and kernels on that many threads. ``address`` is the cluster to join
+    (``"auto"``, ``"ray://host:10001"``...); without one, and without a Ray already
+    initialized in this process, a local cluster is started and shut down at the end.
+    The dataset's bytes equal :func:`seqpack.io.shards.pack_sharded`'s with the same
+    shards, whatever the number of workers or the order in which they finish.
+    """
+    threads = check_int("threads", threads)
+    max_retries = check_int("max_retries", max_retries, minimum=0)
+    ray = import_ray()
+    if tokenizer is None:
+        tokenizer = ByteTokenizer()
+    if binding is None:
+        identity = tokenizer if isinstance(tokenizer, ByteTokenizer) else getattr(tokenizer, "identity", None)
+        if identity is None:
+            raise InvalidInputError(
+                f"tokenizer must be a ByteTokenizer or a TokenizerFile, not {type(tokenizer).__name__}")
+        binding = BatchBinding.for_tokenizer(identity, split="corpus")
+    readers = [reader_for(item) if isinstance(item, (str, os.PathLike)) else item for item in inputs]
+    started = not ray.is_initialized()
+    if started:
+        options = {"include_dashboard": False} if address is None else {}
+        ray.init(address=address, logging_level=logging.WARNING, **options)
+    try:
+        return pack_sharded(
+            readers, out, binding=binding, tokenizer=tokenizer, config=config, shards=shards, policy=policy,
+            partition=partition, long=long, framed=framed, force=force, progress=progress, threads=threads,
+            run=ray_runner(ray, cpus_per_task=threads, max_retries=max_retries),
+        )
+    finally:
+        if started:
+            ray.shutdown()
