@@ -60,7 +60,15 @@ def _add_pack(commands) -> None:
                       help="the split's name, or a split receipt .json file (default: the name 'corpus')")
     pack.add_argument("--cut-long", action="store_true",
                       help="cut documents longer than a row into overlapping windows (default: refuse them)")
-    pack.add_argument("--threads", type=int, metavar="N", help="threads for tokenizing and kernels")
+    pack.add_argument("--threads", type=int, metavar="N",
+                      help="threads for tokenizing and kernels (with --engine ray: per task, default 1)")
+    pack.add_argument("--engine", choices=("serial", "ray"), default="serial",
+                      help="pack here (default) or as one Ray task per shard (the 'ray' extra)")
+    pack.add_argument("--shards", type=int, metavar="N",
+                      help="split the inputs into at most N shards, each packed into its own part (the same bytes "
+                           "with either engine; default: one part, or with --engine ray one shard per 64 MiB)")
+    pack.add_argument("--address", metavar="ADDR",
+                      help="with --engine ray: the Ray cluster to join (e.g. auto); default: start a local one")
     pack.add_argument("--quiet", action="store_true", help="no progress bar")
     pack.add_argument("--json", action="store_true", help="print the manifest as JSON instead of the report")
     pack.set_defaults(run=_pack)
@@ -130,6 +138,10 @@ def _pack(args) -> int:
         raise UsageError("--bos and --eos go with --tokenizer (the byte tokenizer has BOS 0 and EOS 1)")
     if args.tokenizer is not None and (args.bos is None or args.eos is None):
         raise UsageError("--tokenizer needs --bos and --eos")
+    if args.shards is not None and args.shards < 1:
+        raise UsageError("--shards must be at least 1")
+    if args.address is not None and args.engine != "ray":
+        raise UsageError("--address goes with --engine ray")
     if args.threads is not None:
         if args.threads < 1:
             raise UsageError("--threads must be at least 1")
@@ -147,12 +159,22 @@ def _pack(args) -> int:
         readers = [io.reader_for(path, text_field=args.text_field, ids_field=args.ids_field, pattern=args.glob)
                    for path in args.inputs]
     config = PackConfig(args.capacity, args.rows_per_batch)
+    common = dict(tokenizer=tokenizer, config=config, policy=args.policy, partition=data.Partition(args.partition),
+                  long="cut" if args.cut_long or args.sample else "error", framed=args.framed, force=args.force)
     try:
-        manifest = io.pack_corpus(
-            readers, args.out, binding=binding, tokenizer=tokenizer, config=config, policy=args.policy,
-            partition=data.Partition(args.partition), long="cut" if args.cut_long or args.sample else "error",
-            framed=args.framed, force=args.force, progress=Progress(enabled=not args.quiet), threads=args.threads,
-        )
+        if args.engine == "ray":
+            from .ray import pack_corpus as pack_on_ray
+
+            manifest = pack_on_ray(readers, args.out, binding=binding, shards=args.shards, address=args.address,
+                                   progress=not args.quiet, threads=args.threads or 1, **common)
+        elif args.shards is not None:
+            from .io.shards import pack_sharded
+
+            manifest = pack_sharded(readers, args.out, binding=binding, shards=args.shards, progress=not args.quiet,
+                                    threads=args.threads, **common)
+        else:
+            manifest = io.pack_corpus(readers, args.out, binding=binding, progress=Progress(enabled=not args.quiet),
+                                      threads=args.threads, **common)
     except OSError as error:
         raise InvalidInputError(f"{error.filename or args.out}: cannot write: {error.strerror or error}") from None
     if args.json:
