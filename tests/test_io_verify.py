@@ -122,3 +122,20 @@ def test_tokens_out_of_vocabulary_are_refused(packed, tmp_path):
     (target / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(sp.VerificationError, match=r"tokens\.bin: a token lies outside the vocabulary"):
         io.verify_dataset(target)
+
+
+@pytest.mark.parametrize("damage", ["no parts", "part without files", "bad capacity"])
+def test_a_malformed_manifest_is_one_clear_error(packed, tmp_path, damage):
+    target = copy_of(packed, tmp_path)
+    manifest = json.loads((target / "manifest.json").read_text())
+    if damage == "no parts":
+        manifest["parts"] = []
+    elif damage == "part without files":
+        del manifest["parts"][0]["files"]
+    else:
+        manifest["config"]["capacity"] = "wide"
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(sp.InvalidInputError, match=r"manifest\.json: (lists no part|malformed manifest)"):
+        io.open_dataset(target)
+    with pytest.raises((sp.InvalidInputError, sp.VerificationError), match=r"manifest\.json: (lists no part|malformed)"):
+        io.verify_dataset(target)

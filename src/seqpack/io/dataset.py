@@ -220,10 +220,18 @@ class PackedDataset:
             self.policy = manifest["policy"]
             self.token_dtype = np.dtype(manifest["token_dtype"])
             self.inputs = [Input(item["name"], item["kind"], item["unit"]) for item in manifest["inputs"]]
-            records = manifest["parts"]
+            records = list(manifest["parts"])
+        except (KeyError, TypeError, ValueError) as error:  # InvalidInputError from the checks too
+            raise InvalidInputError(f"{self.path / fmt.MANIFEST}: malformed manifest ({error})") from None
+        try:
+            self.parts = [Part(self.path / record["name"], record, self.config, self.token_dtype)
+                          for record in records]
+        except InvalidInputError:  # a file that disagrees with the manifest, named
+            raise
         except (KeyError, TypeError, ValueError) as error:
             raise InvalidInputError(f"{self.path / fmt.MANIFEST}: malformed manifest ({error!r})") from None
-        self.parts = [Part(self.path / record["name"], record, self.config, self.token_dtype) for record in records]
+        if not self.parts:
+            raise InvalidInputError(f"{self.path / fmt.MANIFEST}: lists no part")
         self._first_batches = np.array([part.first_batch for part in self.parts], dtype=np.int64)
         self._first_examples = np.array([part.first_example for part in self.parts], dtype=np.int64)
         self.batch_count = sum(part.batch_count for part in self.parts)

@@ -29,15 +29,19 @@ HASH_BLOCK = 8 << 20
 
 def check_checksums(path: Path, manifest: dict, progress: Progress) -> int:
     """Recompute every listed file's SHA-256 (and size); return the bytes read."""
-    listed = [(path / part["name"] / name, record) for part in manifest["parts"]
-              for name, record in part["files"].items()]
-    for part in manifest["parts"]:
-        missing = set(fmt.PART_FILES) - set(part["files"])
-        if missing:
-            raise VerificationError(f"{path / fmt.MANIFEST}: part {part['name']} lists no {sorted(missing)[0]}")
-    total = sum(record["bytes"] for _, record in listed)
+    try:
+        listed = [(path / part["name"] / name, record) for part in manifest["parts"]
+                  for name, record in part["files"].items()]
+        for part in manifest["parts"]:
+            missing = set(fmt.PART_FILES) - set(part["files"])
+            if missing:
+                raise VerificationError(f"{path / fmt.MANIFEST}: part {part['name']} lists no {sorted(missing)[0]}")
+        expected = [(file, int(record["bytes"]), str(record["sha256"])) for file, record in listed]
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
+        raise VerificationError(f"{path / fmt.MANIFEST}: malformed manifest ({error!r})") from None
+    total = sum(size for _, size, _ in expected)
     progress.phase("checksums", total, "B")
-    for file, record in listed:
+    for file, size, sha256 in expected:
         if not file.is_file():
             raise VerificationError(f"{file}: missing")
         digest = hashlib.sha256()
@@ -45,11 +49,11 @@ def check_checksums(path: Path, manifest: dict, progress: Progress) -> int:
             while block := handle.read(HASH_BLOCK):
                 digest.update(block)
                 progress.advance(len(block))
-        size = file.stat().st_size
-        if size != record["bytes"] or digest.hexdigest() != record["sha256"]:
+        found = file.stat().st_size
+        if found != size or digest.hexdigest() != sha256:
             raise VerificationError(
-                f"{file}: SHA-256 {digest.hexdigest()[:16]}... ({size} bytes) differs from the manifest's "
-                f"{record['sha256'][:16]}... ({record['bytes']} bytes)"
+                f"{file}: SHA-256 {digest.hexdigest()[:16]}... ({found} bytes) differs from the manifest's "
+                f"{sha256[:16]}... ({size} bytes)"
             )
     return total
 
