@@ -1,0 +1,183 @@
+"""The sharded serial path (seqpack.io.shards), which the Ray engine must equal byte for byte:
+shard plans, one part per shard, global ordinals, errors naming shard, file and line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import seqpack as sp
+from seqpack import io
+from seqpack.errors import InvalidInputError
+from seqpack.io import format as fmt
+from seqpack.io.shards import Unit, pack_shard, pack_sharded, plan_shards, ShardJob
+
+FIELDS = ("inputs", "targets", "positions", "segments", "token_valid", "target_valid", "loss_mask", "valid_lengths")
+TOKENIZER = sp.ByteTokenizer()
+BINDING = sp.BatchBinding.for_tokenizer(TOKENIZER, split="tests")
+CONFIG = sp.PackConfig(64, 4)
+
+
+def write_jsonl(path, texts):
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    return path
+
+
+def jsonl_corpus(directory, files=6, per_file=25, seed=0):
+    """``files`` JSONL files of lognormal-length texts (some longer than a row of 64)."""
+    rng = np.random.default_rng(seed)
+    directory.mkdir()
+    paths = []
+    for number in range(files):
+        sizes = np.clip(rng.lognormal(np.log(30), 1.0, per_file).astype(int), 1, 200)
+        texts = ["".join(map(chr, rng.integers(97, 123, size=n))) for n in sizes]
+        paths.append(write_jsonl(directory / f"part{number}.jsonl", texts))
+    return paths
+
+
+def readers(paths):
+    return [io.JsonLines(path) for path in paths]
+
+
+def sharded(paths, out, shards, policy="best-fit-decreasing"):
+    return pack_sharded(readers(paths), out, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=shards,
+                        policy=policy, long="cut")
+
+
+def examples(dataset):
+    """Every example's place in its input and source tokens, by global ordinal."""
+    return [(dataset.example_id(i), dataset.example(i).source_tokens.tolist()) for i in range(dataset.occurrence_count)]
+
+
+def test_plan_is_contiguous_balanced_and_drops_empty_shards(tmp_path):
+    paths = jsonl_corpus(tmp_path / "in")
+    inputs, shards = plan_shards(readers(paths), 3)
+    assert [item.name for item in inputs] == [str(p) for p in paths]
+    assert [[unit.first_input for unit in shard.units] for shard in shards] == [[0, 1], [2, 3], [4, 5]]
+    assert [(shard.index, shard.count) for shard in shards] == [(0, 3), (1, 3), (2, 3)]
+    _, many = plan_shards(readers(paths), 50)  # more shards than files: one file each
+    assert [len(shard.units) for shard in many] == [1] * 6 and many[-1].count == 6
+    _, one = plan_shards(readers(paths), 1)
+    assert len(one) == 1 and len(one[0].units) == 6
+    _, default = plan_shards(readers(paths), None)  # one per 64 MiB: all of this in one
+    assert len(default) == 1
+    for bad in (0, True, 2.0):
+        with pytest.raises(InvalidInputError, match="shards"):
+            plan_shards(readers(paths), bad)
+
+
+def test_a_large_input_goes_to_the_shard_of_its_middle_byte(tmp_path):
+    big = write_jsonl(tmp_path / "big.jsonl", ["x" * 50] * 100)
+    small = [write_jsonl(tmp_path / f"s{i}.jsonl", ["y" * 50] * 10) for i in range(3)]
+    _, shards = plan_shards(readers([big, *small]), 4)
+    assert [[unit.first_input for unit in shard.units] for shard in shards] == [[0], [1, 2, 3]]
+
+
+@pytest.mark.slow
+def test_directory_files_are_units_and_parquet_files_are_split_by_row_groups(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet", reason="Parquet row groups need the corpus extra (pyarrow)")
+    import pyarrow as pa
+
+    texts = [f"document {i} " * (i % 7 + 1) for i in range(40)]
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=10)
+    text_dir = tmp_path / "texts"
+    text_dir.mkdir()
+    for i in range(3):
+        (text_dir / f"{i}.txt").write_text(texts[i] * 3)
+    chosen = [io.TextFiles([text_dir]), io.ArrowBatches(path)]
+    inputs, shards = plan_shards(chosen, 8)
+    units = [unit for shard in shards for unit in shard.units]
+    assert [unit.first_input for unit in units] == [0, 1, 2, 3, 3, 3, 3] and len(inputs) == 4
+    manifest = pack_sharded(chosen, tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
+                            shards=8, long="cut")
+    whole = io.pack_corpus([io.TextFiles([text_dir]), io.ArrowBatches(path)], tmp_path / "whole", binding=BINDING,
+                           tokenizer=TOKENIZER, config=CONFIG, long="cut")
+    assert len(manifest["parts"]) == len(shards) >= 5
+    dataset = io.open_dataset(tmp_path / "out")
+    documents = np.concatenate([part.documents for part in dataset.parts])
+    # Rows of the Parquet file are numbered across row groups, inputs globally.
+    assert documents[3:, 0].tolist() == [3] * 40 and documents[3:, 1].tolist() == list(range(40))
+    reference = io.open_dataset(tmp_path / "whole")
+    assert examples(reference) == examples(dataset)
+    assert io.verify_dataset(tmp_path / "out")["parts"] == len(shards)
+
+
+def test_open_dataset_over_the_parts_is_the_concatenation_of_each_shard_alone(tmp_path):
+    paths = jsonl_corpus(tmp_path / "in")
+    manifest = sharded(paths, tmp_path / "all", 3)
+    _, shards = plan_shards(readers(paths), 3)
+    combined = io.open_dataset(tmp_path / "all")
+    batches, first_example = [], 0
+    for shard in shards:
+        alone = tmp_path / f"alone{shard.index}"
+        sharded([paths[unit.first_input] for unit in shard.units], alone, 1)
+        for batch in io.open_dataset(alone):
+            segments = np.where(batch.segments >= 0, batch.segments + first_example, batch.segments)
+            batches.append({**{f: getattr(batch, f) for f in FIELDS}, "segments": segments})
+        first_example += json.loads((alone / fmt.MANIFEST).read_text())["counts"]["examples"]
+    assert len(combined) == len(batches) == manifest["counts"]["batches"]
+    assert first_example == manifest["counts"]["examples"]
+    for number, (batch, expected) in enumerate(zip(combined, batches)):
+        for field in FIELDS:
+            assert np.array_equal(getattr(batch, field), expected[field]), (number, field)
+    assert [part["first_example"] for part in manifest["parts"]] == \
+        list(np.cumsum([0] + [part["examples"] for part in manifest["parts"]])[:-1])
+    assert manifest["shards"]["count"] == 3 and "placed on its own" in manifest["shards"]["placement"]
+    assert io.verify_dataset(tmp_path / "all")["parts"] == 3
+
+
+def test_one_shard_holds_the_unsharded_dataset_bytes(tmp_path):
+    paths = jsonl_corpus(tmp_path / "in")
+    one = sharded(paths, tmp_path / "one", 1, policy="next-fit")
+    whole = io.pack_corpus(readers(paths), tmp_path / "whole", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
+                           long="cut")
+    assert one["parts"][0]["files"] == whole["parts"][0]["files"]
+    assert {k: v for k, v in one.items() if k != "shards"} == whole
+
+
+def test_a_bad_line_names_shard_file_and_line_and_leaves_nothing(tmp_path):
+    paths = jsonl_corpus(tmp_path / "in")
+    lines = paths[3].read_text().splitlines(keepends=True)
+    lines[6] = '{"text": "unterminated\n'
+    paths[3].write_text("".join(lines))
+    with pytest.raises(InvalidInputError, match=rf"^shard 1 of 3 \(.*part2.jsonl \.\.\. .*part3.jsonl\): "
+                                                rf".*part3.jsonl:7: not valid JSON"):
+        sharded(paths, tmp_path / "out", 3)
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+def test_a_shard_rewrites_what_an_earlier_attempt_left(tmp_path):
+    paths = jsonl_corpus(tmp_path / "in", files=2)
+    inputs, shards = plan_shards(readers(paths), 2)
+    job = ShardJob(BINDING, TOKENIZER, inputs, CONFIG, "next-fit", "cut", False, None)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / "part-00001").mkdir()
+    (staging / "part-00001" / "tokens.bin").write_bytes(b"left by a killed worker")
+    first, _ = pack_shard(job, shards[1], staging)
+    again, _ = pack_shard(job, shards[1], staging)
+    assert first == again and first["name"] == "part-00001"
+    assert sorted(os.listdir(staging)) == ["part-00001"]
+    assert (staging / "part-00001" / "tokens.bin").stat().st_size == first["files"]["tokens.bin"]["bytes"]
+    assert isinstance(shards[1].units[0], Unit)
+
+
+@pytest.mark.slow
+def test_cli_shards_and_engine_usage(tmp_path):
+    paths = jsonl_corpus(tmp_path / "in")
+    command = [sys.executable, "-m", "seqpack", "pack", *map(str, paths), "--capacity", "64", "--rows-per-batch", "4", "--cut-long",
+               "--quiet", "--json", "--out"]
+    done = subprocess.run([*command, str(tmp_path / "out"), "--shards", "2"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads(done.stdout)
+    assert [part["name"] for part in manifest["parts"]] == ["part-00000", "part-00001"]
+    reference = sharded(paths, tmp_path / "api", 2, policy="next-fit")
+    assert manifest["parts"] == reference["parts"]
+    for arguments, message in ((["--shards", "0"], "--shards must be at least 1"),
+                               (["--address", "auto"], "--address goes with --engine ray")):
+        failed = subprocess.run([*command, str(tmp_path / "bad"), *arguments], capture_output=True, text=True)
+        assert failed.returncode == 2 and message in failed.stderr
