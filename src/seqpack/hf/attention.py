@@ -1,0 +1,283 @@
+"""seqpack range attention inside Hugging Face transformers models.
+
+:func:`register` adds an attention function and a mask function named ``"seqpack"`` to
+``transformers.AttentionInterface`` and ``AttentionMaskInterface``; a model built with
+``attn_implementation="seqpack"`` (or switched with ``model.set_attn_implementation``)
+then runs the fused edge-only kernels with autograd. The rule it keeps: every valid
+query attends to exactly the keys of its own segment up to itself, and nothing else is
+computed.
+
+* No T x T mask is built: the mask function returns ``None``, or the ``[B, T]`` boolean
+  padding mask when one was given with padding in it.
+* The segments come from the ``cu_seq_lens_q`` keyword (flash-attention's offsets over
+  the flattened ``[B * T]`` cells), else ``seq_idx`` (a segment index per cell), else
+  ``position_ids`` (a new segment wherever a position is not the previous one plus 1:
+  transformers' own packed-sequence rule), else one segment per row.
+* Valid cells: the ``valid_lengths`` keyword (``[B]``, as :func:`seqpack.hf.rows` gives
+  it), else a right-padded 2-D ``attention_mask``, else the end of ``cu_seq_lens_q``,
+  else every cell. Cells past a row's valid length are skipped: zero output, zero
+  gradients, never read by a valid query.
+* Query ``[B, H, T, D]`` and key/value ``[B, H_kv, T, D]`` views (grouped-query heads
+  are not repeated) are read where they are; the output is written straight into
+  ``[B, T, H, D]`` storage, and the gradients into ``[B, T, heads, D]`` storage, so the
+  projections' reshapes never copy.
+* Clear errors instead of silent fallbacks: dropout > 0, a cache (``use_cache=True`` or
+  keys longer than the queries), a sliding window narrower than a segment, softcapping,
+  attention sinks, position biases, bidirectional attention and extra mask functions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..errors import InvalidInputError
+from ..nn.attention import range_attention_backward, range_attention_forward
+
+#: The name under which :func:`register` installs seqpack attention.
+NAME = "seqpack"
+_NATIVE = (torch.float32, torch.float64)
+_WIDENED = (torch.bfloat16, torch.float16)
+# Attention-function keywords that change the result and that range attention does not compute.
+_UNSUPPORTED = {
+    "softcap": "logit softcapping",
+    "s_aux": "attention sinks",
+    "sinks": "attention sinks",
+    "position_bias": "an additive position bias",
+}
+
+
+def register(name: str = NAME) -> str:
+    """Register seqpack attention and its mask function under ``name``; returns ``name``.
+
+    Idempotent. Afterwards ``from_config(config, attn_implementation=name)`` or
+    ``model.set_attn_implementation(name)`` selects it.
+    """
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    AttentionInterface.register(name, seqpack_attention)
+    AttentionMaskInterface.register(name, seqpack_mask)
+    return name
+
+
+def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                 attention_mask=None, use_vmap=False, **kwargs):
+    """transformers' mask hook: never a T x T mask, only ``None`` or the 2-D padding mask."""
+    from transformers.masking_utils import bidirectional_mask_function
+
+    if mask_function is bidirectional_mask_function:
+        raise InvalidInputError("seqpack attention is causal; this model asked for bidirectional attention")
+    if use_vmap:
+        raise InvalidInputError(
+            "seqpack attention cannot apply extra mask functions (or_mask_function / and_mask_function)"
+        )
+    if int(q_offset) or int(kv_offset) or kv_length != q_length:
+        raise _cache_error(f"keys span {kv_length} cells for {q_length} queries")
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask
+
+
+def _cache_error(detail: str) -> InvalidInputError:
+    return InvalidInputError(
+        f"seqpack attention does not use a cache ({detail}): pass use_cache=False or set "
+        f"model.config.use_cache = False for training on packed rows"
+    )
+
+
+def seqpack_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention hook: range attention of ``query`` ``[B, H, T, D]`` and
+    ``key``/``value`` ``[B, H_kv, T, D]``; returns ``([B, T, H, D] output, None)``."""
+    if dropout:
+        raise InvalidInputError(f"seqpack attention has no dropout; the model asked for {dropout}")
+    if kwargs.get("use_cache"):
+        raise _cache_error("use_cache=True")
+    if key.shape[2] != query.shape[2]:
+        raise _cache_error(f"{key.shape[2]} keys for {query.shape[2]} queries")
+    if kwargs.get("is_causal") is False or not getattr(module, "is_causal", True):
+        raise InvalidInputError("seqpack attention is causal; this module asked for bidirectional attention")
+    for keyword, feature in _UNSUPPORTED.items():
+        if kwargs.get(keyword) is not None:
+            raise InvalidInputError(f"seqpack attention does not compute {feature} ({keyword}=...)")
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 2:
+        raise InvalidInputError(
+            f"seqpack attention takes no {attention_mask.dim()}-D attention mask: describe the segments "
+            f"with position_ids, seq_idx or cu_seq_lens_q and padding with valid_lengths"
+        )
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if tensor.device.type != "cpu":
+            raise InvalidInputError(f"{name} is on {tensor.device}; seqpack attention runs on the CPU")
+        if tensor.dtype not in _NATIVE + _WIDENED:
+            raise InvalidInputError(f"{name} has dtype {tensor.dtype}; expected a floating dtype")
+    lengths, starts = layout(query.shape[0], query.shape[2], attention_mask, kwargs)
+    window = kwargs.get("sliding_window")
+    if window is not None:
+        _check_window(int(window), lengths, starts)
+    output = AttentionIntoCells.apply(query, key, value, lengths, starts,
+                                      None if scaling is None else float(scaling))
+    return output, None
+
+
+def _numpy(name: str, value) -> np.ndarray:
+    """An integer tensor, array or list as a numpy int64 array."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise InvalidInputError(f"{name} must hold integers, got {value.dtype}")
+        value = value.detach().cpu().numpy()
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu":
+        raise InvalidInputError(f"{name} must hold integers, got dtype {array.dtype}")
+    return array.astype(np.int64, copy=False)
+
+
+def _per_cell(name: str, value, rows: int, width: int) -> np.ndarray:
+    """A ``[rows, width]`` integer array (``[1, width]`` broadcast over the rows, as transformers does)."""
+    array = _numpy(name, value)
+    if array.ndim == 1:
+        array = array[None, :]
+    if array.ndim != 2 or array.shape[1] != width or array.shape[0] not in (1, rows):
+        raise InvalidInputError(f"{name} has shape {array.shape}; expected ({rows}, {width})")
+    return np.broadcast_to(array, (rows, width))
+
+
+def _boundaries_from_offsets(cu: np.ndarray, rows: int, width: int) -> tuple[np.ndarray, int]:
+    """Segment starts marked on ``[rows, width]`` from offsets over the flattened cells, and the covered count."""
+    if cu.ndim != 1 or cu.size < 1 or cu[0] != 0 or np.any(np.diff(cu) < 0) or cu[-1] > rows * width:
+        raise InvalidInputError(
+            f"cu_seq_lens_q must rise from 0 to at most {rows * width} (rows x T), got {cu.tolist()}"
+        )
+    first, last = cu[:-1], cu[1:] - 1
+    nonempty = last >= first
+    crossing = nonempty & (first // max(width, 1) != last // max(width, 1))
+    if crossing.any():
+        index = int(np.argmax(crossing))
+        raise InvalidInputError(
+            f"sequence {index} of cu_seq_lens_q covers cells {first[index]}..{last[index]}, which cross a "
+            f"row boundary (rows of {width} cells)"
+        )
+    marks = np.zeros(rows * width, dtype=bool)
+    marks[first[nonempty]] = True
+    return marks.reshape(rows, width), int(cu[-1])
+
+
+def layout(rows: int, width: int, attention_mask, kwargs: dict) -> tuple[np.ndarray, np.ndarray]:
+    """``(valid_lengths [rows], segment_starts [rows, width])`` from the forward's keywords (see the module)."""
+    columns = np.arange(width, dtype=np.int64)
+    covered = None
+    if kwargs.get("cu_seq_lens_q") is not None:
+        cu_q = _numpy("cu_seq_lens_q", kwargs["cu_seq_lens_q"])
+        cu_k = kwargs.get("cu_seq_lens_k")
+        if cu_k is not None and not np.array_equal(cu_q, _numpy("cu_seq_lens_k", cu_k)):
+            raise InvalidInputError("cu_seq_lens_k differs from cu_seq_lens_q: self-attention needs the same segments")
+        marks, covered = _boundaries_from_offsets(cu_q, rows, width)
+    elif kwargs.get("seq_idx") is not None:
+        index = _per_cell("seq_idx", kwargs["seq_idx"], rows, width)
+        marks = np.ones((rows, width), dtype=bool)
+        marks[:, 1:] = index[:, 1:] != index[:, :-1]
+    elif kwargs.get("position_ids") is not None:
+        positions = _per_cell("position_ids", kwargs["position_ids"], rows, width)
+        marks = np.ones((rows, width), dtype=bool)
+        marks[:, 1:] = positions[:, 1:] != positions[:, :-1] + 1
+    else:
+        marks = np.zeros((rows, width), dtype=bool)
+    if width:
+        marks[:, 0] = True
+    lengths = _valid_lengths(rows, width, attention_mask, kwargs.get("valid_lengths"), covered)
+    starts = np.maximum.accumulate(np.where(marks, columns, 0), axis=1) if width else marks.astype(np.int64)
+    return lengths, starts
+
+
+def _valid_lengths(rows: int, width: int, attention_mask, given, covered) -> np.ndarray:
+    if given is not None:
+        lengths = _numpy("valid_lengths", given)
+        if lengths.shape != (rows,):
+            raise InvalidInputError(f"valid_lengths has shape {lengths.shape}; expected ({rows},)")
+        if lengths.size and (lengths.min() < 0 or lengths.max() > width):
+            row = int(np.argmax((lengths < 0) | (lengths > width)))
+            raise InvalidInputError(f"valid_lengths[{row}] = {lengths[row]} is outside [0, {width}]")
+    elif attention_mask is not None:
+        mask = attention_mask.detach().cpu().numpy().astype(bool)
+        if mask.shape != (rows, width):
+            raise InvalidInputError(f"attention_mask has shape {mask.shape}; expected ({rows}, {width})")
+        lengths = mask.sum(axis=1, dtype=np.int64)
+        prefix = np.arange(width)[None, :] < lengths[:, None]
+        if not np.array_equal(mask, prefix):
+            row = int(np.argmax((mask != prefix).any(axis=1)))
+            raise InvalidInputError(
+                f"attention_mask row {row} is not right-padded (ones, then zeros): seqpack attention "
+                f"skips a suffix of padding"
+            )
+    elif covered is not None:
+        lengths = np.clip(covered - np.arange(rows, dtype=np.int64) * width, 0, width)
+    else:
+        lengths = np.full(rows, width, dtype=np.int64)
+    return lengths
+
+
+def _check_window(window: int, lengths: np.ndarray, starts: np.ndarray) -> None:
+    """A sliding window changes nothing while every segment fits in it; otherwise it is an error."""
+    rows, width = starts.shape
+    valid = np.arange(width)[None, :] < lengths[:, None]
+    spans = np.where(valid, np.arange(width)[None, :] - starts + 1, 0)
+    longest = int(spans.max()) if spans.size else 0
+    if longest > window:
+        raise InvalidInputError(
+            f"a segment of {longest} tokens exceeds the sliding window of {window}: seqpack attention "
+            f"has no sliding window"
+        )
+
+
+def _kernel_view(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a float32/float64 tensor, strides kept (bfloat16/float16 widened to float32)."""
+    tensor = tensor.detach()
+    if tensor.dtype in _WIDENED:
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
+def _cells_first(shape, dtype) -> torch.Tensor:
+    """Fresh ``[B, T, heads, D]`` storage for a ``[B, heads, T, D]`` result, returned as that view."""
+    rows, heads, width, head_dim = shape
+    return torch.empty((rows, width, heads, head_dim), dtype=dtype).transpose(1, 2)
+
+
+class AttentionIntoCells(torch.autograd.Function):
+    """Range attention whose output and gradients live in ``[B, T, heads, D]`` storage.
+
+    ``forward(q, k, v, lengths, starts, scale)`` returns the ``[B, T, H, D]`` output;
+    the backward recomputes from the saved output and log-sum-exp (see
+    :mod:`seqpack.nn.attention`) and hands q, k, v gradients back as ``[B, heads, T, D]``
+    views of ``[B, T, heads, D]`` storage, which the projections' transposes and views
+    then pass on without a copy.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, lengths, starts, scale):
+        compute = torch.float32 if q.dtype in _WIDENED else q.dtype
+        out = _cells_first(q.shape, compute)                       # [B, H, T, D] view of [B, T, H, D]
+        _, lse = range_attention_forward(_kernel_view(q), _kernel_view(k), _kernel_view(v), lengths, starts,
+                                         out=out.numpy(), scale=scale)
+        lse = torch.from_numpy(lse)                                # [B, H, T]
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.layout = (lengths, starts, scale)
+        cells = out.transpose(1, 2)                                # [B, T, H, D], contiguous
+        return cells if cells.dtype == q.dtype else cells.to(q.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dcells):
+        q, k, v, out, lse = ctx.saved_tensors
+        lengths, starts, scale = ctx.layout
+        if dcells.dtype != out.dtype:
+            dcells = dcells.to(out.dtype)
+        if dcells.stride(-1) != 1:  # e.g. an expanded gradient: the kernel reads rows of head_dim
+            dcells = dcells.contiguous()
+        dq, dk, dv = (_cells_first(t.shape, out.dtype) for t in (q, k, v))
+        range_attention_backward(
+            _kernel_view(q), _kernel_view(k), _kernel_view(v), out.numpy(), lse.numpy(),
+            dcells.transpose(1, 2).numpy(), lengths, starts, dq=dq.numpy(), dk=dk.numpy(), dv=dv.numpy(),
+            scale=scale,
+        )
+        grads = [g if g.dtype == t.dtype else g.to(t.dtype) for g, t in ((dq, q), (dk, k), (dv, v))]
+        return (*grads, None, None, None)

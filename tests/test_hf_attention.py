@@ -1,0 +1,273 @@
+"""seqpack attention inside transformers models equals transformers' own attention.
+
+A tiny ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (random weights, 4 query heads, 2
+key/value heads) with ``attn_implementation="seqpack"`` on packed rows gives every valid
+logit, the loss and every parameter gradient of the same model run on each example
+alone with ``"sdpa"`` (float64 within ``1e-10 + 1e-9 * max``, float32 within 1e-5), and
+of ``"sdpa"`` on the same packed rows. No ``[T, T]`` tensor is ever made, strided views
+are read in place, and what seqpack attention cannot compute is an error.
+"""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+torch = pytest.importorskip("torch", reason="seqpack.hf needs PyTorch: pip install 'seqpack[hf]'")
+pytest.importorskip("transformers", reason="seqpack.hf needs transformers: pip install 'seqpack[hf]'")
+
+from transformers.loss.loss_utils import ForCausalLMLoss  # noqa: E402
+
+import seqpack.hf as sph  # noqa: E402
+import seqpack.hf.attention as attention_module  # noqa: E402
+from seqpack.errors import InvalidInputError  # noqa: E402
+
+from hf_cases import CAPACITY, close, float64_norms, model, packed  # noqa: E402
+
+
+def separate_step(net, batch, docs, count):
+    """Each example alone (no position_ids, no mask): logits per example, loss over ``count``."""
+    net.zero_grad()
+    logits, total = [], 0.0
+    for doc in docs:
+        inputs = torch.from_numpy(doc[None, :-1])
+        out = net(input_ids=inputs, use_cache=False)
+        loss = ForCausalLMLoss(out.logits, None, net.config.vocab_size, num_items_in_batch=count,
+                               shift_labels=torch.from_numpy(doc[None, 1:]))
+        loss.backward()
+        total += float(loss.detach())
+        logits.append(out.logits[0])
+    return logits, total, {name: p.grad.clone() for name, p in net.named_parameters()}
+
+
+def packed_step(net, batch):
+    net.zero_grad()
+    out = net(**sph.rows(batch))
+    out.loss.backward()
+    return out, {name: p.grad.clone() for name, p in net.named_parameters()}
+
+
+def cells_of(batch, logits, docs):
+    """Each document's logits out of the packed ``[rows, T, V]`` logits (documents in input order)."""
+    found = []
+    for occurrence in sorted(batch.occurrences, key=lambda o: o.ordinal):
+        found.append(logits[occurrence.row, occurrence.columns.start:occurrence.columns.stop])
+    assert [len(f) for f in found] == [len(d) - 1 for d in docs]
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_packed_seqpack_equals_each_example_alone_with_sdpa(kind, dtype, monkeypatch):
+    if dtype == torch.float64:
+        float64_norms(monkeypatch)
+    batch, docs = packed()
+    assert batch.shape[0] >= 4 and (batch.valid_lengths == CAPACITY).any() and (batch.valid_lengths < CAPACITY).any()
+    ours = model(kind, dtype)
+    out, grads = packed_step(ours, batch)
+    reference = model(kind, dtype, attention="sdpa")
+    logits, loss, expected = separate_step(reference, batch, docs, batch.target_count)
+    assert close(out.loss, torch.tensor(loss, dtype=out.loss.dtype))
+    for got, want in zip(cells_of(batch, out.logits, docs), logits):
+        assert close(got, want)
+    assert expected.keys() == grads.keys() and len(grads) > 10
+    for name, gradient in grads.items():
+        assert gradient.abs().max() > 0, name
+        assert close(gradient, expected[name]), name
+
+
+@pytest.mark.slow
+def test_packed_seqpack_equals_packed_sdpa(monkeypatch):
+    float64_norms(monkeypatch)
+    batch, _ = packed(seed=1)
+    valid = torch.from_numpy(batch.token_valid.copy())
+    out, grads = packed_step(model("llama", torch.float64), batch)
+    want, expected = packed_step(model("llama", torch.float64, attention="sdpa"), batch)
+    assert close(out.loss, want.loss)
+    assert close(out.logits[valid], want.logits[valid])
+    for name, gradient in grads.items():
+        assert close(gradient, expected[name]), name
+
+
+def test_flat_batch_with_cu_seq_lens_equals_rows():
+    """flat() hands the model cu_seq_lens_q (and seq_idx, position_ids): the same logits as rows()."""
+    batch, docs = packed(lengths=(5, 3, 9, 2))
+    net = model("llama", torch.float64)
+    with torch.no_grad():
+        by_rows = net(**sph.rows(batch)).logits
+        by_flat = net(**sph.flat(batch)).logits[0]
+    ends = np.cumsum([len(d) for d in sorted_docs(batch, docs)])
+    pieces = np.split(by_flat.numpy(), ends[:-1])
+    valid = batch.token_valid
+    flat_cells = by_rows.numpy()[valid]
+    assert close(torch.from_numpy(np.concatenate([p[:-1] for p in pieces])), torch.from_numpy(flat_cells))
+
+
+def sorted_docs(batch, docs):
+    """Documents in row-major order of the batch (flat()'s order)."""
+    order = sorted(batch.occurrences, key=lambda o: (o.row, o.columns.start))
+    return [docs[o.ordinal] for o in order]
+
+
+def test_each_segment_source_gives_the_same_layout():
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 0, 1]])
+    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 2, 3, 3]], dtype=torch.int32)
+    cu = torch.tensor([0, 3, 5, 6, 8], dtype=torch.int32)
+    expected = np.array([[0, 0, 0, 3, 3, 5, 6, 6]])
+    for kwargs in ({"position_ids": positions}, {"seq_idx": seq_idx}, {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu}):
+        lengths, starts = attention_module.layout(1, 8, None, kwargs)
+        assert lengths.tolist() == [8] and np.array_equal(starts, expected), kwargs
+    # transformers' rule: a position that does not continue the previous one starts a segment
+    lengths, starts = attention_module.layout(1, 4, None, {"position_ids": torch.tensor([[5, 6, 2, 3]])})
+    assert starts.tolist() == [[0, 0, 2, 2]]
+    # offsets over two rows of 4: the second row holds one sequence and one padding cell
+    lengths, starts = attention_module.layout(2, 4, None, {"cu_seq_lens_q": torch.tensor([0, 4, 7])})
+    assert lengths.tolist() == [4, 3] and starts.tolist() == [[0, 0, 0, 0], [0, 0, 0, 0]]
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    lengths, _ = attention_module.layout(2, 4, mask, {})
+    assert lengths.tolist() == [3, 4]
+
+
+def test_padding_is_skipped_and_poison_in_it_changes_nothing():
+    batch, _ = packed(lengths=(5, 3, 9, 2, 30))
+    fields = sph.rows(batch)
+    assert (batch.valid_lengths < CAPACITY).any()
+    net = model("llama", torch.float64)
+    seen = []
+    real = attention_module.range_attention_forward
+
+    def spy(q, k, v, lengths, starts, **kwargs):
+        seen.append(np.asarray(lengths).copy())
+        poisoned = np.arange(q.shape[2])[None, None, :, None] >= np.asarray(lengths)[:, None, None, None]
+        k = np.where(poisoned, np.nan, k)  # NaN in every padding key: must never be read
+        v = np.where(poisoned, np.nan, v)
+        return real(q, k, v, lengths, starts, **kwargs)
+
+    attention_module.range_attention_forward = spy
+    try:
+        with torch.no_grad():
+            logits = net(**fields).logits
+    finally:
+        attention_module.range_attention_forward = real
+    assert all(np.array_equal(s, batch.valid_lengths) for s in seen) and len(seen) == 2
+    valid = torch.from_numpy(batch.token_valid.copy())
+    assert torch.isfinite(logits[valid]).all()
+    with torch.no_grad():
+        clean = net(**fields).logits
+    assert torch.equal(logits[valid], clean[valid])
+
+
+@pytest.mark.slow
+def test_views_are_read_in_place_and_the_output_is_written_into_cells_storage():
+    batch, _ = packed(lengths=(5, 3, 9))
+    net = model("llama", torch.float64)
+    calls = []
+    real_forward, real_backward = attention_module.range_attention_forward, attention_module.range_attention_backward
+
+    def forward(q, k, v, lengths, starts, out=None, **kwargs):
+        calls.append(("forward", v.strides, out.strides, v.shape, out.shape))
+        return real_forward(q, k, v, lengths, starts, out=out, **kwargs)
+
+    def backward(*args, dq=None, dk=None, dv=None, **kwargs):
+        calls.append(("backward", dq.strides, dk.strides, dq.shape, dk.shape))
+        return real_backward(*args, dq=dq, dk=dk, dv=dv, **kwargs)
+
+    attention_module.range_attention_forward, attention_module.range_attention_backward = forward, backward
+    try:
+        net(**sph.rows(batch)).loss.backward()
+    finally:
+        attention_module.range_attention_forward = real_forward
+        attention_module.range_attention_backward = real_backward
+    assert [c[0] for c in calls] == ["forward", "forward", "backward", "backward"]
+    for name, first, second, shape_one, shape_two in calls:
+        for strides, (rows, heads, width, head_dim) in ((first, shape_one), (second, shape_two)):
+            # [B, heads, T, D] views of [B, T, heads, D] storage: the cell stride spans every head
+            assert strides == (8 * width * heads * head_dim, 8 * head_dim, 8 * heads * head_dim, 8), name
+
+
+@pytest.mark.slow
+def test_no_t_by_t_tensor_is_made():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Shapes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            for tensor in result if isinstance(result, (tuple, list)) else (result,):
+                if isinstance(tensor, torch.Tensor):
+                    self.shapes.append(tuple(tensor.shape))
+            return result
+
+    batch, _ = packed()
+    width = batch.shape[1]
+    found = {}
+    for implementation in ("seqpack", "sdpa"):
+        net = model("llama", torch.float64, attention=implementation)
+        fields = sph.rows(batch)
+        with Shapes() as mode:
+            net(**fields).loss.backward()
+        found[implementation] = [s for s in mode.shapes if len(s) >= 2 and s[-2:] == (width, width)]
+    assert found["seqpack"] == []
+    assert found["sdpa"]  # negative control: transformers builds the dense block mask for sdpa
+
+
+@pytest.mark.parametrize("case, message", [
+    ("dropout", "no dropout"),
+    ("cache", "use_cache=False"),
+    ("window", "sliding window of 8"),
+    ("mask4d", "4-D attention mask"),
+    ("left", "not right-padded"),
+    ("softcap", "softcapping"),
+])
+def test_what_seqpack_attention_cannot_compute_is_an_error(case, message):
+    batch, _ = packed(lengths=(5, 3, 9, 12))
+    fields = sph.rows(batch)
+    if case == "dropout":
+        net = model("llama", attention_dropout=0.1)
+        net.train()
+    elif case == "cache":
+        net = model("llama")
+        fields["use_cache"] = True
+    elif case == "window":
+        net = model("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    elif case == "mask4d":
+        net = model("llama")
+        fields["attention_mask"] = torch.ones(batch.shape[0], 1, batch.shape[1], batch.shape[1], dtype=torch.bool)
+    elif case == "left":
+        net = model("llama")
+        fields = {"input_ids": fields["input_ids"], "attention_mask": torch.tensor([[0] + [1] * (batch.shape[1] - 1)]
+                                                                                  * batch.shape[0])}
+    else:
+        net = model("llama")
+        fields["softcap"] = 30.0
+    with pytest.raises(InvalidInputError, match=message):
+        net(**fields)
+
+
+def test_a_window_every_segment_fits_in_is_no_error():
+    batch, _ = packed(lengths=(5, 3, 9, 12))
+    net = model("qwen2", use_sliding_window=True, sliding_window=12, max_window_layers=0)
+    reference = model("qwen2", attention="sdpa", use_sliding_window=True, sliding_window=12, max_window_layers=0)
+    valid = torch.from_numpy(batch.token_valid.copy())
+    with torch.no_grad():
+        assert close(net(**sph.rows(batch)).logits[valid], reference(**sph.rows(batch)).logits[valid])
+
+
+@pytest.mark.slow
+def test_padded_batch_with_a_right_padded_attention_mask():
+    """transformers' usual padded batch (attention_mask, no position_ids) is honored, not ignored."""
+    docs = [np.array([0, 5, 6, 7, 1]), np.array([0, 9, 1])]
+    net = model("llama", torch.float64)
+    ids = torch.tensor([[0, 5, 6, 7], [0, 9, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    with torch.no_grad():
+        padded = net(input_ids=ids, attention_mask=mask).logits
+        for row, doc in enumerate(docs):
+            alone = net(input_ids=torch.from_numpy(doc[None, :-1])).logits[0]
+            assert close(padded[row, :len(doc) - 1], alone)
