@@ -22,7 +22,7 @@ import statistics
 import sys
 
 import numpy as np
-from timing import timings
+from timing import conditions, timings
 
 from seqpack import (
     BatchBinding,
@@ -139,6 +139,7 @@ def _ms(timing):
 
 
 def main() -> int:
+    print(conditions())
     print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}")
     print("range causal softmax forward+backward, float64 (median of 7, min-max)")
     print("| rows x heads | T | permitted | cython ms | cython, caller buffers ms | numpy dense ms "

@@ -31,7 +31,7 @@ import tracemalloc
 import numpy as np
 
 import seqpack as sp
-from timing import median_seconds
+from timing import conditions, median_seconds
 from seqpack.data.corpus import stdlib_table
 
 from seqpack.packing.placement import POLICIES
@@ -180,6 +180,7 @@ def main(argv=None) -> int:
     parser.add_argument("--count", type=int, default=COUNT, help="examples in the epoch workload")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
+    print(conditions())
     print(f"epoch build: {args.count} examples, capacity {CAPACITY}, {ROWS_PER_CALL} rows per call")
     print(f"{'path':<44} {'median s':>9} {'cells/s':>14} {'traced peak MiB':>17} {'list path / this':>17}")
     for row in epoch_rows(args.count, args.repeats):

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from timing import median_seconds
+from timing import conditions, median_seconds
 
 import seqpack as sp
 
@@ -53,13 +53,14 @@ def main(argv=None) -> int:
     parser.add_argument("--counts", default="30000,200000", help="example counts, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
+    print(conditions())
     print(f"{'examples':>9} {'method':<22} {'median s':>9} {'examples/s':>12} {'cells/s':>12} {'vs reference':>13}")
     for count in (int(c) for c in args.counts.split(",")):
         binding, examples = workload(count)
         cells = sum(b.cell_count for b in pack(binding, examples).batches)
         fast = median_seconds(lambda: pack(binding, examples), args.repeats)
         slow = median_seconds(lambda: reference(examples), 1)
-        for name, value in (("seqpack pack_examples", fast), ("plain-Python reference", slow)):
+        for name, value in (("seqpack.pack", fast), ("plain-Python reference", slow)):
             print(f"{count:>9} {name:<22} {value:>9.4f} {count / value:>12.0f} {cells / value:>12.0f} {slow / value:>12.1f}x")
     return 0
 

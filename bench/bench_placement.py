@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from timing import median_seconds
+from timing import conditions, median_seconds
 
 from seqpack.packing import lower_bound_rows, place, real_target_fraction
 from seqpack.packing.placement import POLICIES
@@ -81,6 +81,7 @@ def main():
     results, bound, best = measure(args.n, reference_count, args.repeat)
     python_rate = results[-1]["rate"]
     next_fit_rate = results[0]["rate"]
+    print(conditions())
     print(f"lognormal lengths (median {MEDIAN_LENGTH}, sigma 1), capacity {CAPACITY}, "
           f"median of {args.repeat} calls")
     print(f"lower bound: {bound} rows, best possible real-target fraction {best:.6f}")

@@ -18,3 +18,18 @@ def timings(call, repeat: int) -> list[float]:
 
 def median_seconds(call, repeat: int) -> float:
     return statistics.median(timings(call, repeat))
+
+
+def conditions() -> str:
+    """One line naming the CPU, its vector flags, the default thread count and the load.
+
+    Printed at the head of every benchmark: figures from different CPUs or a busy
+    machine are not comparable.
+    """
+    import os
+
+    from seqpack._limits import default_threads
+    from seqpack.bench.measure import cpu_description
+
+    load = " ".join(f"{value:.2f}" for value in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown"
+    return f"CPU: {cpu_description()}; threads {default_threads()}; load average {load}"
