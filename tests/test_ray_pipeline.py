@@ -1,0 +1,164 @@
+"""seqpack.ray on a local 2-CPU cluster: the same bytes as the serial sharded path for any
+shard count, a killed worker retried without changing a byte, a bad line failing the run
+with its shard, file and line and leaving nothing complete-looking."""
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="the Ray engine needs the ray extra: pip install 'seqpack[ray]'")
+
+import seqpack as sp  # noqa: E402
+from seqpack import io  # noqa: E402
+from seqpack.cli import main  # noqa: E402
+from seqpack.errors import InvalidInputError  # noqa: E402
+from seqpack.io import format as fmt  # noqa: E402
+from seqpack.io.shards import pack_sharded  # noqa: E402
+from seqpack.ray import pack_corpus  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+TOKENIZER = sp.ByteTokenizer()
+BINDING = sp.BatchBinding.for_tokenizer(TOKENIZER, split="corpus")
+CONFIG = sp.PackConfig(128, 4)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    os.environ["RAY_DISABLE_USAGE_STATS"] = "1"
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # SlowJsonLines, on the workers
+    yield
+    ray.shutdown()
+
+
+def write_corpus(directory, files, per_file=200, seed=0):
+    """JSONL files of lognormal-length texts (some longer than a row of 128)."""
+    rng = np.random.default_rng(seed)
+    directory.mkdir()
+    paths = []
+    for number in range(files):
+        sizes = np.clip(rng.lognormal(np.log(60), 1.0, per_file).astype(int), 1, 600)
+        lines = [json.dumps({"text": "".join(map(chr, rng.integers(97, 123, size=n)))}) + "\n" for n in sizes]
+        paths.append(directory / f"part{number}.jsonl")
+        paths[-1].write_text("".join(lines), encoding="utf-8")
+    return paths
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("ray") / "in", files=8)
+
+
+def serial(readers, out, shards):
+    return pack_sharded(readers, out, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=shards,
+                        policy="best-fit-decreasing", long="cut")
+
+
+def on_ray(readers, out, shards):
+    return pack_corpus(readers, out, tokenizer=TOKENIZER, config=CONFIG, shards=shards, policy="best-fit-decreasing",
+                       long="cut")
+
+
+def assert_same_bytes(expected, actual):
+    expected_names = sorted(str(p.relative_to(expected)) for p in expected.rglob("*"))
+    assert expected_names == sorted(str(p.relative_to(actual)) for p in actual.rglob("*"))
+    for name in expected_names:
+        if (expected / name).is_file():
+            assert (expected / name).read_bytes() == (actual / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("shards", [1, 2, 4])
+def test_ray_output_equals_the_serial_output(cluster, corpus, tmp_path, shards):
+    reference = serial([io.JsonLines(p) for p in corpus], tmp_path / "serial", shards)
+    manifest = on_ray([io.JsonLines(p) for p in corpus], tmp_path / "ray", shards)
+    assert manifest == reference and len(manifest["parts"]) == shards
+    assert [part["files"] for part in manifest["parts"]] == [part["files"] for part in reference["parts"]]
+    assert_same_bytes(tmp_path / "serial", tmp_path / "ray")
+    assert io.verify_dataset(tmp_path / "ray")["parts"] == shards
+
+
+class SlowJsonLines(io.JsonLines):
+    """A JSONL reader that records its worker's pid in ``marks`` and then waits, so that
+    the test can kill the worker while the shard is being packed."""
+
+    def __init__(self, path, marks, delay):
+        super().__init__(path)
+        self.marks, self.delay = marks, delay
+
+    def chunks(self, first_input):
+        (self.marks / f"{os.path.basename(self.path)}.{os.getpid()}").touch()
+        time.sleep(self.delay)
+        yield from super().chunks(first_input)
+
+
+def test_a_killed_worker_is_retried_and_the_dataset_is_identical(cluster, corpus, tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    reference = serial([io.JsonLines(p) for p in corpus[:2]], tmp_path / "serial", 2)
+    outcome = {}
+
+    def run():
+        try:
+            outcome["manifest"] = on_ray([SlowJsonLines(p, marks, 2.0) for p in corpus[:2]], tmp_path / "ray", 2)
+        except BaseException as error:  # reported by the assertions below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not any(marks.glob("part1.jsonl.*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    victim = int(next(marks.glob("part1.jsonl.*")).suffix[1:])
+    assert victim != os.getpid()
+    os.kill(victim, signal.SIGKILL)
+    killed_mid_run = thread.is_alive()
+    thread.join(120)
+    assert killed_mid_run and not thread.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    attempts = sorted(int(mark.suffix[1:]) for mark in marks.glob("part1.jsonl.*"))
+    assert len(attempts) == 2 and victim in attempts  # the shard ran again, in another worker
+    assert outcome["manifest"] == reference
+    assert_same_bytes(tmp_path / "serial", tmp_path / "ray")
+
+
+def test_the_bytes_do_not_depend_on_finish_order_or_worker_count(cluster, corpus, tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    reference = serial([io.JsonLines(p) for p in corpus], tmp_path / "serial", 4)
+    # Shard 0 waits, so it finishes last; then tasks of 2 CPUs each, so one worker at a time.
+    late = [SlowJsonLines(corpus[0], marks, 1.5), *map(io.JsonLines, corpus[1:])]
+    assert on_ray(late, tmp_path / "late", 4) == reference
+    one_worker = pack_corpus([io.JsonLines(p) for p in corpus], tmp_path / "one", tokenizer=TOKENIZER, config=CONFIG,
+                             shards=4, policy="best-fit-decreasing", long="cut", threads=2)
+    assert one_worker == reference
+    assert_same_bytes(tmp_path / "serial", tmp_path / "late")
+    assert_same_bytes(tmp_path / "serial", tmp_path / "one")
+
+
+def test_a_bad_line_fails_the_run_naming_shard_file_and_line(cluster, tmp_path):
+    paths = write_corpus(tmp_path / "in", files=6, per_file=50, seed=1)
+    lines = paths[3].read_text().splitlines(keepends=True)
+    lines[11] = '{"text": 12}\n'
+    paths[3].write_text("".join(lines))
+    with pytest.raises(InvalidInputError, match=r"^shard 1 of 3 \(.*part2.jsonl \.\.\. .*part3.jsonl\): "
+                                                r".*part3.jsonl:12: field 'text' is not a string$"):
+        on_ray([io.JsonLines(p) for p in paths], tmp_path / "out", 3)
+    assert sorted(os.listdir(tmp_path)) == ["in"]  # no output, no hidden partial sibling
+
+
+def test_the_command_line_engine_ray_equals_serial_shards(cluster, corpus, tmp_path, capsys):
+    common = ["pack", *map(str, corpus[:4]), "--capacity", "128", "--cut-long", "--shards", "3", "--quiet", "--json"]
+    assert main([*common, "--out", str(tmp_path / "serial")]) == 0
+    serial_manifest = json.loads(capsys.readouterr().out)
+    assert main([*common, "--out", str(tmp_path / "ray"), "--engine", "ray"]) == 0
+    assert json.loads(capsys.readouterr().out) == serial_manifest
+    assert_same_bytes(tmp_path / "serial", tmp_path / "ray")
+    assert json.loads((tmp_path / "ray" / fmt.MANIFEST).read_text())["shards"]["count"] == 3
