@@ -1,0 +1,174 @@
+"""seqpack.hf collators against transformers' and TRL's own, and Trainer's loss denominator.
+
+``flat(batch)`` equals ``DataCollatorWithFlattening(return_flash_attn_kwargs=True,
+return_seq_idx=True)`` (and TRL's padding-free collator) on the same examples: keys,
+dtypes, values. ``ForCausalLMLoss`` with ``num_items_in_batch`` equals seqpack's
+token-weighted loss over micro-batches, and Trainer's own count equals
+``num_items_in_batch``.
+"""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+torch = pytest.importorskip("torch", reason="seqpack.hf needs PyTorch: pip install 'seqpack[hf]'")
+pytest.importorskip("transformers", reason="seqpack.hf needs transformers: pip install 'seqpack[hf]'")
+
+from transformers import DataCollatorWithFlattening  # noqa: E402
+from transformers.loss.loss_utils import ForCausalLMLoss  # noqa: E402
+
+import seqpack as sp  # noqa: E402
+import seqpack.hf as sph  # noqa: E402
+import seqpack.torch as spt  # noqa: E402
+from seqpack.errors import CapacityError, InvalidInputError, TokenizerError  # noqa: E402
+
+from hf_cases import CAPACITY, LENGTHS, binding, documents, packed  # noqa: E402
+
+
+def row_major_documents(batch, docs):
+    order = sorted(batch.occurrences, key=lambda o: (o.row, o.columns.start))
+    return [docs[o.ordinal] for o in order]
+
+
+def assert_same(ours: dict, theirs: dict):
+    assert list(ours) == list(theirs)
+    for key, value in theirs.items():
+        if isinstance(value, torch.Tensor):
+            assert ours[key].dtype == value.dtype and torch.equal(ours[key], value), key
+        else:
+            assert type(ours[key]) is type(value) and ours[key] == value, key
+
+
+@pytest.mark.parametrize("policy", ["next-fit", "best-fit-decreasing"])
+def test_flat_equals_transformers_flattening_collator(policy):
+    batch, docs = packed(policy=policy)
+    assert batch.shape[0] > 1
+    features = [{"input_ids": d.tolist()} for d in row_major_documents(batch, docs)]
+    theirs = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(features)
+    assert_same(sph.flat(batch), theirs)
+
+
+def test_flat_of_a_padded_batch_and_the_ecosystem_fixture():
+    bind = binding()
+    examples = [sp.SequenceExample.from_document(name, sp.BatchDocument(name, ids), bind)
+                for name, ids in (("a", [0, 5, 6, 7, 1]), ("b", [0, 9, 10, 1]))]
+    (batch,) = sp.pad(examples, sp.PadConfig(rows_per_batch=2), partition=sp.Partition.TRAIN, binding=bind)
+    ours = sph.flat(batch)
+    assert ours["input_ids"].tolist() == [[0, 5, 6, 7, 1, 0, 9, 10, 1]]
+    assert ours["labels"].tolist() == [[-100, 5, 6, 7, 1, -100, 9, 10, 1]]
+    assert ours["cu_seq_lens_q"].tolist() == [0, 5, 9] and ours["max_length_q"] == 5
+    theirs = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(
+        [{"input_ids": [0, 5, 6, 7, 1]}, {"input_ids": [0, 9, 10, 1]}])
+    assert_same(ours, theirs)
+
+
+@pytest.mark.slow
+def test_flat_equals_trl_padding_free_collator():
+    trl = pytest.importorskip("trl.trainer.sft_trainer", reason="TRL is not installed")
+    batch, docs = packed()
+    features = [{"input_ids": d.tolist()} for d in row_major_documents(batch, docs)]
+    theirs = trl.DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(features)
+    ours = sph.flat(batch)
+    assert set(ours) == set(theirs)
+    for key, value in theirs.items():
+        if isinstance(value, torch.Tensor):
+            assert ours[key].dtype == value.dtype and torch.equal(ours[key], value), key
+        else:
+            assert ours[key] == value, key
+
+
+def test_rows_keys_dtypes_and_values():
+    batch, _ = packed()
+    fields = sph.rows(batch)
+    assert list(fields) == ["input_ids", "position_ids", "shift_labels", "labels", "valid_lengths", "use_cache"]
+    assert fields["use_cache"] is False and "attention_mask" not in fields
+    for key in ("input_ids", "position_ids", "shift_labels", "labels", "valid_lengths"):
+        assert fields[key].dtype == torch.int64, key
+    tensors = spt.tensors(batch)
+    assert torch.equal(fields["shift_labels"], tensors["shift_labels"])
+    assert torch.equal(fields["labels"][:, 1:], tensors["shift_labels"][:, :-1])
+    assert (fields["labels"][:, 0] == -100).all()
+    width = batch.shape[1]
+    for row, length in enumerate(batch.valid_lengths.tolist()):
+        positions = fields["position_ids"][row]
+        assert positions[:length].tolist() == batch.positions[row, :length].tolist()
+        assert positions[length:].tolist() == list(range(width - length))  # padding: a segment of its own
+        assert (fields["shift_labels"][row, length:] == -100).all()
+    assert (batch.valid_lengths < width).any()
+
+
+def test_loss_with_num_items_in_batch_equals_the_token_weighted_loss():
+    """ForCausalLMLoss over two micro-batches with Trainer's count equals seqpack's objective
+    (rows via shift_labels, flat via unshifted labels); a mean of micro-batch means does not."""
+    first, _ = packed(lengths=LENGTHS[:5], seed=2)
+    second, _ = packed(lengths=LENGTHS[5:], seed=3)
+    window = [first, second]
+    count = sph.num_items_in_batch(window)
+    assert count == sph.num_items_in_batch([sph.rows(b) for b in window]) \
+        == sph.num_items_in_batch([sph.flat(b) for b in window]) == first.target_count + second.target_count
+    generator = torch.Generator().manual_seed(0)
+    # float32: ForCausalLMLoss computes in float32 whatever the logits' dtype
+    logits = [torch.randn(*b.shape, 300, generator=generator) for b in window]
+    objective = spt.LossAccumulator(window)
+    expected = sum(float(objective(l, b)) for l, b in zip(logits, window))
+    by_rows = sum(float(ForCausalLMLoss(l, sph.rows(b)["labels"], 300, num_items_in_batch=count,
+                                        shift_labels=sph.rows(b)["shift_labels"])) for l, b in zip(logits, window))
+    by_flat = 0.0
+    for l, b in zip(logits, window):
+        fields = sph.flat(b)
+        cells = l[torch.from_numpy(b.token_valid.copy())]          # row-major valid cells
+        ends = (fields["cu_seq_lens_q"][1:] - torch.arange(1, len(fields["cu_seq_lens_q"]))).tolist()
+        rows_out, begin = [], 0
+        for end in ends:                                         # each example's cells, then one extra row
+            rows_out += [cells[begin:end], torch.randn(1, 300, generator=generator)]
+            begin = end
+        flat_logits = torch.cat(rows_out)[None]
+        by_flat += float(ForCausalLMLoss(flat_logits, fields["labels"], 300, num_items_in_batch=count))
+    assert abs(by_rows - expected) <= 1e-6 * abs(expected)
+    assert abs(by_flat - expected) <= 1e-6 * abs(expected)
+    mean_of_means = sum(float(ForCausalLMLoss(l, None, 300, shift_labels=sph.rows(b)["shift_labels"]))
+                        for l, b in zip(logits, window)) / 2
+    assert abs(mean_of_means - expected) > 1e-3
+
+
+def test_num_items_in_batch_equals_trainers_own_count(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    from hf_cases import model
+
+    window = [packed(lengths=LENGTHS[:5], seed=2)[0], packed(lengths=LENGTHS[5:], seed=3)[0]]
+    trainer = Trainer(model=model("llama"), args=TrainingArguments(output_dir=str(tmp_path), report_to=[],
+                                                                    use_cpu=True))
+    for make in (sph.rows, sph.flat):
+        samples = [make(b) for b in window]
+        assert int(trainer._get_num_items_in_batch(samples, torch.device("cpu"))) == sph.num_items_in_batch(samples)
+
+
+def test_packing_collator_packs_features_into_rows():
+    docs = documents()
+    collator = sph.PackingCollator(sp.PackConfig(capacity=CAPACITY, rows_per_batch=8),
+                                   tokenizer_identity=sp.ByteTokenizer().identity, split="hf-tests")
+    fields = collator([{"input_ids": d.tolist()} for d in docs])
+    batch, _ = packed()
+    for key, value in sph.rows(batch).items():
+        assert (torch.equal(fields[key], value) if isinstance(value, torch.Tensor) else fields[key] == value), key
+
+
+def test_packing_collator_errors_and_the_exact_limit():
+    docs = documents()
+    features = [{"input_ids": d.tolist()} for d in docs]
+    rows_needed = packed()[0].shape[0]
+    identity = sp.ByteTokenizer().identity
+    exact = sph.PackingCollator(sp.PackConfig(capacity=CAPACITY, rows_per_batch=rows_needed), tokenizer_identity=identity)
+    assert exact(features)["input_ids"].shape == (rows_needed, CAPACITY)
+    short = sph.PackingCollator(sp.PackConfig(capacity=CAPACITY, rows_per_batch=rows_needed - 1),
+                                tokenizer_identity=identity)
+    with pytest.raises(CapacityError, match=f"need {rows_needed} rows of {CAPACITY}"):
+        short(features)
+    with pytest.raises(TokenizerError, match="must end with EOS"):
+        exact([{"input_ids": [0, 5, 6]}])
+    with pytest.raises(InvalidInputError, match="PackConfig"):
+        sph.PackingCollator({"capacity": 8}, tokenizer_identity=identity)
