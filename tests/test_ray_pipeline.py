@@ -133,12 +133,14 @@ def test_the_bytes_do_not_depend_on_finish_order_or_worker_count(cluster, corpus
     marks = tmp_path / "marks"
     marks.mkdir()
     reference = serial([io.JsonLines(p) for p in corpus], tmp_path / "serial", 4)
-    # Shard 0 waits, so it finishes last; then tasks of 2 CPUs each, so one worker at a time.
+    # Shard 0 waits, so it finishes last; then tasks of 2 CPUs each, and one task at a time.
     late = [SlowJsonLines(corpus[0], marks, 1.5), *map(io.JsonLines, corpus[1:])]
     assert on_ray(late, tmp_path / "late", 4) == reference
     one_worker = pack_corpus([io.JsonLines(p) for p in corpus], tmp_path / "one", tokenizer=TOKENIZER, config=CONFIG,
                              shards=4, policy="best-fit-decreasing", long="cut", threads=2)
     assert one_worker == reference
+    assert pack_corpus([io.JsonLines(p) for p in corpus], tmp_path / "w1", tokenizer=TOKENIZER, config=CONFIG,
+                       shards=4, policy="best-fit-decreasing", long="cut", workers=1) == reference
     assert_same_bytes(tmp_path / "serial", tmp_path / "late")
     assert_same_bytes(tmp_path / "serial", tmp_path / "one")
 

@@ -62,15 +62,20 @@ def _raise_failure(failure) -> None:
     raise error
 
 
-def ray_runner(ray, *, cpus_per_task: int, max_retries: int):
-    """A :data:`seqpack.io.shards.Runner` that packs each shard as a Ray task."""
+def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None = None):
+    """A :data:`seqpack.io.shards.Runner` that packs each shard as a Ray task, at most
+    ``workers`` at once (default: as many as the cluster's CPUs take)."""
     remote = ray.remote(pack_shard_task).options(num_cpus=cpus_per_task, max_retries=max_retries)
 
     def run(job, shards, staging):
         settings = ray.put(job)
-        pending = {remote.remote(settings, shard, str(staging)): shard for shard in shards}
+        waiting = list(reversed(shards))
+        pending = {}
         try:
-            while pending:
+            while waiting or pending:
+                while waiting and (workers is None or len(pending) < workers):
+                    shard = waiting.pop()
+                    pending[remote.remote(settings, shard, str(staging))] = shard
                 done, _ = ray.wait(list(pending), num_returns=1)
                 shard = pending.pop(done[0])
                 try:
@@ -93,7 +98,7 @@ def ray_runner(ray, *, cpus_per_task: int, max_retries: int):
 
 
 def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str = "next-fit", shards: int | None = None,
-                address: str | None = None, binding: BatchBinding | None = None,
+                address: str | None = None, workers: int | None = None, binding: BatchBinding | None = None,
                 partition: Partition = Partition.TRAIN, long: str = "error", framed: bool = False,
                 force: bool = False, progress: bool = False, threads: int = 1, max_retries: int = MAX_RETRIES) -> dict:
     """Pack ``inputs`` at ``out`` on a Ray cluster, one task per shard; return the manifest.
@@ -103,7 +108,8 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
     :class:`~seqpack.io.TokenizerFile`, and ``binding`` defaults to the tokenizer's with the
     split name ``"corpus"``. ``shards`` as in :func:`seqpack.io.shards.plan_shards` (by
     default one per 64 MiB of input). Each task takes ``threads`` CPUs and runs the
-    tokenizer and kernels on that many threads. ``address`` is the cluster to join
+    tokenizer and kernels on that many threads; at most ``workers`` tasks run at once
+    (default: as many as the cluster's CPUs take). ``address`` is the cluster to join
     (``"auto"``, ``"ray://host:10001"``...); without one, and without a Ray already
     initialized in this process, a local cluster is started and shut down at the end.
     The dataset's bytes equal :func:`seqpack.io.shards.pack_sharded`'s with the same
@@ -111,6 +117,7 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
     """
     threads = check_int("threads", threads)
     max_retries = check_int("max_retries", max_retries, minimum=0)
+    workers = None if workers is None else check_int("workers", workers)
     ray = import_ray()
     if tokenizer is None:
         tokenizer = ByteTokenizer()
@@ -129,7 +136,7 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
         return pack_sharded(
             readers, out, binding=binding, tokenizer=tokenizer, config=config, shards=shards, policy=policy,
             partition=partition, long=long, framed=framed, force=force, progress=progress, threads=threads,
-            run=ray_runner(ray, cpus_per_task=threads, max_retries=max_retries),
+            run=ray_runner(ray, cpus_per_task=threads, max_retries=max_retries, workers=workers),
         )
     finally:
         if started:
