@@ -5,10 +5,12 @@ with its shard, file and line and leaving nothing complete-looking."""
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.slow
 TOKENIZER = sp.ByteTokenizer()
 BINDING = sp.BatchBinding.for_tokenizer(TOKENIZER, split="corpus")
 CONFIG = sp.PackConfig(128, 4)
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +167,16 @@ def test_the_command_line_engine_ray_equals_serial_shards(cluster, corpus, tmp_p
     assert json.loads(capsys.readouterr().out) == serial_manifest
     assert_same_bytes(tmp_path / "serial", tmp_path / "ray")
     assert json.loads((tmp_path / "ray" / fmt.MANIFEST).read_text())["shards"]["count"] == 3
+
+
+def test_the_readme_example_runs(cluster, tmp_path, monkeypatch):
+    block = re.search(r"```python ray\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S).group(1)
+    (tmp_path / "corpus").mkdir()
+    for number in range(3):
+        (tmp_path / "corpus" / f"{number}.txt").write_text(f"document {number} " * (500 * number + 10))
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(block, str(README), "exec"), namespace)
+    manifest, dataset = namespace["manifest"], namespace["dataset"]
+    assert len(manifest["parts"]) == 3 and len(dataset) == manifest["counts"]["batches"] == 3
+    assert dataset.example_id(0) == "corpus/0.txt"

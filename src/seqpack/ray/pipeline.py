@@ -43,9 +43,12 @@ def import_ray():
     return ray
 
 
-def pack_shard_task(job: ShardJob, shard, staging: str):
-    """A Ray task: pack one shard. Returns ``(result, None)``, or ``(None, failure)`` for
-    a seqpack error (its class, message and attributes: not every error class pickles)."""
+def pack_shard_task(job: ShardJob, shard, staging: str, directory: str):
+    """A Ray task: pack one shard, in the driver's working ``directory`` (so that relative
+    paths name the same files, and the manifest and errors name them as the user did).
+    Returns ``(result, None)``, or ``(None, failure)`` for a seqpack error (its class,
+    message and attributes: not every error class pickles)."""
+    os.chdir(directory)
     if job.threads is not None:  # the tokenizers pool, read when it first starts in this worker
         os.environ["RAYON_NUM_THREADS"] = str(job.threads)
     try:
@@ -75,7 +78,7 @@ def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None
             while waiting or pending:
                 while waiting and (workers is None or len(pending) < workers):
                     shard = waiting.pop()
-                    pending[remote.remote(settings, shard, str(staging))] = shard
+                    pending[remote.remote(settings, shard, str(staging), os.getcwd())] = shard
                 done, _ = ray.wait(list(pending), num_returns=1)
                 shard = pending.pop(done[0])
                 try:
