@@ -1,0 +1,184 @@
+"""A Hugging Face training step on the CPU: seqpack attention on packed rows against HF's ways.
+
+    python bench/bench_hf.py [--repeats 3] [--threads 2] [--json]
+
+The step: forward + backward of a random ``LlamaForCausalLM`` (hidden 256, 4 layers, 8
+heads, intermediate 688, vocabulary 512, float32) over the 23 lognormal examples of
+workload (a) (median 250 tokens, sigma 1.0, ``default_rng(0)``; 7,051 targets), one
+model and one set of examples for every method, all in this process:
+
+- ``HF per-example``: each example alone (batch 1, sdpa, no mask);
+- ``HF padded``: right-padded batches of 16 with ``attention_mask`` (sdpa);
+- ``HF packed sdpa``: packed rows (``seqpack.hf.rows``: ``position_ids``, no mask;
+  transformers detects the packing and builds a dense block-causal mask);
+- ``seqpack packed``: the same rows with ``attn_implementation="seqpack"``;
+- ``no-op bound``: the same rows with attention replaced by a function that returns its
+  query (what the rest of the model costs).
+
+Packed methods run for next-fit and best-fit-decreasing rows of capacity 2048. Each
+round times every method once, in turn, so load changes hit all of them; figures are
+medians over rounds, and the ratios are medians of per-round ratios with their range.
+Printed beside them: the CPU, the threads, the load average before and after, and the
+float32 matmul peak measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import seqpack as sp  # noqa: E402
+import seqpack.hf as sph  # noqa: E402
+from seqpack.bench.measure import cpu_description, matmul_peak  # noqa: E402
+from seqpack.bench.workloads import next_fit_lognormal  # noqa: E402
+
+CAPACITY = 2048
+POLICIES = ("next-fit", "best-fit-decreasing")
+
+
+def noop_attention(module, query, key, value, attention_mask, **kwargs):
+    """The bound: no attention at all, the query handed on as ``[B, T, H, D]``."""
+    return query.transpose(1, 2), None
+
+
+def examples():
+    """The 23 framed documents of workload (a), in next-fit order, and their binding."""
+    predictions = [length for row in next_fit_lognormal(4, CAPACITY) for length in row]
+    rng = np.random.default_rng(1)
+    docs = [np.concatenate([[0], rng.integers(2, 258, size=n - 1), [1]]) for n in predictions]
+    binding = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="bench-hf")
+    offsets = np.zeros(len(docs) + 1, dtype=np.int64)
+    np.cumsum([d.size for d in docs], out=offsets[1:])
+    return docs, sp.ExampleTable.from_arrays(np.concatenate(docs), offsets, binding), binding
+
+
+def make_model(threads: int):
+    from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+
+    sph.register()
+    AttentionInterface.register("noop", noop_attention)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=8, use_cache=False)
+    return LlamaForCausalLM(config)
+
+
+def steps(model, docs, table, binding):
+    """Each method: (attention implementation, list of model keyword dicts, targets)."""
+    targets = sum(d.size - 1 for d in docs)
+    alone = [{"input_ids": torch.from_numpy(d[None, :-1]), "shift_labels": torch.from_numpy(d[None, 1:]),
+              "labels": torch.from_numpy(d[None, 1:])} for d in docs]
+    padded = []
+    for first in range(0, len(docs), 16):
+        group = docs[first:first + 16]
+        width = max(d.size - 1 for d in group)
+        ids = torch.zeros(len(group), width, dtype=torch.int64)
+        mask = torch.zeros(len(group), width, dtype=torch.int64)
+        shift = torch.full((len(group), width), -100, dtype=torch.int64)
+        for row, d in enumerate(group):
+            ids[row, :d.size - 1] = torch.from_numpy(d[:-1])
+            mask[row, :d.size - 1] = 1
+            shift[row, :d.size - 1] = torch.from_numpy(d[1:])
+        padded.append({"input_ids": ids, "attention_mask": mask, "shift_labels": shift, "labels": shift})
+    methods = {"HF per-example": ("sdpa", alone, targets), "HF padded (16)": ("sdpa", padded, targets)}
+    for policy in POLICIES:
+        epoch = sp.pack(table, sp.PackConfig(capacity=CAPACITY, rows_per_batch=8),
+                        partition=sp.Partition.TRAIN, binding=binding, policy=policy)
+        (batch,) = epoch.batches
+        fields = [sph.rows(batch)]
+        assert batch.target_count == targets
+        rows = f"{batch.shape[0]} rows"
+        methods[f"HF packed sdpa, {policy} ({rows})"] = ("sdpa", fields, targets)
+        methods[f"seqpack packed, {policy} ({rows})"] = ("seqpack", fields, targets)
+        methods[f"no-op bound, {policy} ({rows})"] = ("noop", fields, targets)
+    for name, (implementation, batches, _) in methods.items():
+        for fields in batches:
+            fields["use_cache"] = False
+    return methods
+
+
+def run(model, implementation, batches):
+    model.set_attn_implementation(implementation)
+    model.zero_grad(set_to_none=True)
+    for fields in batches:
+        model(**fields).loss.backward()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    options = parser.parse_args(argv)
+    torch.set_num_threads(options.threads)
+    docs, table, binding = examples()
+    model = make_model(options.threads)
+    methods = steps(model, docs, table, binding)
+    load_before = os.getloadavg()
+    peak = matmul_peak("float32", options.threads)[0]
+    for implementation, batches, _ in methods.values():  # warm-up
+        run(model, implementation, batches)
+    samples = {name: [] for name in methods}
+    for _ in range(options.repeats):
+        for name, (implementation, batches, _) in methods.items():
+            start = time.perf_counter()
+            run(model, implementation, batches)
+            samples[name].append(time.perf_counter() - start)
+    load_after = os.getloadavg()
+
+    targets = next(iter(methods.values()))[2]
+    rate = {name: targets / statistics.median(times) for name, times in samples.items()}
+    baselines = ("HF per-example", "HF padded (16)")
+    ratios = {}
+    for name in methods:
+        if not name.startswith("seqpack"):
+            continue
+        suffix = name.split(", ", 1)[1]
+        against = {"best HF baseline": None, "HF packed sdpa": f"HF packed sdpa, {suffix}",
+                   "no-op bound": f"no-op bound, {suffix}"}
+        for label, other in against.items():
+            per_round = []
+            for index, ours in enumerate(samples[name]):
+                if other is None:
+                    best = min(samples[b][index] for b in (*baselines, *(n for n in methods if n.startswith("HF packed"))))
+                    per_round.append(best / ours)
+                else:
+                    per_round.append(samples[other][index] / ours)
+            ratios[(name, label)] = (statistics.median(per_round), min(per_round), max(per_round))
+
+    header = (f"CPU: {cpu_description()}; {os.cpu_count()} logical CPUs; torch threads {options.threads}, "
+              f"seqpack kernel threads {sp.nn.attention.kernel_threads(None)}; torch {torch.__version__}")
+    conditions = (f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, after "
+                  f"{tuple(round(x, 2) for x in load_after)}; float32 matmul peak in this run {peak:.0f} GFLOP/s")
+    if options.json:
+        print(json.dumps({
+            "cpu": cpu_description(), "threads": options.threads, "load_before": load_before,
+            "load_after": load_after, "matmul_peak_gflops": peak, "targets": targets,
+            "seconds": samples, "targets_per_second": rate,
+            "ratios": {f"{name} / {label}": list(value) for (name, label), value in ratios.items()},
+        }, indent=2))
+        return
+    print(header)
+    print(conditions)
+    print(f"step: forward + backward, {len(docs)} examples, {targets:,} targets, capacity {CAPACITY}, "
+          f"float32; medians of {options.repeats} rounds\n")
+    print("| method | step s (median) | min..max s | targets/s |")
+    print("| --- | --- | --- | --- |")
+    for name, times in samples.items():
+        print(f"| {name} | {statistics.median(times):.3f} | {min(times):.3f}..{max(times):.3f} | {rate[name]:,.0f} |")
+    print("\n| seqpack packed | against | speed ratio (median of rounds) | round range |")
+    print("| --- | --- | --- | --- |")
+    for (name, label), (median, low, high) in ratios.items():
+        print(f"| {name.split(', ', 1)[1]} | {label} | {median:.2f}x | {low:.2f}x..{high:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
