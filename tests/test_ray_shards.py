@@ -1,6 +1,7 @@
 """The sharded serial path (seqpack.io.shards), which the Ray engine must equal byte for byte:
 shard plans, one part per shard, global ordinals, errors naming shard, file and line."""
 
+import io as io_module
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import seqpack as sp
 from seqpack import io
 from seqpack.errors import InvalidInputError
 from seqpack.io import format as fmt
-from seqpack.io.shards import Unit, pack_shard, pack_sharded, plan_shards, ShardJob
+from seqpack.io.shards import ShardJob, ShardProgress, Unit, pack_shard, pack_sharded, plan_shards
 
 FIELDS = ("inputs", "targets", "positions", "segments", "token_valid", "target_valid", "loss_mask", "valid_lengths")
 TOKENIZER = sp.ByteTokenizer()
@@ -181,3 +182,27 @@ def test_cli_shards_and_engine_usage(tmp_path):
                                (["--address", "auto"], "--address goes with --engine ray")):
         failed = subprocess.run([*command, str(tmp_path / "bad"), *arguments], capture_output=True, text=True)
         assert failed.returncode == 2 and message in failed.stderr
+
+
+def test_the_bar_counts_shards_and_tokens(monkeypatch):
+    pytest.importorskip("tqdm", reason="progress bars need the corpus extra (tqdm)")
+
+    class Terminal(io_module.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    bar = ShardProgress(3, enabled=True)
+    for _ in range(3):
+        bar.shard_done({"documents": 5, "tokens": 1_000_000}, 10)
+    bar.close()
+    drawn = sys.stderr.getvalue()
+    assert "packing shards" in drawn and "3/3" in drawn and "3,000,000 tokens" in drawn
+
+
+def test_the_ray_engine_without_ray_names_the_extra(monkeypatch, tmp_path):
+    from seqpack.ray import pack_corpus
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as if it were not installed
+    with pytest.raises(InvalidInputError, match=r"pip install 'seqpack\[ray\]'"):
+        pack_corpus([], tmp_path / "out", config=CONFIG)
