@@ -111,11 +111,12 @@ def main() -> None:
         binding = sp.BatchBinding.for_tokenizer(tokenizer.identity, split="corpus")
         config = sp.PackConfig(CAPACITY, 8)
         sample, size = [], 0
-        for line in open(paths[0], encoding="utf-8"):
-            sample.append(json.loads(line)["text"])
-            size += len(sample[-1])
-            if size >= 4e6:
-                break
+        with open(paths[0], encoding="utf-8") as handle:
+            for line in handle:
+                sample.append(json.loads(line)["text"])
+                size += len(sample[-1])
+                if size >= 4e6:
+                    break
         peak_one, peak_all = tokenizer_speed(tokenizer, sample, False), tokenizer_speed(tokenizer, sample, True)
         readers = lambda: [io.JsonLines(path) for path in paths]  # noqa: E731
         serial, manifest = timed(lambda out: io.pack_corpus(

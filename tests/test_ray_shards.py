@@ -95,8 +95,8 @@ def test_directory_files_are_units_and_parquet_files_are_split_by_row_groups(tmp
     assert [unit.first_input for unit in units] == [0, 1, 2, 3, 3, 3, 3] and len(inputs) == 4
     manifest = pack_sharded(chosen, tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
                             shards=8, long="cut")
-    whole = io.pack_corpus([io.TextFiles([text_dir]), io.ArrowBatches(path)], tmp_path / "whole", binding=BINDING,
-                           tokenizer=TOKENIZER, config=CONFIG, long="cut")
+    io.pack_corpus([io.TextFiles([text_dir]), io.ArrowBatches(path)], tmp_path / "whole", binding=BINDING,
+                   tokenizer=TOKENIZER, config=CONFIG, long="cut")
     assert len(manifest["parts"]) == len(shards) >= 5
     dataset = io.open_dataset(tmp_path / "out")
     documents = np.concatenate([part.documents for part in dataset.parts])
@@ -145,8 +145,8 @@ def test_a_bad_line_names_shard_file_and_line_and_leaves_nothing(tmp_path):
     lines = paths[3].read_text().splitlines(keepends=True)
     lines[6] = '{"text": "unterminated\n'
     paths[3].write_text("".join(lines))
-    with pytest.raises(InvalidInputError, match=rf"^shard 1 of 3 \(.*part2.jsonl \.\.\. .*part3.jsonl\): "
-                                                rf".*part3.jsonl:7: not valid JSON"):
+    with pytest.raises(InvalidInputError, match=r"^shard 1 of 3 \(.*part2.jsonl \.\.\. .*part3.jsonl\): "
+                                                r".*part3.jsonl:7: not valid JSON"):
         sharded(paths, tmp_path / "out", 3)
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
@@ -172,7 +172,7 @@ def test_cli_shards_and_engine_usage(tmp_path):
     paths = jsonl_corpus(tmp_path / "in")
     command = [sys.executable, "-m", "seqpack", "pack", *map(str, paths), "--capacity", "64", "--rows-per-batch", "4", "--cut-long",
                "--quiet", "--json", "--out"]
-    done = subprocess.run([*command, str(tmp_path / "out"), "--shards", "2"], capture_output=True, text=True)
+    done = subprocess.run([*command, str(tmp_path / "out"), "--shards", "2"], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     manifest = json.loads(done.stdout)
     assert [part["name"] for part in manifest["parts"]] == ["part-00000", "part-00001"]
@@ -180,7 +180,8 @@ def test_cli_shards_and_engine_usage(tmp_path):
     assert manifest["parts"] == reference["parts"]
     for arguments, message in ((["--shards", "0"], "--shards must be at least 1"),
                                (["--address", "auto"], "--address goes with --engine ray")):
-        failed = subprocess.run([*command, str(tmp_path / "bad"), *arguments], capture_output=True, text=True)
+        failed = subprocess.run([*command, str(tmp_path / "bad"), *arguments], capture_output=True, text=True,
+                                check=False)
         assert failed.returncode == 2 and message in failed.stderr
 
 

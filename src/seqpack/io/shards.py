@@ -235,8 +235,8 @@ def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer
     """Pack ``readers`` at ``out`` as one dataset of one part per shard; return its manifest.
 
     The arguments are :func:`~seqpack.io.pack_corpus`'s, plus ``shards`` (at most that
-    many, or ``None`` for one per ``SHARD_BYTES``; see :func:`plan_shards`) and ``run`` (default :func:`run_serially`); ``progress``
-    draws a bar over shards and tokens. Example ordinals, documents, rows and batches
+    many, or ``None`` for one per ``SHARD_BYTES``; see :func:`plan_shards`) and ``run``
+    (default :func:`run_serially`); ``progress`` draws a bar over shards and tokens. Example ordinals, documents, rows and batches
     are global in shard order, then input order. Every runner gives the same bytes.
     """
     out = Path(out)
