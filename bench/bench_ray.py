@@ -19,8 +19,9 @@ Ratios: (a) scaling, Ray 1 worker / Ray 2 workers (the issue asks 1.7x or more);
 overhead, serial best / Ray 2 workers (the issue asks 0.85x or more). Ray's start-up
 (``ray.init(num_cpus=2)``) is timed separately and not in any ratio. The in-run peak is
 the tokenizer's own speed on one and on all threads over 4 MB of the corpus in memory.
-The CPU, the load average before and after, and the driver's peak RSS are printed: on a
-shared 2-core machine other jobs take CPU from whichever run they overlap.
+The CPU, the load average before and after, the driver's peak RSS and, per run, the
+cores it used (CPU seconds of the driver and the Ray workers over wall seconds) are
+printed: on a shared 2-core machine other jobs take CPU from whichever run they overlap.
 """
 
 from __future__ import annotations
@@ -78,15 +79,32 @@ def tokenizer_speed(tokenizer, texts: list[str], parallel: bool) -> float:
     return sum(len(t.encode()) for t in texts) / 1e6 / seconds
 
 
-def timed(call, repeats: int, out: Path) -> tuple[float, dict]:
-    """Median seconds of ``call(out)`` over ``repeats`` runs (the output removed before each)."""
-    seconds, manifest = [], None
+def cpu_seconds() -> float:
+    """CPU time of this process and of every Ray worker process (``ray::...``) so far."""
+    total = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"ray::"):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except OSError:  # a process that ended meanwhile
+            continue
+    return total
+
+
+def timed(call, repeats: int, out: Path) -> tuple[float, float, dict]:
+    """Median seconds of ``call(out)`` over ``repeats`` runs (the output removed before
+    each), the cores used in them (CPU seconds of this process and the Ray workers over
+    wall seconds), and the last manifest."""
+    seconds, cores, manifest = [], [], None
     for _ in range(repeats):
         shutil.rmtree(out, ignore_errors=True)
-        start = time.perf_counter()
+        cpu, start = cpu_seconds(), time.perf_counter()
         manifest = call(out)
         seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), manifest
+        cores.append((cpu_seconds() - cpu) / seconds[-1])
+    return statistics.median(seconds), statistics.median(cores), manifest
 
 
 def main() -> None:
@@ -119,7 +137,7 @@ def main() -> None:
                     break
         peak_one, peak_all = tokenizer_speed(tokenizer, sample, False), tokenizer_speed(tokenizer, sample, True)
         readers = lambda: [io.JsonLines(path) for path in paths]  # noqa: E731
-        serial, manifest = timed(lambda out: io.pack_corpus(
+        serial, serial_cores, manifest = timed(lambda out: io.pack_corpus(
             readers(), out, binding=binding, tokenizer=tokenizer, config=config, policy=POLICY, long="cut"),
             args.repeats, work / "serial")
         start = time.perf_counter()
@@ -129,17 +147,20 @@ def main() -> None:
             ray_run = lambda workers: lambda out: pack_on_ray(  # noqa: E731
                 readers(), out, tokenizer=tokenizer, binding=binding, config=config, policy=POLICY, long="cut",
                 shards=args.shards, workers=workers, threads=1)
-            one, one_manifest = timed(ray_run(1), args.repeats, work / "ray1")
-            two, two_manifest = timed(ray_run(2), args.repeats, work / "ray2")
+            one, one_cores, one_manifest = timed(ray_run(1), args.repeats, work / "ray1")
+            two, two_cores, two_manifest = timed(ray_run(2), args.repeats, work / "ray2")
         finally:
             ray.shutdown()
         assert one_manifest == two_manifest, "the worker count changed the dataset"
         megabytes = manifest["input_bytes"] / 1e6
         tokens = manifest["counts"]["tokens"]
         records = [
-            {"run": "serial, best (tokenizer pool on)", "seconds": serial, "parts": len(manifest["parts"])},
-            {"run": "Ray, 1 worker (1 tokenizer thread)", "seconds": one, "parts": len(one_manifest["parts"])},
-            {"run": "Ray, 2 workers (1 tokenizer thread each)", "seconds": two, "parts": len(two_manifest["parts"])},
+            {"run": "serial, best (tokenizer pool on)", "seconds": serial, "cores": serial_cores,
+             "parts": len(manifest["parts"])},
+            {"run": "Ray, 1 worker (1 tokenizer thread)", "seconds": one, "cores": one_cores,
+             "parts": len(one_manifest["parts"])},
+            {"run": "Ray, 2 workers (1 tokenizer thread each)", "seconds": two, "cores": two_cores,
+             "parts": len(two_manifest["parts"])},
         ]
         for record in records:
             record["MB/s"] = megabytes / record["seconds"]
@@ -161,9 +182,10 @@ def main() -> None:
     print(f"corpus: {megabytes:.1f} MB of JSONL text, {tokens:,} tokens (BPE 8192), {args.shards} shards for Ray; "
           f"median of {args.repeats}")
     print(f"in-run tokenizer peak: {peak_one:.2f} MB/s on one thread, {peak_all:.2f} MB/s on the pool")
-    print(f"{'run':44} {'seconds':>8} {'MB/s':>7} {'M tok/s':>8} {'parts':>6}")
+    print(f"{'run':44} {'seconds':>8} {'MB/s':>7} {'M tok/s':>8} {'cores used':>10} {'parts':>6}")
     for r in records:
-        print(f"{r['run']:44} {r['seconds']:8.2f} {r['MB/s']:7.2f} {r['M tokens/s']:8.3f} {r['parts']:6d}")
+        print(f"{r['run']:44} {r['seconds']:8.2f} {r['MB/s']:7.2f} {r['M tokens/s']:8.3f} {r['cores']:10.2f} "
+              f"{r['parts']:6d}")
     print(f"(a) scaling, Ray 2 workers over 1: {summary['scaling_ray_2_over_1']:.2f}x (target >= 1.7x)")
     print(f"(b) Ray 2 workers against serial best: {summary['ray_2_workers_vs_serial_best']:.2f}x (target >= 0.85x)")
     print(f"Ray start-up (ray.init, num_cpus=2), not in the ratios: {startup:.1f} s")
