@@ -172,3 +172,29 @@ def test_packing_collator_errors_and_the_exact_limit():
         exact([{"input_ids": [0, 5, 6]}])
     with pytest.raises(InvalidInputError, match="PackConfig"):
         sph.PackingCollator({"capacity": 8}, tokenizer_identity=identity)
+
+
+def counting_rank(rank: int, world_size: int, port: int) -> None:
+    """Each rank holds one micro-batch; every rank's count is the union's."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        batches = [packed(lengths=LENGTHS[:5], seed=2)[0], packed(lengths=LENGTHS[5:], seed=3)[0]]
+        mine = [sph.rows(batches[rank])]
+        assert sph.num_items_in_batch(mine) == sum(b.target_count for b in batches)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_num_items_in_batch_sums_over_gloo_ranks():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(counting_rank, args=(2, port), nprocs=2, join=True)
