@@ -32,13 +32,13 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-import seqpack as sp  # noqa: E402
-import seqpack.hf as sph  # noqa: E402
-from seqpack.bench.measure import cpu_description, matmul_peak  # noqa: E402
-from seqpack.bench.workloads import next_fit_lognormal  # noqa: E402
+import seqpack as sp
+import seqpack.hf as sph
+from seqpack.bench.measure import cpu_description, matmul_peak
+from seqpack.bench.workloads import next_fit_lognormal
 
 CAPACITY = 2048
 POLICIES = ("next-fit", "best-fit-decreasing")
@@ -60,7 +60,7 @@ def examples():
     return docs, sp.ExampleTable.from_arrays(np.concatenate(docs), offsets, binding), binding
 
 
-def make_model(threads: int):
+def make_model():
     from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 
     sph.register()
@@ -99,7 +99,7 @@ def steps(model, docs, table, binding):
         methods[f"HF packed sdpa, {policy} ({rows})"] = ("sdpa", fields, targets)
         methods[f"seqpack packed, {policy} ({rows})"] = ("seqpack", fields, targets)
         methods[f"no-op bound, {policy} ({rows})"] = ("noop", fields, targets)
-    for name, (implementation, batches, _) in methods.items():
+    for _, batches, _ in methods.values():
         for fields in batches:
             fields["use_cache"] = False
     return methods
@@ -120,7 +120,7 @@ def main(argv=None) -> None:
     options = parser.parse_args(argv)
     torch.set_num_threads(options.threads)
     docs, table, binding = examples()
-    model = make_model(options.threads)
+    model = make_model()
     methods = steps(model, docs, table, binding)
     load_before = os.getloadavg()
     peak = matmul_peak("float32", options.threads)[0]

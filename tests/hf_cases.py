@@ -44,15 +44,20 @@ def packed(lengths=LENGTHS, policy="best-fit-decreasing", rows_per_batch=8, seed
 def model(kind="llama", dtype=None, attention="seqpack", seed=0, **overrides):
     """A 2-layer model (hidden 64, 4 query heads, 2 key/value heads) with random weights."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     import seqpack.hf
 
     seqpack.hf.register()
     config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM),
                                  "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[kind]
-    settings = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+    settings = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "use_cache": False}
     settings.update(overrides)
     torch.manual_seed(seed)
     built = model_class(config_class(**settings))

@@ -12,19 +12,18 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
 torch = pytest.importorskip("torch", reason="seqpack.hf needs PyTorch: pip install 'seqpack[hf]'")
 pytest.importorskip("transformers", reason="seqpack.hf needs transformers: pip install 'seqpack[hf]'")
 
-from transformers.loss.loss_utils import ForCausalLMLoss  # noqa: E402
+from hf_cases import CAPACITY, close, float64_norms, model, packed
+from transformers.loss.loss_utils import ForCausalLMLoss
 
-import seqpack.hf as sph  # noqa: E402
-import seqpack.hf.attention as attention_module  # noqa: E402
-from seqpack.errors import InvalidInputError  # noqa: E402
-
-from hf_cases import CAPACITY, close, float64_norms, model, packed  # noqa: E402
+import seqpack.hf as sph
+import seqpack.hf.attention as attention_module
+from seqpack.errors import InvalidInputError
 
 
 def separate_step(net, batch, docs, count):

@@ -11,21 +11,19 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import pytest
 
 torch = pytest.importorskip("torch", reason="seqpack.hf needs PyTorch: pip install 'seqpack[hf]'")
 pytest.importorskip("transformers", reason="seqpack.hf needs transformers: pip install 'seqpack[hf]'")
 
-from transformers import DataCollatorWithFlattening  # noqa: E402
-from transformers.loss.loss_utils import ForCausalLMLoss  # noqa: E402
+from hf_cases import CAPACITY, LENGTHS, binding, documents, packed
+from transformers import DataCollatorWithFlattening
+from transformers.loss.loss_utils import ForCausalLMLoss
 
-import seqpack as sp  # noqa: E402
-import seqpack.hf as sph  # noqa: E402
-import seqpack.torch as spt  # noqa: E402
-from seqpack.errors import CapacityError, InvalidInputError, TokenizerError  # noqa: E402
-
-from hf_cases import CAPACITY, LENGTHS, binding, documents, packed  # noqa: E402
+import seqpack as sp
+import seqpack.hf as sph
+import seqpack.torch as spt
+from seqpack.errors import CapacityError, InvalidInputError, TokenizerError
 
 
 def row_major_documents(batch, docs):
@@ -135,9 +133,8 @@ def test_loss_with_num_items_in_batch_equals_the_token_weighted_loss():
 
 
 def test_num_items_in_batch_equals_trainers_own_count(tmp_path):
-    from transformers import Trainer, TrainingArguments
-
     from hf_cases import model
+    from transformers import Trainer, TrainingArguments
 
     window = [packed(lengths=LENGTHS[:5], seed=2)[0], packed(lengths=LENGTHS[5:], seed=3)[0]]
     trainer = Trainer(model=model("llama"), args=TrainingArguments(output_dir=str(tmp_path), report_to=[],

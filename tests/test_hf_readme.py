@@ -7,7 +7,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("torch", reason="seqpack.hf needs PyTorch: pip install 'seqpack[hf]'")
 pytest.importorskip("transformers", reason="seqpack.hf needs transformers: pip install 'seqpack[hf]'")
@@ -17,8 +17,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 @pytest.mark.slow
 def test_the_hugging_face_loop_runs_and_learns(capsys):
-    blocks = re.findall(r"```python hf\n(.*?)```", README.read_text(), flags=re.S)
+    blocks = re.findall(r"```python hf\n(.*?)```", README.read_text(), flags=re.DOTALL)
     assert len(blocks) == 1
-    exec(compile(blocks[0], str(README), "exec"), {})
+    exec(compile(blocks[0], str(README), "exec"), {})  # noqa: S102 (the README block is the test)
     losses = [float(line.split()[3]) for line in capsys.readouterr().out.splitlines()]
     assert len(losses) == 3 and losses[2] < losses[1] < losses[0]

@@ -5,17 +5,17 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import pytest  # noqa: E402
+import pytest
 
 torch = pytest.importorskip("torch", reason="seqpack.hf needs PyTorch: pip install 'seqpack[hf]'")
 pytest.importorskip("transformers", reason="seqpack.hf needs transformers: pip install 'seqpack[hf]'")
 tokenizers = pytest.importorskip("tokenizers", reason="the test trains a tokenizer: pip install 'seqpack[hf]'")
 
-import seqpack as sp  # noqa: E402
-import seqpack.hf as sph  # noqa: E402
-from seqpack.io.encoding import TokenizerFile  # noqa: E402
+from hf_cases import model
 
-from hf_cases import model  # noqa: E402
+import seqpack as sp
+import seqpack.hf as sph
+from seqpack.io.encoding import TokenizerFile
 
 
 def train_tokenizer(texts, path):

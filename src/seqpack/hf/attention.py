@@ -217,7 +217,7 @@ def _valid_lengths(rows: int, width: int, attention_mask, given, covered) -> np.
 
 def _check_window(window: int, lengths: np.ndarray, starts: np.ndarray) -> None:
     """A sliding window changes nothing while every segment fits in it; otherwise it is an error."""
-    rows, width = starts.shape
+    width = starts.shape[1]
     valid = np.arange(width)[None, :] < lengths[:, None]
     spans = np.where(valid, np.arange(width)[None, :] - starts + 1, 0)
     longest = int(spans.max()) if spans.size else 0

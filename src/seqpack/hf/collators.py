@@ -35,6 +35,11 @@ from ..torch.objective import step_target_count
 from ..torch.tensors import IGNORE_INDEX, check_batch, tensors
 
 
+def _row(values: np.ndarray, dtype) -> torch.Tensor:
+    """A ``[1, N]`` tensor of ``values`` in ``dtype``."""
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=dtype)[None, :])
+
+
 def flat(batch) -> dict:
     """The batch's examples flattened as ``DataCollatorWithFlattening`` flattens them.
 
@@ -58,12 +63,11 @@ def flat(batch) -> dict:
     ends = np.append(starts[1:], inputs.size)
     lengths = ends - starts + 1                       # an example's tokens: its cells and its last target
     cu = cumulative_lengths(lengths)
-    as_row = lambda array, dtype: torch.from_numpy(np.ascontiguousarray(array, dtype=dtype)[None, :])  # noqa: E731
     return {
-        "input_ids": as_row(np.insert(inputs, ends, targets[ends - 1]), np.int64),
-        "labels": as_row(np.insert(supervised, starts, IGNORE_INDEX), np.int64),
-        "position_ids": as_row(np.insert(positions, ends, positions[ends - 1] + 1), np.int64),
-        "seq_idx": as_row(np.repeat(np.arange(lengths.size), lengths), np.int32),
+        "input_ids": _row(np.insert(inputs, ends, targets[ends - 1]), np.int64),
+        "labels": _row(np.insert(supervised, starts, IGNORE_INDEX), np.int64),
+        "position_ids": _row(np.insert(positions, ends, positions[ends - 1] + 1), np.int64),
+        "seq_idx": _row(np.repeat(np.arange(lengths.size), lengths), np.int32),
         "cu_seq_lens_q": torch.from_numpy(cu),
         "cu_seq_lens_k": torch.from_numpy(cu.copy()),
         "max_length_q": int(lengths.max()),
