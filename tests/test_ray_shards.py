@@ -207,3 +207,20 @@ def test_the_ray_engine_without_ray_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as if it were not installed
     with pytest.raises(InvalidInputError, match=r"pip install 'seqpack\[ray\]'"):
         pack_corpus([], tmp_path / "out", config=CONFIG)
+
+
+@pytest.mark.slow  # importing ray takes about a second
+def test_a_cluster_that_cannot_be_joined_is_an_input_error(monkeypatch, tmp_path, capsys):
+    ray = pytest.importorskip("ray", reason="the Ray engine needs the ray extra")
+    from seqpack.cli import main
+
+    def refuse(**options):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    paths = jsonl_corpus(tmp_path / "in", files=1)
+    status = main(["pack", str(paths[0]), "--out", str(tmp_path / "out"), "--engine", "ray", "--address", "auto"])
+    assert status == 1
+    assert "cannot join the Ray cluster at auto: Could not find any running Ray instance." in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["in"]

@@ -134,7 +134,10 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
     started = not ray.is_initialized()
     if started:
         options = {"include_dashboard": False} if address is None else {}
-        ray.init(address=address, logging_level=logging.WARNING, **options)
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, **options)
+        except ConnectionError as error:
+            raise InvalidInputError(f"cannot join the Ray cluster at {address}: {error}") from None
     try:
         return pack_sharded(
             readers, out, binding=binding, tokenizer=tokenizer, config=config, shards=shards, policy=policy,
