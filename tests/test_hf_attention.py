@@ -270,3 +270,17 @@ def test_padded_batch_with_a_right_padded_attention_mask():
         for row, doc in enumerate(docs):
             alone = net(input_ids=torch.from_numpy(doc[None, :-1])).logits[0]
             assert close(padded[row, :len(doc) - 1], alone)
+
+
+@pytest.mark.slow
+def test_bfloat16_is_computed_in_float32_and_returned_in_bfloat16():
+    batch, _ = packed(lengths=(5, 3, 9, 12))
+    valid = torch.from_numpy(batch.token_valid.copy())
+    ours, reference = model("llama", torch.bfloat16), model("llama", torch.bfloat16, attention="sdpa")
+    out = ours(**sph.rows(batch))
+    out.loss.backward()
+    want = reference(**sph.rows(batch))
+    assert out.logits.dtype == torch.bfloat16
+    assert all(p.grad.dtype == torch.bfloat16 and torch.isfinite(p.grad).all() for p in ours.parameters())
+    difference = (out.logits[valid].float() - want.logits[valid].float()).abs().max()
+    assert difference <= 0.02 * want.logits[valid].float().abs().max()
