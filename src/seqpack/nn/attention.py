@@ -228,12 +228,13 @@ def _outputs(specs: dict, dtype, inputs: dict) -> list:
             raise InvalidInputError(
                 f"{name} has shape {given.shape} and dtype {given.dtype}; expected {shape} {dtype}"
             )
-        if not (given.flags.writeable and _in_place(given)):
+        flags = given.flags
+        if not (flags.writeable and ((flags.c_contiguous and flags.aligned) or _in_place(given))):
             raise InvalidInputError(
                 f"{name} must be writeable, with a contiguous last axis and non-negative, "
                 f"aligned strides; got strides {given.strides}"
             )
-        if not given.flags.c_contiguous and _overlaps_itself(given):
+        if not flags.c_contiguous and _overlaps_itself(given):
             raise InvalidInputError(f"{name} overlaps itself in memory (strides {given.strides})")
     check_disjoint({name: given for name, (given, _) in specs.items()}, inputs)
     return [np.empty(shape, dtype=dtype) if given is None else given for given, shape in specs.values()]
