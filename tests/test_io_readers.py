@@ -127,6 +127,47 @@ def test_jsonl_errors_name_file_and_line(tmp_path, content, field, message):
     assert not (tmp_path / "out").exists()
 
 
+def chunk_documents(reader):
+    """``(line, text)`` of every document a reader yields."""
+    return [(line, text) for chunk in reader.chunks(0) for line, text in zip(chunk.locations.tolist(), chunk.texts)]
+
+
+def test_jsonl_line_ranges_read_the_file_in_pieces_with_its_line_numbers(tmp_path, monkeypatch):
+    monkeypatch.setattr(io.JsonLines, "SCAN_BYTES", 5)  # count lines over many small blocks
+    path = tmp_path / "lines.jsonl"
+    lines = [json.dumps({"text": "x" * (i % 9)}) + "\n" if i % 7 else "\n" for i in range(60)]
+    path.write_text("".join(lines) + json.dumps({"text": "last, no newline"}))
+    starts = np.cumsum([0] + [len(line) for line in lines]).tolist()  # line i + 1 starts at starts[i]
+    whole = chunk_documents(io.JsonLines(path))
+    assert len(whole) == 52 and whole[-1] == (61, "last, no newline")
+    # A cut inside a line moves to the next line start; on a line start it stays; repeated,
+    # inside the last line (no newline), past the end or at the start it adds nothing.
+    cuts = [0, starts[10] + 3, starts[10] + 4, starts[20], starts[45] - 1, starts[59] + 2, starts[60] + 2, 10**9]
+    pieces = io.JsonLines(path).split(cuts)
+    assert [(p.start, p.stop, p.first_line) for p in pieces] == [
+        (0, starts[11], 1), (starts[11], starts[20], 12), (starts[20], starts[45], 21), (starts[45], starts[60], 46),
+        (starts[60], path.stat().st_size, 61)]
+    assert [document for piece in pieces for document in chunk_documents(piece)] == whole
+    assert chunk_documents(pieces[1])[0] == (12, "xx")
+    again = pieces[2].split([starts[30] + 1])  # a piece splits within its own range
+    assert [(p.start, p.stop, p.first_line) for p in again] == [(starts[20], starts[31], 21),
+                                                                 (starts[31], starts[45], 32)]
+
+
+def test_a_bad_line_in_a_line_range_names_its_line_in_the_file(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"text": "a"}) + "\n" + "\n" * 5 + json.dumps({"text": "b"}) + "\n" + "{oops\n")
+    first, second = io.JsonLines(path).split([15])
+    assert chunk_documents(first) == [(1, "a")] and second.first_line == 3
+    with pytest.raises(sp.InvalidInputError, match=r"bad\.jsonl:8: not valid JSON"):
+        chunk_documents(second)
+    for options, message in (({"start": -1}, "start must be at least 0"), ({"start": 5, "stop": 4}, "stop must be"),
+                             ({"first_line": 0}, "first_line must be at least 1"), ({"start": True}, "start must be")):
+        with pytest.raises(sp.InvalidInputError, match=message):
+            io.JsonLines(path, **options)
+    assert chunk_documents(io.JsonLines(path, start=15, stop=15, first_line=3)) == []  # an empty range is allowed
+
+
 def test_long_documents_error_names_the_line_unless_cut(tmp_path):
     path = tmp_path / "long.jsonl"
     path.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"text": "b" * 40}) + "\n")

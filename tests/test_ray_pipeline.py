@@ -78,14 +78,25 @@ def assert_same_bytes(expected, actual):
             assert (expected / name).read_bytes() == (actual / name).read_bytes(), name
 
 
+@pytest.fixture(scope="module")
+def one_file(corpus):
+    """The first four corpus files as one JSONL file, which shards split into line ranges."""
+    path = corpus[0].parent.parent / "one.jsonl"
+    path.write_bytes(b"".join(p.read_bytes() for p in corpus[:4]))
+    return path
+
+
 @pytest.mark.parametrize("shards", [1, 2, 4])
-def test_ray_output_equals_the_serial_output(cluster, corpus, tmp_path, shards):
-    reference = serial([io.JsonLines(p) for p in corpus], tmp_path / "serial", shards)
-    manifest = on_ray([io.JsonLines(p) for p in corpus], tmp_path / "ray", shards)
-    assert manifest == reference and len(manifest["parts"]) == shards
-    assert [part["files"] for part in manifest["parts"]] == [part["files"] for part in reference["parts"]]
-    assert_same_bytes(tmp_path / "serial", tmp_path / "ray")
-    assert io.verify_dataset(tmp_path / "ray")["parts"] == shards
+def test_ray_output_equals_the_serial_output(cluster, corpus, one_file, tmp_path, shards):
+    for name, paths in (("files", corpus), ("one", [one_file])):
+        reference = serial([io.JsonLines(p) for p in paths], tmp_path / f"{name}-serial", shards)
+        manifest = on_ray([io.JsonLines(p) for p in paths], tmp_path / f"{name}-ray", shards)
+        assert manifest == reference and len(manifest["parts"]) == shards
+        assert [part["files"] for part in manifest["parts"]] == [part["files"] for part in reference["parts"]]
+        assert_same_bytes(tmp_path / f"{name}-serial", tmp_path / f"{name}-ray")
+        assert io.verify_dataset(tmp_path / f"{name}-ray")["parts"] == shards
+    dataset = io.open_dataset(tmp_path / "one-ray")
+    assert dataset.example_id(dataset.occurrence_count - 1).startswith(f"{one_file}:800")  # global line numbers
 
 
 class SlowJsonLines(io.JsonLines):
@@ -105,28 +116,29 @@ class SlowJsonLines(io.JsonLines):
 def test_a_killed_worker_is_retried_and_the_dataset_is_identical(cluster, corpus, tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()
-    reference = serial([io.JsonLines(p) for p in corpus[:2]], tmp_path / "serial", 2)
+    reference = serial([io.JsonLines(p) for p in corpus[:3]], tmp_path / "serial", 2)
+    slow_last = [io.JsonLines(corpus[0]), io.JsonLines(corpus[1]), SlowJsonLines(corpus[2], marks, 2.0)]
     outcome = {}
 
     def run():
         try:
-            outcome["manifest"] = on_ray([SlowJsonLines(p, marks, 2.0) for p in corpus[:2]], tmp_path / "ray", 2)
+            outcome["manifest"] = on_ray(slow_last, tmp_path / "ray", 2)  # files under a shard's bytes: not cut
         except Exception as error:  # reported by the assertions below
             outcome["error"] = error
 
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 60
-    while not any(marks.glob("part1.jsonl.*")) and time.monotonic() < deadline:
+    while not any(marks.glob("part2.jsonl.*")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    victim = int(next(marks.glob("part1.jsonl.*")).suffix[1:])
+    victim = int(next(marks.glob("part2.jsonl.*")).suffix[1:])
     assert victim != os.getpid()
     os.kill(victim, signal.SIGKILL)
     killed_mid_run = thread.is_alive()
     thread.join(120)
     assert killed_mid_run and not thread.is_alive()
     assert "error" not in outcome, outcome.get("error")
-    attempts = sorted(int(mark.suffix[1:]) for mark in marks.glob("part1.jsonl.*"))
+    attempts = sorted(int(mark.suffix[1:]) for mark in marks.glob("part2.jsonl.*"))
     assert len(attempts) == 2 and victim in attempts  # the shard ran again, in another worker
     assert outcome["manifest"] == reference
     assert_same_bytes(tmp_path / "serial", tmp_path / "ray")
@@ -157,6 +169,12 @@ def test_a_bad_line_fails_the_run_naming_shard_file_and_line(cluster, tmp_path):
                                                 r".*part3.jsonl:12: field 'text' is not a string$"):
         on_ray([io.JsonLines(p) for p in paths], tmp_path / "out", 3)
     assert sorted(os.listdir(tmp_path)) == ["in"]  # no output, no hidden partial sibling
+    one = tmp_path / "in" / "one.jsonl"  # the same line in the second line range of one file
+    one.write_bytes(b"".join(p.read_bytes() for p in paths))
+    with pytest.raises(InvalidInputError, match=r"^shard 1 of 2 \(.*one.jsonl\): .*one.jsonl:162: field 'text' is not "
+                                                r"a string$"):
+        on_ray([io.JsonLines(one)], tmp_path / "out", 2)
+    assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
 def test_the_command_line_engine_ray_equals_serial_shards(cluster, corpus, tmp_path, capsys):

@@ -59,8 +59,10 @@ def test_plan_is_contiguous_balanced_and_drops_empty_shards(tmp_path):
     assert [item.name for item in inputs] == [str(p) for p in paths]
     assert [[unit.first_input for unit in shard.units] for shard in shards] == [[0, 1], [2, 3], [4, 5]]
     assert [(shard.index, shard.count) for shard in shards] == [(0, 3), (1, 3), (2, 3)]
-    _, many = plan_shards(readers(paths), 50)  # more shards than files: one file each
-    assert [len(shard.units) for shard in many] == [1] * 6 and many[-1].count == 6
+    _, many = plan_shards(readers(paths), 50)  # more shards than files: files cut into line ranges
+    ranges = [(unit.first_input, unit.reader.first_line) for shard in many for unit in shard.units]
+    assert ranges == sorted(ranges) and len(set(ranges)) == len(ranges) > 6 and 6 < len(many) <= 50
+    assert dict(reversed(ranges)) == dict.fromkeys(range(6), 1)  # each file's first range starts at line 1
     _, one = plan_shards(readers(paths), 1)
     assert len(one) == 1 and len(one[0].units) == 6
     _, default = plan_shards(readers(paths), None)  # one per 64 MiB: all of this in one
@@ -70,11 +72,26 @@ def test_plan_is_contiguous_balanced_and_drops_empty_shards(tmp_path):
             plan_shards(readers(paths), bad)
 
 
-def test_a_large_input_goes_to_the_shard_of_its_middle_byte(tmp_path):
-    big = write_jsonl(tmp_path / "big.jsonl", ["x" * 50] * 100)
+def test_a_large_unsplittable_input_goes_to_the_shard_of_its_middle_byte(tmp_path):
+    big = tmp_path / "big.txt"
+    big.write_text("x" * 6200)
     small = [write_jsonl(tmp_path / f"s{i}.jsonl", ["y" * 50] * 10) for i in range(3)]
-    _, shards = plan_shards(readers([big, *small]), 4)
+    _, shards = plan_shards([io.TextFiles([big]), *readers(small)], 4)
     assert [[unit.first_input for unit in shard.units] for shard in shards] == [[0], [1, 2, 3]]
+
+
+def test_a_large_jsonl_file_is_cut_into_line_ranges_at_the_shard_boundaries(tmp_path):
+    big = write_jsonl(tmp_path / "big.jsonl", ["x" * 50] * 100)  # 100 lines of 63 bytes
+    small = [write_jsonl(tmp_path / f"s{i}.jsonl", ["y" * 50] * 10) for i in range(3)]
+    _, shards = plan_shards(readers([big, *small]), 4)  # a shard is 8190 / 4 = 2047.5 bytes
+    pieces = [[(unit.first_input, unit.reader.start, unit.reader.stop, unit.reader.first_line, unit.weight)
+               for unit in shard.units] for shard in shards]
+    # Cuts at 2048, 4095 and 6143 move on to the next line start: 2079 (line 34), 4095 (66), 6174 (99).
+    assert pieces == [[(0, 0, 2079, 1, 2079)], [(0, 2079, 4095, 34, 2016)], [(0, 4095, 6174, 66, 2079)],
+                      [(0, 6174, 6300, 99, 126), (1, 0, None, 1, 630), (2, 0, None, 1, 630), (3, 0, None, 1, 630)]]
+    _, alone = plan_shards(readers(small), 3)  # files under a shard's bytes stay whole
+    assert [[(unit.first_input, unit.reader.stop) for unit in shard.units] for shard in alone] == \
+        [[(0, None)], [(1, None)], [(2, None)]]
 
 
 @pytest.mark.slow
@@ -107,15 +124,18 @@ def test_directory_files_are_units_and_parquet_files_are_split_by_row_groups(tmp
     assert io.verify_dataset(tmp_path / "out")["parts"] == len(shards)
 
 
-def test_open_dataset_over_the_parts_is_the_concatenation_of_each_shard_alone(tmp_path):
-    paths = jsonl_corpus(tmp_path / "in")
-    manifest = sharded(paths, tmp_path / "all", 3)
-    _, shards = plan_shards(readers(paths), 3)
-    combined = io.open_dataset(tmp_path / "all")
+def assert_the_concatenation_of_each_shard_alone(chosen, out, count):
+    """The dataset of ``chosen`` in ``count`` shards at ``out`` holds, batch by batch, the
+    datasets of each shard's units packed alone, with segments counted on; return its manifest."""
+    manifest = pack_sharded(chosen, out, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=count,
+                            policy="best-fit-decreasing", long="cut")
+    _, shards = plan_shards(chosen, count)
+    combined = io.open_dataset(out)
     batches, first_example = [], 0
     for shard in shards:
-        alone = tmp_path / f"alone{shard.index}"
-        sharded([paths[unit.first_input] for unit in shard.units], alone, 1)
+        alone = out.parent / f"{out.name}-alone{shard.index}"
+        pack_sharded([unit.reader for unit in shard.units], alone, binding=BINDING, tokenizer=TOKENIZER,
+                     config=CONFIG, shards=1, policy="best-fit-decreasing", long="cut")
         for batch in io.open_dataset(alone):
             segments = np.where(batch.segments >= 0, batch.segments + first_example, batch.segments)
             batches.append({**{f: getattr(batch, f) for f in FIELDS}, "segments": segments})
@@ -127,8 +147,29 @@ def test_open_dataset_over_the_parts_is_the_concatenation_of_each_shard_alone(tm
             assert np.array_equal(getattr(batch, field), expected[field]), (number, field)
     assert [part["first_example"] for part in manifest["parts"]] == \
         list(np.cumsum([0] + [part["examples"] for part in manifest["parts"]])[:-1])
-    assert manifest["shards"]["count"] == 3 and "placed on its own" in manifest["shards"]["placement"]
-    assert io.verify_dataset(tmp_path / "all")["parts"] == 3
+    assert manifest["shards"]["count"] == len(shards) and "placed on its own" in manifest["shards"]["placement"]
+    assert io.verify_dataset(out)["parts"] == len(shards)
+    return manifest
+
+
+def test_open_dataset_over_the_parts_is_the_concatenation_of_each_shard_alone(tmp_path):
+    paths = jsonl_corpus(tmp_path / "in")
+    assert len(assert_the_concatenation_of_each_shard_alone(readers(paths), tmp_path / "all", 3)["parts"]) == 3
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_one_jsonl_file_in_shards_is_the_concatenation_with_global_lines(tmp_path, count):
+    paths = jsonl_corpus(tmp_path / "in", files=3, per_file=40)
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b"".join(path.read_bytes() for path in paths) + b"\n")  # and a blank last line
+    manifest = assert_the_concatenation_of_each_shard_alone([io.JsonLines(big)], tmp_path / "all", count)
+    assert len(manifest["parts"]) == count
+    whole = tmp_path / "whole"
+    io.pack_corpus([io.JsonLines(big)], whole, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, long="cut")
+    # Ordinals in line order, every example named by its line in the whole file.
+    assert examples(io.open_dataset(tmp_path / "all")) == examples(io.open_dataset(whole))
+    dataset = io.open_dataset(tmp_path / "all")
+    assert dataset.example_id(dataset.occurrence_count - 1).startswith(f"{big}:120[")  # a cut of the last line
 
 
 def test_one_shard_holds_the_unsharded_dataset_bytes(tmp_path):
@@ -149,6 +190,19 @@ def test_a_bad_line_names_shard_file_and_line_and_leaves_nothing(tmp_path):
                                                 r".*part3.jsonl:7: not valid JSON"):
         sharded(paths, tmp_path / "out", 3)
     assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+def test_a_bad_line_in_a_later_line_range_names_its_line_in_the_file(tmp_path):
+    big = write_jsonl(tmp_path / "big.jsonl", [f"document {i}" for i in range(300)])
+    lines = big.read_text().splitlines(keepends=True)
+    lines[250] = '{"text": "unterminated\n'
+    big.write_text("".join(lines))
+    _, shards = plan_shards([io.JsonLines(big)], 2)
+    assert shards[1].units[0].reader.first_line < 251
+    with pytest.raises(InvalidInputError, match=r"^shard 1 of 2 \(.*big.jsonl\): .*big.jsonl:251: not valid JSON"):
+        pack_sharded([io.JsonLines(big)], tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
+                     shards=2)
+    assert sorted(os.listdir(tmp_path)) == ["big.jsonl"]
 
 
 def test_a_shard_rewrites_what_an_earlier_attempt_left(tmp_path):

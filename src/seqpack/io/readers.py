@@ -11,6 +11,7 @@ it (the ``corpus`` extra).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .._limits import check_int, check_optional_int
 from ..errors import InvalidInputError
 
 #: Input bytes a chunk holds (about; one document may exceed it).
@@ -162,23 +164,92 @@ class TextFiles:
                 first, texts, size = index + 1, [], 0
 
 
+def _line_boundary(handle, offset: int, stop: int) -> int:
+    """The first line start at or after ``offset`` (``stop`` if none is before it)."""
+    if offset <= 0:
+        return 0
+    position = offset - 1
+    handle.seek(position)
+    while position < stop:
+        block = handle.read(min(1 << 16, stop - position))
+        if not block:
+            break
+        newline = block.find(b"\n")
+        if newline >= 0:
+            return position + newline + 1
+        position += len(block)
+    return stop
+
+
+def _count_newlines(handle, start: int, stop: int, block_bytes: int) -> int:
+    """Newlines in bytes ``[start, stop)`` of ``handle``, counted a block at a time."""
+    handle.seek(start)
+    count, position = 0, start
+    while position < stop:
+        block = handle.read(min(block_bytes, stop - position))
+        if not block:
+            break
+        count += block.count(b"\n")
+        position += len(block)
+    return count
+
+
 class JsonLines:
     """A JSONL file: one JSON object a line, the document in ``text_field`` (a string) or
-    ``ids_field`` (a list of token IDs). Blank lines are skipped; lines count from 1."""
+    ``ids_field`` (a list of token IDs). Blank lines are skipped; lines count from 1.
 
-    def __init__(self, path, *, text_field: str = "text", ids_field: str | None = None):
+    A piece of the file is the lines in bytes ``[start, stop)`` (``stop=None``: to the
+    end), where ``start`` is a line boundary and ``first_line`` is the number of the line
+    it begins; :meth:`split` makes such pieces, and errors name the file's own lines."""
+
+    #: Bytes read at a time when looking for line boundaries and counting lines.
+    SCAN_BYTES = 16 << 20
+
+    def __init__(self, path, *, text_field: str = "text", ids_field: str | None = None, start: int = 0,
+                 stop: int | None = None, first_line: int = 1):
         self.path = Path(path)
         if not self.path.is_file():
             raise InvalidInputError(f"{path}: no such file")
         self.field = ids_field or text_field
         self.pretokenized = ids_field is not None
+        self.start = check_int("start", start, minimum=0)
+        self.stop = check_optional_int("stop", stop, minimum=self.start)
+        self.first_line = check_int("first_line", first_line)
         self.inputs = [Input(str(path), "jsonl", "line")]
+
+    def split(self, cuts) -> list[JsonLines]:
+        """This reader's lines as consecutive pieces, cut at the first line boundary at or
+        after each byte offset in ``cuts`` (ascending); empty pieces are dropped. Each piece
+        is a copy of this reader (its class and settings) over its bytes. One pass
+        over the bytes before the last cut counts the lines (``bytes.count`` on blocks of
+        ``SCAN_BYTES``: no Python step per line)."""
+        stop = os.path.getsize(self.path) if self.stop is None else self.stop
+        bounds, numbers = [self.start], [self.first_line]
+        with open(self.path, "rb") as handle:
+            for cut in cuts:
+                boundary = _line_boundary(handle, max(int(cut), bounds[-1]), stop)
+                if bounds[-1] < boundary < stop:
+                    numbers.append(numbers[-1] + _count_newlines(handle, bounds[-1], boundary, self.SCAN_BYTES))
+                    bounds.append(boundary)
+        return [self._piece(first, last, number) for first, last, number in zip(bounds, [*bounds[1:], stop], numbers)]
+
+    def _piece(self, start: int, stop: int, first_line: int) -> JsonLines:
+        """A copy of this reader (of its class, with its settings) over bytes ``[start, stop)``."""
+        piece = copy.copy(self)
+        piece.start, piece.stop, piece.first_line = start, stop, first_line
+        return piece
 
     def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
         values, lines, size = [], [], 0
         where = self.inputs[0]
+        remaining = None if self.stop is None else self.stop - self.start
         with open(self.path, "rb") as handle:
-            for number, line in enumerate(handle, start=1):
+            handle.seek(self.start)
+            for number, line in enumerate(handle, start=self.first_line):
+                if remaining is not None:
+                    if remaining <= 0:
+                        break
+                    remaining -= len(line)
                 if not line.strip():
                     continue
                 try:

@@ -2,7 +2,8 @@
 
 :func:`plan_shards` splits the readers' inputs into at most ``count`` contiguous shards
 of about equal input bytes, in input order: whole files (a directory's files one by
-one), and Parquet files by row groups. :func:`pack_shard` packs one shard on its own into
+one), Parquet files by row groups, and JSONL files of at least a shard's bytes by line
+ranges cut near the shard boundaries. :func:`pack_shard` packs one shard on its own into
 one part (placement policies apply within a shard, never across shards).
 :func:`pack_sharded` runs the shards, one after another here or through a runner (as
 ``seqpack.ray`` does on a cluster), and publishes the dataset only once every part is
@@ -30,7 +31,17 @@ from ..packing.config import PackConfig
 from . import format as fmt
 from .encoding import ChunkEncoder
 from .progress import Progress
-from .readers import ArrowBatches, DocumentChunk, Input, Reader, TextFiles, _column_field, arrow_chunk, import_pyarrow
+from .readers import (
+    ArrowBatches,
+    DocumentChunk,
+    Input,
+    JsonLines,
+    Reader,
+    TextFiles,
+    _column_field,
+    arrow_chunk,
+    import_pyarrow,
+)
 from .writer import STAGED_TOKENS, Stage, check_arguments, describe_binding, manifest_of, stage_documents, write_part
 
 #: What the manifest says about placement in a sharded dataset.
@@ -128,10 +139,33 @@ def units_of(reader: Reader, first_input: int) -> list[Unit]:
     return [Unit(reader, first_input, weight)]
 
 
+def _split_large_jsonl(units: list[Unit], count: int, total: int) -> list[Unit]:
+    """``units`` with every whole JSONL file of at least a shard's bytes (``total / count``)
+    cut into line ranges at the shard boundaries inside it (``k * total / count``, rounded
+    up, moved on to the next line start), so that those shards split the file."""
+    result, begin = [], 0
+    for unit in units:
+        weight = max(unit.weight, 1)
+        reader = unit.reader
+        if isinstance(reader, JsonLines) and reader.start == 0 and reader.stop is None and weight * count >= total:
+            shard = np.arange(begin * count // total + 1, (begin + weight) * count // total + 1, dtype=np.int64)
+            cuts = -(-shard * total // count) - begin
+            cuts = cuts[(cuts > 0) & (cuts < weight)].tolist()
+        else:
+            cuts = []
+        if cuts:
+            result.extend(Unit(piece, unit.first_input, piece.stop - piece.start) for piece in reader.split(cuts))
+        else:
+            result.append(unit)
+        begin += weight
+    return result
+
+
 def plan_shards(readers: list[Reader], count: int | None) -> tuple[list[Input], list[Shard]]:
     """``(inputs, shards)``: every input in order, and at most ``count`` shards (by
     default one per ``SHARD_BYTES`` of input) of consecutive units of about equal bytes
-    (a unit goes to the shard its middle byte falls in; empty shards are dropped). The
+    (a unit goes to the shard its middle byte falls in; empty shards are dropped). A JSONL
+    file of at least a shard's bytes is first cut into line ranges at the shard boundaries. The
     plan depends only on the inputs and ``count``, never on the machines that pack it."""
     count = None if count is None else check_int("shards", count)
     inputs = [item for reader in readers for item in reader.inputs]
@@ -141,10 +175,12 @@ def plan_shards(readers: list[Reader], count: int | None) -> tuple[list[Input], 
         first += len(reader.inputs)
     if not units:
         raise InvalidInputError("the inputs hold no document with content")
+    total = sum(max(unit.weight, 1) for unit in units)
+    if count is None:
+        count = max(1, -(-total // SHARD_BYTES))
+    units = _split_large_jsonl(units, count, total)
     weights = np.array([max(unit.weight, 1) for unit in units], dtype=np.int64)
     ends = np.cumsum(weights)
-    if count is None:
-        count = max(1, -(-int(ends[-1]) // SHARD_BYTES))
     middles = 2 * (ends - weights) + weights  # twice each unit's middle byte
     owners = np.minimum(middles * count // (2 * int(ends[-1])), count - 1)
     groups = np.split(np.arange(len(units)), np.flatnonzero(np.diff(owners)) + 1)
