@@ -23,7 +23,8 @@ from seqpack.cli import main  # noqa: E402
 from seqpack.errors import InvalidInputError  # noqa: E402
 from seqpack.io import format as fmt  # noqa: E402
 from seqpack.io.shards import pack_sharded  # noqa: E402
-from seqpack.ray import pack_corpus  # noqa: E402
+from seqpack.ray import pack_corpus, pipeline  # noqa: E402
+from seqpack.ray.pipeline import ray_runner  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -177,13 +178,24 @@ def test_a_bad_line_fails_the_run_naming_shard_file_and_line(cluster, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
-def test_the_command_line_engine_ray_equals_serial_shards(cluster, corpus, tmp_path, capsys):
+def test_the_command_line_engine_ray_equals_serial_shards(cluster, corpus, tmp_path, capsys, monkeypatch):
     common = ["pack", *map(str, corpus[:4]), "--capacity", "128", "--cut-long", "--shards", "3", "--quiet", "--json"]
     assert main([*common, "--out", str(tmp_path / "serial")]) == 0
     serial_manifest = json.loads(capsys.readouterr().out)
     assert main([*common, "--out", str(tmp_path / "ray"), "--engine", "ray"]) == 0
     assert json.loads(capsys.readouterr().out) == serial_manifest
     assert_same_bytes(tmp_path / "serial", tmp_path / "ray")
+    runners = []
+
+    def recording_runner(ray_module, **options):
+        runners.append(options)
+        return ray_runner(ray_module, **options)
+
+    monkeypatch.setattr(pipeline, "ray_runner", recording_runner)
+    assert main([*common, "--out", str(tmp_path / "one"), "--engine", "ray", "--workers", "1"]) == 0
+    assert json.loads(capsys.readouterr().out) == serial_manifest
+    assert runners == [{"cpus_per_task": 1, "max_retries": 3, "workers": 1}]
+    assert_same_bytes(tmp_path / "serial", tmp_path / "one")
     assert json.loads((tmp_path / "ray" / fmt.MANIFEST).read_text())["shards"]["count"] == 3
 
 

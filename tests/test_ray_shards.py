@@ -233,7 +233,9 @@ def test_cli_shards_and_engine_usage(tmp_path):
     reference = sharded(paths, tmp_path / "api", 2, policy="next-fit")
     assert manifest["parts"] == reference["parts"]
     for arguments, message in ((["--shards", "0"], "--shards must be at least 1"),
-                               (["--address", "auto"], "--address goes with --engine ray")):
+                               (["--address", "auto"], "--address goes with --engine ray"),
+                               (["--workers", "2"], "--workers goes with --engine ray"),
+                               (["--engine", "ray", "--workers", "0"], "--workers must be at least 1")):
         failed = subprocess.run([*command, str(tmp_path / "bad"), *arguments], capture_output=True, text=True,
                                 check=False)
         assert failed.returncode == 2 and message in failed.stderr

@@ -69,6 +69,8 @@ def _add_pack(commands) -> None:
                            "with either engine; default: one part, or with --engine ray one shard per 64 MiB)")
     pack.add_argument("--address", metavar="ADDR",
                       help="with --engine ray: the Ray cluster to join (e.g. auto); default: start a local one")
+    pack.add_argument("--workers", type=int, metavar="N",
+                      help="with --engine ray: at most N tasks at once (default: as many as the cluster's CPUs take)")
     pack.add_argument("--quiet", action="store_true", help="no progress bar")
     pack.add_argument("--json", action="store_true", help="print the manifest as JSON instead of the report")
     pack.set_defaults(run=_pack)
@@ -142,6 +144,11 @@ def _pack(args) -> int:
         raise UsageError("--shards must be at least 1")
     if args.address is not None and args.engine != "ray":
         raise UsageError("--address goes with --engine ray")
+    if args.workers is not None:
+        if args.engine != "ray":
+            raise UsageError("--workers goes with --engine ray")
+        if args.workers < 1:
+            raise UsageError("--workers must be at least 1")
     if args.threads is not None:
         if args.threads < 1:
             raise UsageError("--threads must be at least 1")
@@ -166,7 +173,7 @@ def _pack(args) -> int:
             from .ray import pack_corpus as pack_on_ray
 
             manifest = pack_on_ray(readers, args.out, binding=binding, shards=args.shards, address=args.address,
-                                   progress=not args.quiet, threads=args.threads or 1, **common)
+                                   workers=args.workers, progress=not args.quiet, threads=args.threads or 1, **common)
         elif args.shards is not None:
             from .io.shards import pack_sharded
 
