@@ -16,8 +16,8 @@ def seqpack_command():
     return script
 
 
-def run(*args):
-    return subprocess.run([seqpack_command(), *args], capture_output=True, text=True, timeout=120)
+def run(*args, timeout=300):
+    return subprocess.run([seqpack_command(), *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_version():
@@ -121,6 +121,27 @@ def test_bench_attention_json_on_the_fixture_shape():
         if record["method"] == "seqpack fused":
             assert record["forward_ms"] > 0 and record["forward_backward_ms"] >= record["forward_ms"] * 0.5
             assert record["edges"] < record["dense_cells"]
+
+
+@pytest.mark.slow
+def test_bench_train_json():
+    pytest.importorskip("transformers", reason="seqpack bench train needs the hf extra: pip install 'seqpack[hf]'")
+    result = run("bench", "train", "--repeats", "1", "--threads", "1", "--json", timeout=900)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["targets"] == 7051 and report["threads"] == 1
+    methods = set(report["seconds"])
+    assert {"HF per-example", "HF padded (16)"} <= methods
+    for policy in ("next-fit", "best-fit-decreasing"):
+        for method in ("HF packed sdpa", "seqpack packed", "no-op bound"):
+            assert any(name.startswith(f"{method}, {policy} (") for name in methods), (method, policy)
+    assert all(len(times) == 1 and times[0] > 0 for times in report["seconds"].values())
+    assert len(report["ratios"]) == 6 and all(ratio[0] > 0 for ratio in report["ratios"].values())
+
+
+def test_bench_train_argument_errors():
+    result = run("bench", "train", "--repeats", "0")
+    assert result.returncode == 1 and "--repeats must be at least 1" in result.stderr
 
 
 def test_bench_needs_a_suite():

@@ -1,4 +1,4 @@
-"""The README's "Training Hugging Face models" loop runs as written (its block is fenced
+"""The README's "Training a Hugging Face model" loop runs as written (its block is fenced
 ``python hf`` so the plain README test needs neither PyTorch nor transformers)."""
 
 import os

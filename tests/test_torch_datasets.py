@@ -50,8 +50,33 @@ def test_map_style_items_are_the_batches_as_tensors():
     padded = sp.pad(sp.ExampleTable.from_arrays([0, 40, 41, 1], [0, 4], sp.BatchBinding.fixture()), sp.PadConfig(),
                     partition=sp.Partition.TRAIN, binding=sp.BatchBinding.fixture())
     assert st.PackedDataset(padded)[0]["valid_lengths"].tolist() == [3]
-    with pytest.raises(sp.InvalidInputError, match="expected a PackingPlan or an epoch"):
+    with pytest.raises(sp.InvalidInputError, match="expected a PackingPlan, a dataset from seqpack.open_dataset"):
         st.PackedDataset([1, 2])
+
+
+def test_a_packed_dataset_on_disk_feeds_both_datasets(tmp_path):
+    """``open_dataset`` stands in for the plan it was packed from, in workers too (it pickles as its path)."""
+    rng = np.random.default_rng(5)
+    texts = [bytes(rng.integers(32, 127, size=n, dtype=np.uint8)) for n in rng.integers(2, 60, size=50)]
+    tokenizer = sp.ByteTokenizer()
+    binding = sp.BatchBinding.for_tokenizer(tokenizer, split="tests")
+    config = sp.PackConfig(64, 2)
+    (tmp_path / "docs").mkdir()
+    for index, text in enumerate(texts):
+        (tmp_path / "docs" / f"doc{index:03d}.txt").write_bytes(text)
+    sp.io.pack_corpus([sp.io.TextFiles([tmp_path / "docs"])], tmp_path / "packed", binding=binding, tokenizer=tokenizer,
+                      config=config, policy="best-fit-decreasing")
+    on_disk = sp.open_dataset(tmp_path / "packed")
+    in_memory = sp.plan(sp.ExampleTable.from_texts(texts, binding, capacity=64), config, partition=sp.Partition.TRAIN,
+                        binding=binding, policy="best-fit-decreasing")
+    assert len(st.PackedDataset(on_disk)) == len(in_memory) > 5
+    for number in (0, len(in_memory) - 1):
+        for name, value in st.PackedDataset(on_disk)[number].items():
+            assert torch.equal(value, st.tensors(in_memory.batch(number))[name]), (number, name)
+    stream = st.PackedIterableDataset(on_disk, seed=7)
+    expected = ids(st.PackedIterableDataset(in_memory, seed=7))
+    assert ids(stream) == expected
+    assert ids(DataLoader(stream, batch_size=None, num_workers=2)) == expected
 
 
 def test_order_is_a_deterministic_shuffle_per_epoch():

@@ -105,7 +105,7 @@ def _add_dataset_commands(commands) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .bench import attention
+    from .bench import attention, train
 
     parser = argparse.ArgumentParser(
         prog="seqpack",
@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
                                          description=attention.__doc__.splitlines()[0])
     attention.add_arguments(attention_parser)
     attention_parser.set_defaults(run=attention.run_command)
+    train_parser = suites.add_parser("train", help="a Hugging Face training step: seqpack against HF's ways",
+                                     description=train.__doc__.splitlines()[0])
+    train.add_arguments(train_parser)
+    train_parser.set_defaults(run=train.run_command)
     return parser
 
 

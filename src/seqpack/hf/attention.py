@@ -34,11 +34,10 @@ from torch.autograd.function import once_differentiable
 
 from ..errors import InvalidInputError
 from ..nn.attention import range_attention_backward, range_attention_forward
+from ..torch.attention import NATIVE, WIDENED, kernel_gradient, kernel_view
 
 #: The name under which :func:`register` installs seqpack attention.
 NAME = "seqpack"
-_NATIVE = (torch.float32, torch.float64)
-_WIDENED = (torch.bfloat16, torch.float16)
 # Attention-function keywords that change the result and that range attention does not compute.
 _UNSUPPORTED = {
     "softcap": "logit softcapping",
@@ -108,7 +107,7 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if tensor.device.type != "cpu":
             raise InvalidInputError(f"{name} is on {tensor.device}; seqpack attention runs on the CPU")
-        if tensor.dtype not in _NATIVE + _WIDENED:
+        if tensor.dtype not in NATIVE + WIDENED:
             raise InvalidInputError(f"{name} has dtype {tensor.dtype}; expected a floating dtype")
     lengths, starts = layout(query.shape[0], query.shape[2], attention_mask, kwargs)
     window = kwargs.get("sliding_window")
@@ -228,14 +227,6 @@ def _check_window(window: int, lengths: np.ndarray, starts: np.ndarray) -> None:
         )
 
 
-def _kernel_view(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy view of a float32/float64 tensor, strides kept (bfloat16/float16 widened to float32)."""
-    tensor = tensor.detach()
-    if tensor.dtype in _WIDENED:
-        tensor = tensor.float()
-    return tensor.numpy()
-
-
 def _cells_first(shape, dtype) -> torch.Tensor:
     """Fresh ``[B, T, heads, D]`` storage for a ``[B, heads, T, D]`` result, returned as that view."""
     rows, heads, width, head_dim = shape
@@ -254,9 +245,9 @@ class AttentionIntoCells(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, lengths, starts, scale):
-        compute = torch.float32 if q.dtype in _WIDENED else q.dtype
+        compute = torch.float32 if q.dtype in WIDENED else q.dtype
         out = _cells_first(q.shape, compute)                       # [B, H, T, D] view of [B, T, H, D]
-        _, lse = range_attention_forward(_kernel_view(q), _kernel_view(k), _kernel_view(v), lengths, starts,
+        _, lse = range_attention_forward(kernel_view(q), kernel_view(k), kernel_view(v), lengths, starts,
                                          out=out.numpy(), scale=scale)
         lse = torch.from_numpy(lse)                                # [B, H, T]
         ctx.save_for_backward(q, k, v, out, lse)
@@ -269,13 +260,10 @@ class AttentionIntoCells(torch.autograd.Function):
     def backward(ctx, dcells):
         q, k, v, out, lse = ctx.saved_tensors
         lengths, starts, scale = ctx.layout
-        if dcells.dtype != out.dtype:
-            dcells = dcells.to(out.dtype)
-        if dcells.stride(-1) != 1:  # e.g. an expanded gradient: the kernel reads rows of head_dim
-            dcells = dcells.contiguous()
+        dcells = kernel_gradient(dcells, out.dtype)
         dq, dk, dv = (_cells_first(t.shape, out.dtype) for t in (q, k, v))
         range_attention_backward(
-            _kernel_view(q), _kernel_view(k), _kernel_view(v), out.numpy(), lse.numpy(),
+            kernel_view(q), kernel_view(k), kernel_view(v), out.numpy(), lse.numpy(),
             dcells.transpose(1, 2).numpy(), lengths, starts, dq=dq.numpy(), dk=dk.numpy(), dv=dv.numpy(),
             scale=scale,
         )

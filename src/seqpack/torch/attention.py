@@ -24,8 +24,9 @@ from torch.autograd.function import once_differentiable
 from ..errors import InvalidInputError
 from ..nn.attention import range_attention_backward, range_attention_forward
 
-_NATIVE = (torch.float32, torch.float64)
-_WIDENED = (torch.bfloat16, torch.float16)
+#: Dtypes the kernels compute in, and dtypes computed in float32 and cast back.
+NATIVE = (torch.float32, torch.float64)
+WIDENED = (torch.bfloat16, torch.float16)
 
 
 def _int_array(name: str, values, shape: tuple) -> np.ndarray:
@@ -79,12 +80,21 @@ def _layout(q: torch.Tensor, segment_starts, valid_lengths, position_ids) -> tup
     return lengths, starts_from_positions(_int_array("position_ids", position_ids, (rows, width)), lengths)
 
 
-def _kernel_view(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy view of a float32/float64 CPU tensor (bfloat16/float16 widened to float32)."""
+def kernel_view(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a float32/float64 CPU tensor, strides kept (bfloat16/float16 widened
+    to float32)."""
     tensor = tensor.detach()
-    if tensor.dtype in _WIDENED:
+    if tensor.dtype in WIDENED:
         tensor = tensor.float()
     return tensor.numpy()
+
+
+def kernel_gradient(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An incoming gradient in the forward's compute ``dtype``, rows of head_dim contiguous
+    (an expanded gradient has stride 0 there)."""
+    if grad.dtype != dtype:
+        grad = grad.to(dtype)
+    return grad if grad.stride(-1) == 1 else grad.contiguous()
 
 
 class RangeAttention(torch.autograd.Function):
@@ -92,7 +102,7 @@ class RangeAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, lengths, starts, scale):
-        out, lse = range_attention_forward(_kernel_view(q), _kernel_view(k), _kernel_view(v),
+        out, lse = range_attention_forward(kernel_view(q), kernel_view(k), kernel_view(v),
                                            lengths, starts, scale=scale)
         out, lse = torch.from_numpy(out), torch.from_numpy(lse)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -104,12 +114,9 @@ class RangeAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         lengths, starts, scale = ctx.layout
-        if dout.dtype != out.dtype:
-            dout = dout.to(out.dtype)
-        if dout.stride(-1) != 1:  # e.g. an expanded gradient: the kernel reads rows of head_dim
-            dout = dout.contiguous()
+        dout = kernel_gradient(dout, out.dtype)
         dq, dk, dv = range_attention_backward(
-            _kernel_view(q), _kernel_view(k), _kernel_view(v), out.numpy(), lse.numpy(), dout.numpy(),
+            kernel_view(q), kernel_view(k), kernel_view(v), out.numpy(), lse.numpy(), dout.numpy(),
             lengths, starts, scale=scale,
         )
         grads = [torch.from_numpy(g).to(t.dtype) for g, t in ((dq, q), (dk, k), (dv, v))]
@@ -131,7 +138,7 @@ def range_attention(q, k, v, *, segment_starts=None, valid_lengths=None, positio
             raise InvalidInputError(f"{name} must be a torch.Tensor, not {type(tensor).__name__}")
         if tensor.device.type != "cpu":
             raise InvalidInputError(f"{name} is on {tensor.device}; range_attention runs on the CPU")
-        if tensor.dtype not in _NATIVE + _WIDENED:
+        if tensor.dtype not in NATIVE + WIDENED:
             raise InvalidInputError(f"{name} has dtype {tensor.dtype}; expected a floating dtype")
         if tensor.dim() != 4:
             raise InvalidInputError(f"{name} must be [B, heads, T, D], got shape {tuple(tensor.shape)}")

@@ -20,24 +20,26 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .._limits import check_int, is_int
 from ..errors import InvalidInputError
+from ..io.dataset import PackedBatches
 from ..packing.epoch import Epoch
-from ..packing.planning import PackingPlan
 from .tensors import tensors
 
 
 class _Batches:
-    """The batches of a plan (built on demand) or an epoch, with their target counts."""
+    """The batches of a plan or an opened dataset (built on demand) or of an epoch, with
+    their target counts."""
 
-    def __init__(self, plan_or_epoch):
-        if isinstance(plan_or_epoch, PackingPlan):
-            self.get = plan_or_epoch.batch
-            self.targets = plan_or_epoch.batch_targets()
-        elif isinstance(plan_or_epoch, Epoch):
-            self.get = plan_or_epoch.batches.__getitem__
-            self.targets = np.array([batch.target_count for batch in plan_or_epoch.batches], dtype=np.int64)
+    def __init__(self, source):
+        if isinstance(source, PackedBatches):
+            self.get = source.batch
+            self.targets = source.batch_targets()
+        elif isinstance(source, Epoch):
+            self.get = source.batches.__getitem__
+            self.targets = np.array([batch.target_count for batch in source.batches], dtype=np.int64)
         else:
             raise InvalidInputError(
-                f"expected a PackingPlan or an epoch (seqpack.pack / seqpack.pad), not {type(plan_or_epoch).__name__}"
+                "expected a PackingPlan, a dataset from seqpack.open_dataset or an epoch "
+                f"(seqpack.pack / seqpack.pad), not {type(source).__name__}"
             )
 
     def __len__(self) -> int:
@@ -45,7 +47,8 @@ class _Batches:
 
 
 class PackedDataset(Dataset):
-    """Map-style: item ``i`` is batch ``i`` of a plan or epoch as :func:`~seqpack.torch.tensors`."""
+    """Map-style: item ``i`` is batch ``i`` of a plan, an opened dataset or an epoch as
+    :func:`~seqpack.torch.tensors`."""
 
     def __init__(self, plan_or_epoch):
         self._batches = _Batches(plan_or_epoch)
@@ -82,6 +85,9 @@ def deal_to_ranks(targets: np.ndarray, order: np.ndarray, world_size: int) -> np
 
 class PackedIterableDataset(IterableDataset):
     """This rank's batches of one epoch of ``plan``, in a deterministic per-epoch order.
+
+    ``plan`` is a plan (``seqpack.plan``), a packed dataset on disk
+    (``seqpack.open_dataset``) or an epoch.
 
     ``shuffle`` (default True) permutes the batches with ``numpy.random.default_rng((seed,
     epoch))``; without it they come in plan order. ``rank`` and ``world_size`` default to

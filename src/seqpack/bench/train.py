@@ -1,6 +1,9 @@
-"""A Hugging Face training step on the CPU: seqpack attention on packed rows against HF's ways.
+"""``seqpack bench train``: a Hugging Face training step, seqpack attention on packed rows against HF's ways.
 
-    python bench/bench_hf.py [--repeats 3] [--threads 2] [--json]
+    seqpack bench train [--repeats 3] [--threads 2] [--json]
+
+Needs the ``hf`` extra (transformers and PyTorch); ``HF_HUB_OFFLINE`` is set, nothing is
+downloaded.
 
 The step: forward + backward of a random ``LlamaForCausalLM`` (hidden 256, 4 layers, 8
 heads, intermediate 688, vocabulary 512, float32) over the 23 lognormal examples of
@@ -30,18 +33,33 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import numpy as np
-import torch
 
-import seqpack as sp
-import seqpack.hf as sph
-from seqpack.bench.measure import cpu_description, matmul_peak
-from seqpack.bench.workloads import next_fit_lognormal
+from .._limits import check_int, kernel_threads
+from ..data.binding import BatchBinding, Partition
+from ..data.table import ExampleTable
+from ..data.tokenizer import ByteTokenizer
+from ..errors import InvalidInputError
+from ..packing.config import PackConfig
+from ..packing.planning import pack
+from .measure import cpu_description, matmul_peak
+from .workloads import next_fit_lognormal
 
 CAPACITY = 2048
 POLICIES = ("next-fit", "best-fit-decreasing")
+BASELINES = ("HF per-example", "HF padded (16)")
+
+
+def _import_hf():
+    """``torch`` and ``seqpack.hf``, or an error naming the extra."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import torch
+
+        from .. import hf
+    except ImportError:
+        raise InvalidInputError("seqpack bench train needs the 'hf' extra: pip install 'seqpack[hf]'") from None
+    return torch, hf
 
 
 def noop_attention(module, query, key, value, attention_mask, **kwargs):
@@ -54,16 +72,16 @@ def examples():
     predictions = [length for row in next_fit_lognormal(4, CAPACITY) for length in row]
     rng = np.random.default_rng(1)
     docs = [np.concatenate([[0], rng.integers(2, 258, size=n - 1), [1]]) for n in predictions]
-    binding = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="bench-hf")
+    binding = BatchBinding.for_tokenizer(ByteTokenizer(), split="bench-hf")
     offsets = np.zeros(len(docs) + 1, dtype=np.int64)
     np.cumsum([d.size for d in docs], out=offsets[1:])
-    return docs, sp.ExampleTable.from_arrays(np.concatenate(docs), offsets, binding), binding
+    return docs, ExampleTable.from_arrays(np.concatenate(docs), offsets, binding), binding
 
 
-def make_model():
+def make_model(torch, hf):
     from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 
-    sph.register()
+    hf.register()
     AttentionInterface.register("noop", noop_attention)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -71,7 +89,7 @@ def make_model():
     return LlamaForCausalLM(config)
 
 
-def steps(model, docs, table, binding):
+def steps(torch, hf, docs, table, binding):
     """Each method: (attention implementation, list of model keyword dicts, targets)."""
     targets = sum(d.size - 1 for d in docs)
     alone = [{"input_ids": torch.from_numpy(d[None, :-1]), "shift_labels": torch.from_numpy(d[None, 1:]),
@@ -90,11 +108,12 @@ def steps(model, docs, table, binding):
         padded.append({"input_ids": ids, "attention_mask": mask, "shift_labels": shift, "labels": shift})
     methods = {"HF per-example": ("sdpa", alone, targets), "HF padded (16)": ("sdpa", padded, targets)}
     for policy in POLICIES:
-        epoch = sp.pack(table, sp.PackConfig(capacity=CAPACITY, rows_per_batch=8),
-                        partition=sp.Partition.TRAIN, binding=binding, policy=policy)
+        epoch = pack(table, PackConfig(capacity=CAPACITY, rows_per_batch=8), partition=Partition.TRAIN,
+                     binding=binding, policy=policy)
         (batch,) = epoch.batches
-        fields = [sph.rows(batch)]
-        assert batch.target_count == targets
+        fields = [hf.rows(batch)]
+        if batch.target_count != targets:
+            raise AssertionError(f"{policy} rows hold {batch.target_count} targets, not {targets}")
         rows = f"{batch.shape[0]} rows"
         methods[f"HF packed sdpa, {policy} ({rows})"] = ("sdpa", fields, targets)
         methods[f"seqpack packed, {policy} ({rows})"] = ("seqpack", fields, targets)
@@ -112,16 +131,44 @@ def run(model, implementation, batches):
         model(**fields).loss.backward()
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", action="store_true")
-    options = parser.parse_args(argv)
+def ratios_of(samples: dict) -> dict:
+    """(seqpack method, peer) -> median, min and max over rounds of the peer's time over ours."""
+    ratios = {}
+    packed_sdpa = [name for name in samples if name.startswith("HF packed")]
+    for name in samples:
+        if not name.startswith("seqpack"):
+            continue
+        suffix = name.split(", ", 1)[1]
+        against = {"best HF baseline": None, "HF packed sdpa": f"HF packed sdpa, {suffix}",
+                   "no-op bound": f"no-op bound, {suffix}"}
+        for label, other in against.items():
+            per_round = []
+            for index, ours in enumerate(samples[name]):
+                if other is None:
+                    best = min(samples[b][index] for b in (*BASELINES, *packed_sdpa))
+                    per_round.append(best / ours)
+                else:
+                    per_round.append(samples[other][index] / ours)
+            ratios[(name, label)] = (statistics.median(per_round), min(per_round), max(per_round))
+    return ratios
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``seqpack bench train``."""
+    parser.add_argument("--repeats", type=int, default=3, help="rounds, each timing every method once (default 3)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable records")
+
+
+def run_command(options: argparse.Namespace) -> int:
+    """Measure every method in rounds and print the tables (or JSON)."""
+    check_int("--repeats", options.repeats)
+    check_int("--threads", options.threads)
+    torch, hf = _import_hf()
     torch.set_num_threads(options.threads)
     docs, table, binding = examples()
-    model = make_model()
-    methods = steps(model, docs, table, binding)
+    model = make_model(torch, hf)
+    methods = steps(torch, hf, docs, table, binding)
     load_before = os.getloadavg()
     peak = matmul_peak("float32", options.threads)[0]
     for implementation, batches, _ in methods.values():  # warm-up
@@ -136,28 +183,7 @@ def main(argv=None) -> None:
 
     targets = next(iter(methods.values()))[2]
     rate = {name: targets / statistics.median(times) for name, times in samples.items()}
-    baselines = ("HF per-example", "HF padded (16)")
-    ratios = {}
-    for name in methods:
-        if not name.startswith("seqpack"):
-            continue
-        suffix = name.split(", ", 1)[1]
-        against = {"best HF baseline": None, "HF packed sdpa": f"HF packed sdpa, {suffix}",
-                   "no-op bound": f"no-op bound, {suffix}"}
-        for label, other in against.items():
-            per_round = []
-            for index, ours in enumerate(samples[name]):
-                if other is None:
-                    best = min(samples[b][index] for b in (*baselines, *(n for n in methods if n.startswith("HF packed"))))
-                    per_round.append(best / ours)
-                else:
-                    per_round.append(samples[other][index] / ours)
-            ratios[(name, label)] = (statistics.median(per_round), min(per_round), max(per_round))
-
-    header = (f"CPU: {cpu_description()}; {os.cpu_count()} logical CPUs; torch threads {options.threads}, "
-              f"seqpack kernel threads {sp.nn.attention.kernel_threads(None)}; torch {torch.__version__}")
-    conditions = (f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, after "
-                  f"{tuple(round(x, 2) for x in load_after)}; float32 matmul peak in this run {peak:.0f} GFLOP/s")
+    ratios = ratios_of(samples)
     if options.json:
         print(json.dumps({
             "cpu": cpu_description(), "threads": options.threads, "load_before": load_before,
@@ -165,9 +191,11 @@ def main(argv=None) -> None:
             "seconds": samples, "targets_per_second": rate,
             "ratios": {f"{name} / {label}": list(value) for (name, label), value in ratios.items()},
         }, indent=2))
-        return
-    print(header)
-    print(conditions)
+        return 0
+    print(f"CPU: {cpu_description()}; {os.cpu_count()} logical CPUs; torch threads {options.threads}, "
+          f"seqpack kernel threads {kernel_threads(None)}; torch {torch.__version__}")
+    print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, after "
+          f"{tuple(round(x, 2) for x in load_after)}; float32 matmul peak in this run {peak:.0f} GFLOP/s")
     print(f"step: forward + backward, {len(docs)} examples, {targets:,} targets, capacity {CAPACITY}, "
           f"float32; medians of {options.repeats} rounds\n")
     print("| method | step s (median) | min..max s | targets/s |")
@@ -178,7 +206,4 @@ def main(argv=None) -> None:
     print("| --- | --- | --- | --- |")
     for (name, label), (median, low, high) in ratios.items():
         print(f"| {name.split(', ', 1)[1]} | {label} | {median:.2f}x | {low:.2f}x..{high:.2f}x |")
-
-
-if __name__ == "__main__":
-    main()
+    return 0
