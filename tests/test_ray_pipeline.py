@@ -161,6 +161,37 @@ def test_the_bytes_do_not_depend_on_finish_order_or_worker_count(cluster, corpus
     assert_same_bytes(tmp_path / "serial", tmp_path / "one")
 
 
+class ThreadsJsonLines(io.JsonLines):
+    """A JSONL reader that records, in ``marks``, its worker's pid and the tokenizer pool
+    size its process started with."""
+
+    def __init__(self, path, marks):
+        super().__init__(path)
+        self.marks = marks
+
+    def chunks(self, first_input):
+        (self.marks / f"{os.path.basename(self.path)}.{os.getpid()}.{os.environ.get('RAYON_NUM_THREADS')}").touch()
+        yield from super().chunks(first_input)
+
+
+def test_each_task_runs_in_a_worker_started_with_its_thread_count(cluster, corpus, tmp_path):
+    """The tokenizers pool is sized once per process: a worker that ran 1-thread tasks is
+    not reused for 2-thread tasks (and the other way round)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    for threads in (1, 2, 1):
+        for old in marks.iterdir():
+            old.unlink()
+        pack_corpus([ThreadsJsonLines(p, marks) for p in corpus[:4]], tmp_path / f"out{threads}", tokenizer=TOKENIZER,
+                    config=CONFIG, shards=4, long="cut", threads=threads, force=True)
+        seen = sorted(mark.name.rsplit(".", 2) for mark in marks.iterdir())
+        assert {name for name, _, _ in seen} == {p.name for p in corpus[:4]}, seen
+        assert {size for _, _, size in seen} == {str(threads)}, seen
+        for pid in {pid for _, pid, _ in seen}:
+            with open(f"/proc/{pid}/environ", "rb") as handle:  # what the process started with
+                assert f"RAYON_NUM_THREADS={threads}".encode() in handle.read().split(b"\0"), (pid, threads)
+
+
 def test_a_bad_line_fails_the_run_naming_shard_file_and_line(cluster, tmp_path):
     paths = write_corpus(tmp_path / "in", files=6, per_file=50, seed=1)
     lines = paths[3].read_text().splitlines(keepends=True)

@@ -49,8 +49,6 @@ def pack_shard_task(job: ShardJob, shard, staging: str, directory: str):
     Returns ``(result, None)``, or ``(None, failure)`` for a seqpack error (its class,
     message and attributes: not every error class pickles)."""
     os.chdir(directory)
-    if job.threads is not None:  # the tokenizers pool, read when it first starts in this worker
-        os.environ["RAYON_NUM_THREADS"] = str(job.threads)
     try:
         return pack_shard(job, shard, Path(staging)), None
     except SeqpackError as error:
@@ -67,8 +65,17 @@ def _raise_failure(failure) -> None:
 
 def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None = None):
     """A :data:`seqpack.io.shards.Runner` that packs each shard as a Ray task, at most
-    ``workers`` at once (default: as many as the cluster's CPUs take)."""
-    remote = ray.remote(pack_shard_task).options(num_cpus=cpus_per_task, max_retries=max_retries)
+    ``workers`` at once (default: as many as the cluster's CPUs take).
+
+    The tokenizers library sizes its thread pool once per process, from
+    ``RAYON_NUM_THREADS``; the tasks' runtime environment sets it, so Ray runs them in
+    worker processes started with that many threads and never reuses a worker whose
+    pool has another size."""
+    threads = str(cpus_per_task)
+    remote = ray.remote(pack_shard_task).options(
+        num_cpus=cpus_per_task, max_retries=max_retries,
+        runtime_env={"env_vars": {"RAYON_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}},
+    )
 
     def run(job, shards, staging):
         settings = ray.put(job)
