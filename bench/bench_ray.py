@@ -22,9 +22,10 @@ overhead, serial best / the faster of the two Ray runs that use both CPUs (the i
 asks 0.85x or more). Ray's start-up
 (``ray.init(num_cpus=2)``) is timed separately and not in any ratio. The in-run peak is
 the tokenizer's own speed on one and on all threads over 4 MB of the corpus in memory.
-The CPU, the load average before and after, the driver's peak RSS and, per run, the
-cores it used (CPU seconds of the driver and the Ray workers over wall seconds) are
-printed: on a shared 2-core machine other jobs take CPU from whichever run they overlap.
+The CPU, the load average before and after, the driver's peak RSS, the share of the
+machine Ray's own processes keep busy while idle, and per run the machine's busy cores
+(from ``/proc/stat``) are printed: on a shared 2-core machine other jobs take CPU from
+whichever run they overlap.
 """
 
 from __future__ import annotations
@@ -82,31 +83,32 @@ def tokenizer_speed(tokenizer, texts: list[str], parallel: bool) -> float:
     return sum(len(t.encode()) for t in texts) / 1e6 / seconds
 
 
-def cpu_seconds() -> float:
-    """CPU time of this process and of every Ray worker process (``ray::...``) so far."""
-    total = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"ray::"):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        except OSError:  # a process that ended meanwhile
-            continue
-    return total
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy so far (``/proc/stat``: every state
+    but idle and I/O wait): robust to Ray starting and ending worker processes."""
+    with open("/proc/stat") as handle:
+        ticks = [int(value) for value in handle.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_ray_share(seconds: float = 5.0) -> float:
+    """The share of the machine that Ray's own processes keep busy with nothing submitted."""
+    busy, start = busy_seconds(), time.perf_counter()
+    time.sleep(seconds)
+    return (busy_seconds() - busy) / (time.perf_counter() - start) / os.cpu_count()
 
 
 def timed(call, repeats: int, out: Path) -> tuple[float, float, dict]:
     """Median seconds of ``call(out)`` over ``repeats`` runs (the output removed before
-    each), the cores used in them (CPU seconds of this process and the Ray workers over
-    wall seconds), and the last manifest."""
+    each), the machine's busy cores in them (busy CPU seconds over wall seconds), and
+    the last manifest."""
     seconds, cores, manifest = [], [], None
     for _ in range(repeats):
         shutil.rmtree(out, ignore_errors=True)
-        cpu, start = cpu_seconds(), time.perf_counter()
+        cpu, start = busy_seconds(), time.perf_counter()
         manifest = call(out)
         seconds.append(time.perf_counter() - start)
-        cores.append((cpu_seconds() - cpu) / seconds[-1])
+        cores.append((busy_seconds() - cpu) / seconds[-1])
     return statistics.median(seconds), statistics.median(cores), manifest
 
 
@@ -147,6 +149,7 @@ def main() -> None:
         ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
         startup = time.perf_counter() - start
         try:
+            idle_share = idle_ray_share()
             ray_run = lambda workers, threads: lambda out: pack_on_ray(  # noqa: E731
                 readers(), out, tokenizer=tokenizer, binding=binding, config=config, policy=POLICY, long="cut",
                 shards=args.shards, workers=workers, threads=threads)
@@ -174,6 +177,7 @@ def main() -> None:
         summary = {
             "conditions": head, "load_after": os.getloadavg(), "megabytes": megabytes, "tokens": tokens,
             "shards": args.shards, "repeats": args.repeats, "ray_startup_seconds": startup,
+            "ray_idle_machine_share": idle_share,
             "tokenizer_peak_MB_per_s": {"one thread": peak_one, "all threads": peak_all},
             "scaling_ray_2_over_1": one / two, "ray_2_workers_vs_serial_best": serial / two,
             "ray_2_threads_per_task_vs_serial_best": serial / pooled, "ray_best_vs_serial_best": serial / min(two, pooled),
@@ -189,7 +193,7 @@ def main() -> None:
     print(f"corpus: {megabytes:.1f} MB of JSONL text, {tokens:,} tokens (BPE 8192), {args.shards} shards for Ray; "
           f"median of {args.repeats}")
     print(f"in-run tokenizer peak: {peak_one:.2f} MB/s on one thread, {peak_all:.2f} MB/s on the pool")
-    print(f"{'run':44} {'seconds':>8} {'MB/s':>7} {'M tok/s':>8} {'cores used':>10} {'parts':>6}")
+    print(f"{'run':44} {'seconds':>8} {'MB/s':>7} {'M tok/s':>8} {'busy cores':>10} {'parts':>6}")
     for r in records:
         print(f"{r['run']:44} {r['seconds']:8.2f} {r['MB/s']:7.2f} {r['M tokens/s']:8.3f} {r['cores']:10.2f} "
               f"{r['parts']:6d}")
@@ -197,7 +201,8 @@ def main() -> None:
     print(f"(b) the faster Ray run on both CPUs against serial best: {summary['ray_best_vs_serial_best']:.2f}x "
           f"(target >= 0.85x); 2 workers {summary['ray_2_workers_vs_serial_best']:.2f}x, "
           f"2 threads per task {summary['ray_2_threads_per_task_vs_serial_best']:.2f}x")
-    print(f"Ray start-up (ray.init, num_cpus=2), not in the ratios: {startup:.1f} s")
+    print(f"Ray start-up (ray.init, num_cpus=2), not in the ratios: {startup:.1f} s; Ray's own processes, idle, "
+          f"keep {100 * idle_share:.1f}% of the machine busy")
     load = " ".join(f"{v:.2f}" for v in summary["load_after"])
     print(f"load average after: {load}; driver peak RSS {summary['driver_peak_rss_MiB']:.0f} MiB")
 

@@ -126,10 +126,10 @@ def test_bench_attention_json_on_the_fixture_shape():
 @pytest.mark.slow
 def test_bench_train_json():
     pytest.importorskip("transformers", reason="seqpack bench train needs the hf extra: pip install 'seqpack[hf]'")
-    result = run("bench", "train", "--repeats", "1", "--threads", "1", "--json", timeout=900)
+    result = run("bench", "train", "--repeats", "1", "--layers", "1", "--json", timeout=900)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["targets"] == 7051 and report["threads"] == 1
+    assert report["targets"] == 7051 and (report["threads"], report["layers"]) == (2, 1)
     methods = set(report["seconds"])
     assert {"HF per-example", "HF padded (16)"} <= methods
     for policy in ("next-fit", "best-fit-decreasing"):

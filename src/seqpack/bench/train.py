@@ -1,11 +1,11 @@
 """``seqpack bench train``: a Hugging Face training step, seqpack attention on packed rows against HF's ways.
 
-    seqpack bench train [--repeats 3] [--threads 2] [--json]
+    seqpack bench train [--repeats 3] [--threads 2] [--layers 4] [--json]
 
 Needs the ``hf`` extra (transformers and PyTorch); ``HF_HUB_OFFLINE`` is set, nothing is
 downloaded.
 
-The step: forward + backward of a random ``LlamaForCausalLM`` (hidden 256, 4 layers, 8
+The step: forward + backward of a random ``LlamaForCausalLM`` (hidden 256, ``--layers`` (4), 8
 heads, intermediate 688, vocabulary 512, float32) over the 23 lognormal examples of
 workload (a) (median 250 tokens, sigma 1.0, ``default_rng(0)``; 7,051 targets), one
 model and one set of examples for every method, all in this process:
@@ -78,13 +78,13 @@ def examples():
     return docs, ExampleTable.from_arrays(np.concatenate(docs), offsets, binding), binding
 
 
-def make_model(torch, hf):
+def make_model(torch, hf, layers: int):
     from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 
     hf.register()
     AttentionInterface.register("noop", noop_attention)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=layers,
                          num_attention_heads=8, num_key_value_heads=8, use_cache=False)
     return LlamaForCausalLM(config)
 
@@ -157,6 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``seqpack bench train``."""
     parser.add_argument("--repeats", type=int, default=3, help="rounds, each timing every method once (default 3)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers of the model (default 4)")
     parser.add_argument("--json", action="store_true", help="print machine-readable records")
 
 
@@ -164,10 +165,11 @@ def run_command(options: argparse.Namespace) -> int:
     """Measure every method in rounds and print the tables (or JSON)."""
     check_int("--repeats", options.repeats)
     check_int("--threads", options.threads)
+    check_int("--layers", options.layers)
     torch, hf = _import_hf()
     torch.set_num_threads(options.threads)
     docs, table, binding = examples()
-    model = make_model(torch, hf)
+    model = make_model(torch, hf, options.layers)
     methods = steps(torch, hf, docs, table, binding)
     load_before = os.getloadavg()
     peak = matmul_peak("float32", options.threads)[0]
@@ -186,7 +188,7 @@ def run_command(options: argparse.Namespace) -> int:
     ratios = ratios_of(samples)
     if options.json:
         print(json.dumps({
-            "cpu": cpu_description(), "threads": options.threads, "load_before": load_before,
+            "cpu": cpu_description(), "threads": options.threads, "layers": options.layers, "load_before": load_before,
             "load_after": load_after, "matmul_peak_gflops": peak, "targets": targets,
             "seconds": samples, "targets_per_second": rate,
             "ratios": {f"{name} / {label}": list(value) for (name, label), value in ratios.items()},
@@ -196,8 +198,8 @@ def run_command(options: argparse.Namespace) -> int:
           f"seqpack kernel threads {kernel_threads(None)}; torch {torch.__version__}")
     print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, after "
           f"{tuple(round(x, 2) for x in load_after)}; float32 matmul peak in this run {peak:.0f} GFLOP/s")
-    print(f"step: forward + backward, {len(docs)} examples, {targets:,} targets, capacity {CAPACITY}, "
-          f"float32; medians of {options.repeats} rounds\n")
+    print(f"step: forward + backward, {options.layers} layers, {len(docs)} examples, {targets:,} targets, "
+          f"capacity {CAPACITY}, float32; medians of {options.repeats} rounds\n")
     print("| method | step s (median) | min..max s | targets/s |")
     print("| --- | --- | --- | --- |")
     for name, times in samples.items():
