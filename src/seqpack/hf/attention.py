@@ -34,7 +34,7 @@ from torch.autograd.function import once_differentiable
 
 from ..errors import InvalidInputError
 from ..nn.attention import range_attention_backward, range_attention_forward
-from ..torch.attention import NATIVE, WIDENED, kernel_gradient, kernel_view
+from ..torch.attention import NATIVE, WIDENED, int_array, kernel_gradient, kernel_view
 
 #: The name under which :func:`register` installs seqpack attention.
 NAME = "seqpack"
@@ -118,21 +118,9 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     return output, None
 
 
-def _numpy(name: str, value) -> np.ndarray:
-    """An integer tensor, array or list as a numpy int64 array."""
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-            raise InvalidInputError(f"{name} must hold integers, got {value.dtype}")
-        value = value.detach().cpu().numpy()
-    array = np.asarray(value)
-    if array.dtype.kind not in "iu":
-        raise InvalidInputError(f"{name} must hold integers, got dtype {array.dtype}")
-    return array.astype(np.int64, copy=False)
-
-
 def _per_cell(name: str, value, rows: int, width: int) -> np.ndarray:
     """A ``[rows, width]`` integer array (``[1, width]`` broadcast over the rows, as transformers does)."""
-    array = _numpy(name, value)
+    array = int_array(name, value)
     if array.ndim == 1:
         array = array[None, :]
     if array.ndim != 2 or array.shape[1] != width or array.shape[0] not in (1, rows):
@@ -165,9 +153,9 @@ def layout(rows: int, width: int, attention_mask, kwargs: dict) -> tuple[np.ndar
     columns = np.arange(width, dtype=np.int64)
     covered = None
     if kwargs.get("cu_seq_lens_q") is not None:
-        cu_q = _numpy("cu_seq_lens_q", kwargs["cu_seq_lens_q"])
+        cu_q = int_array("cu_seq_lens_q", kwargs["cu_seq_lens_q"])
         cu_k = kwargs.get("cu_seq_lens_k")
-        if cu_k is not None and not np.array_equal(cu_q, _numpy("cu_seq_lens_k", cu_k)):
+        if cu_k is not None and not np.array_equal(cu_q, int_array("cu_seq_lens_k", cu_k)):
             raise InvalidInputError("cu_seq_lens_k differs from cu_seq_lens_q: self-attention needs the same segments")
         marks, covered = _boundaries_from_offsets(cu_q, rows, width)
     elif kwargs.get("seq_idx") is not None:
@@ -189,7 +177,7 @@ def layout(rows: int, width: int, attention_mask, kwargs: dict) -> tuple[np.ndar
 
 def _valid_lengths(rows: int, width: int, attention_mask, given, covered) -> np.ndarray:
     if given is not None:
-        lengths = _numpy("valid_lengths", given)
+        lengths = int_array("valid_lengths", given)
         if lengths.shape != (rows,):
             raise InvalidInputError(f"valid_lengths has shape {lengths.shape}; expected ({rows},)")
         if lengths.size and (lengths.min() < 0 or lengths.max() > width):

@@ -29,8 +29,9 @@ NATIVE = (torch.float32, torch.float64)
 WIDENED = (torch.bfloat16, torch.float16)
 
 
-def _int_array(name: str, values, shape: tuple) -> np.ndarray:
-    """An integer layout argument (tensor, array or nested list) as a numpy int64 array."""
+def int_array(name: str, values, shape: tuple | None = None) -> np.ndarray:
+    """An integer layout argument (tensor, array or nested list) as a numpy int64 array,
+    of ``shape`` when given."""
     if isinstance(values, torch.Tensor):
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
             raise InvalidInputError(f"{name} must hold integers, got {values.dtype}")
@@ -38,7 +39,7 @@ def _int_array(name: str, values, shape: tuple) -> np.ndarray:
     array = np.asarray(values)
     if array.dtype.kind not in "iu":
         raise InvalidInputError(f"{name} must hold integers, got dtype {array.dtype}")
-    if array.shape != shape:
+    if shape is not None and array.shape != shape:
         raise InvalidInputError(f"{name} has shape {tuple(array.shape)}; expected {shape}")
     return array.astype(np.int64, copy=False)
 
@@ -69,15 +70,15 @@ def _layout(q: torch.Tensor, segment_starts, valid_lengths, position_ids) -> tup
     if valid_lengths is None:
         lengths = np.full(rows, width, dtype=np.int64)
     else:
-        lengths = _int_array("valid_lengths", valid_lengths, (rows,))
+        lengths = int_array("valid_lengths", valid_lengths, (rows,))
         if lengths.size and (lengths.min() < 0 or lengths.max() > width):
             row = int(np.argmax((lengths < 0) | (lengths > width)))
             raise InvalidInputError(f"valid_lengths[{row}] = {lengths[row]} is outside [0, {width}]")
     if (segment_starts is None) == (position_ids is None):
         raise InvalidInputError("give exactly one of segment_starts and position_ids")
     if segment_starts is not None:
-        return lengths, _int_array("segment_starts", segment_starts, (rows, width))
-    return lengths, starts_from_positions(_int_array("position_ids", position_ids, (rows, width)), lengths)
+        return lengths, int_array("segment_starts", segment_starts, (rows, width))
+    return lengths, starts_from_positions(int_array("position_ids", position_ids, (rows, width)), lengths)
 
 
 def kernel_view(tensor: torch.Tensor) -> np.ndarray:
