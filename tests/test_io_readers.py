@@ -72,6 +72,7 @@ def test_text_jsonl_and_ids_give_the_same_documents(tmp_path):
     framed.write_text("\n".join(json.dumps({"ids": [0] + content_ids(t) + [1]}) for t in TEXTS))
     expected = expected_documents(TEXTS)
     assert documents_of(pack(tmp_path, io.TextFiles([directory]), "a")) == expected
+    assert io.TextFiles(directory).paths == io.TextFiles([directory]).paths == io.TextFiles(str(directory)).paths
     assert documents_of(pack(tmp_path, io.JsonLines(lines), "b")) == expected
     assert documents_of(pack(tmp_path, io.JsonLines(ids, ids_field="input_ids"), "c")) == expected
     assert documents_of(pack(tmp_path, io.JsonLines(framed, ids_field="ids"), "d", framed=True)) == expected
@@ -210,6 +211,14 @@ def test_megatron_errors(tmp_path):
     (tmp_path / "z.bin").write_bytes(b"\x05\x00")  # shorter than the index says
     with pytest.raises(sp.InvalidInputError, match=r"z\.bin sequence 0: lies outside"):
         pack(tmp_path, io.Megatron(tmp_path / "z.bin"))
+
+
+@pytest.mark.parametrize("make", [io.JsonLines, io.Megatron, io.reader_for, io.open_dataset,
+                                  lambda value: io.TextFiles([value])])
+@pytest.mark.parametrize("value", [["a.jsonl", "b.jsonl"], 7, None])
+def test_a_path_argument_of_another_type_is_named(make, value):
+    with pytest.raises(sp.InvalidInputError, match=f"expected a path \\(str or os.PathLike\\), got {type(value).__name__}"):
+        make(value)
 
 
 def test_missing_inputs(tmp_path):

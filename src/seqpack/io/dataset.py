@@ -32,7 +32,7 @@ from ..packing.config import PackConfig
 from ..packing.packed import PackedBatch
 from ..packing.report import EfficiencyReport
 from . import format as fmt
-from .readers import Input
+from .readers import Input, input_path
 
 
 @runtime_checkable
@@ -209,7 +209,7 @@ class PackedDataset:
     """
 
     def __init__(self, path, *, threads: int | None = None):
-        self.path = Path(path)
+        self.path = input_path(path)
         self.threads = check_threads(threads)
         manifest = fmt.read_manifest(self.path)
         self.manifest = manifest

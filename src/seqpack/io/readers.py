@@ -39,6 +39,14 @@ def missing_extra(what: str, extra: str) -> InvalidInputError:
     return InvalidInputError(f"{what} needs the {extra!r} extra: pip install 'seqpack[{extra}]'")
 
 
+def input_path(value) -> Path:
+    """``value`` (a ``str`` or ``os.PathLike``) as a ``Path``; anything else is an
+    :class:`InvalidInputError`."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise InvalidInputError(f"expected a path (str or os.PathLike), got {type(value).__name__}")
+    return Path(value)
+
+
 def import_pyarrow():
     """pyarrow (the ``corpus`` extra), or an error naming the extra."""
     try:
@@ -139,8 +147,10 @@ class TextFiles:
     Empty files are skipped."""
 
     def __init__(self, paths, pattern: str | None = None):
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
         self.paths = []
-        for path in map(Path, paths):
+        for path in map(input_path, paths):
             if path.is_dir():
                 self.paths.extend(_files_under(path, pattern))
             elif path.is_file():
@@ -207,7 +217,7 @@ class JsonLines:
 
     def __init__(self, path, *, text_field: str = "text", ids_field: str | None = None, start: int = 0,
                  stop: int | None = None, first_line: int = 1):
-        self.path = Path(path)
+        self.path = input_path(path)
         if not self.path.is_file():
             raise InvalidInputError(f"{path}: no such file")
         self.field = ids_field or text_field
@@ -408,7 +418,7 @@ class Megatron:
     sequence is one document of pre-tokenized IDs (sequences count from 0)."""
 
     def __init__(self, path):
-        prefix = str(path)
+        prefix = str(input_path(path))
         for suffix in (".idx", ".bin"):
             if prefix.endswith(suffix):
                 prefix = prefix[: -len(suffix)]
@@ -470,7 +480,7 @@ def reader_for(path, *, text_field=None, ids_field=None, pattern=None) -> Reader
     """The reader of one input path, by its kind: a directory or other file is text,
     ``.jsonl``/``.json`` JSON lines, ``.parquet`` Parquet, ``.arrow``/``.feather`` Arrow,
     ``.idx``/``.bin`` with a sibling of the other suffix a Megatron dataset."""
-    path = Path(path)
+    path = input_path(path)
     suffix = path.suffix
     if path.is_dir():
         return TextFiles([path], pattern)
