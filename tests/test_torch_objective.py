@@ -180,6 +180,7 @@ def distributed_rank(rank: int, world_size: int, port: int) -> None:
         shares = [None] * world_size
         dist.all_gather_object(shares, dataset.rank_batches(0).tolist())
         assert len(set(shares[0]) | set(shares[1])) == 2 * len(dataset) == len(batches) // 2 * 2
+        dist.barrier()  # no rank tears gloo down while its peer still talks to it (an abort at exit)
     finally:
         dist.destroy_process_group()
 
