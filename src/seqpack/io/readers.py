@@ -142,9 +142,9 @@ def _files_under(path: Path, pattern: str | None) -> list[Path]:
 
 
 class TextFiles:
-    """Plain text files, one document each; a directory stands for every file under it
-    (sorted, hidden names skipped, ``pattern`` such as ``"*.py"`` filtering names).
-    Empty files are skipped."""
+    """Plain text files, one document each; ``paths`` is one path or a list of them. A
+    directory stands for every file under it (sorted, hidden names skipped, ``pattern``
+    such as ``"*.py"`` filtering names). Empty files are skipped."""
 
     def __init__(self, paths, pattern: str | None = None):
         if isinstance(paths, (str, os.PathLike)):
