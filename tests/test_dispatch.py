@@ -1,4 +1,4 @@
-"""One result on every CPU: each compiled exp path gives the same bits, and no path
+"""One result on every CPU: each compiled CPU path (exp loops and tile products) gives the same bits, and no path
 depends on an ifunc (which musl does not have)."""
 
 import struct
@@ -16,9 +16,9 @@ pytestmark = pytest.mark.kernel
 
 @pytest.fixture
 def every_path():
-    """Each exp path this CPU runs, forced in turn; the best one restored afterwards."""
-    yield _attention.exp_paths()
-    assert _attention.use_exp_path(-1) >= 0
+    """Each CPU path this CPU runs, forced in turn; the best one restored afterwards."""
+    yield _attention.cpu_paths()
+    assert _attention.use_cpu_path(-1) >= 0
 
 
 def layout(rows=3, width=150, seed=0):
@@ -35,17 +35,17 @@ def layout(rows=3, width=150, seed=0):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_every_exp_path_gives_the_same_bits(every_path, dtype):
+def test_every_cpu_path_gives_the_same_bits(every_path, dtype):
     rng = np.random.default_rng(1)
     q, k, v, dout = (4 * rng.standard_normal((3, 2, 150, 40)).astype(dtype) for _ in range(4))
     lengths, starts = layout()
     results = {}
     for path in every_path:
-        assert _attention.use_exp_path(_attention.EXP_PATHS.index(path)) == _attention.EXP_PATHS.index(path)
+        assert _attention.use_cpu_path(_attention.CPU_PATHS.index(path)) == _attention.CPU_PATHS.index(path)
         out, lse = seqpack.range_attention_forward(q, k, v, lengths, starts, threads=2)
         grads = seqpack.range_attention_backward(q, k, v, out, lse, dout, lengths, starts, threads=2)
         results[path] = [a.view(np.uint8) for a in (out, lse, *grads)]
-    print("exp paths compared:", list(results))
+    print("CPU paths compared:", list(results))
     assert "baseline" in results
     for path, arrays in results.items():
         for mine, baseline in zip(arrays, results["baseline"]):
@@ -53,10 +53,10 @@ def test_every_exp_path_gives_the_same_bits(every_path, dtype):
 
 
 def test_a_path_this_cpu_cannot_run_is_refused(every_path):
-    for number, name in enumerate(_attention.EXP_PATHS):
+    for number, name in enumerate(_attention.CPU_PATHS):
         if name not in every_path:
-            assert _attention.use_exp_path(number) == -1
-    assert _attention.use_exp_path(7) == -1
+            assert _attention.use_cpu_path(number) == -1
+    assert _attention.use_cpu_path(7) == -1
 
 
 STT_GNU_IFUNC = 10

@@ -13,26 +13,23 @@ the forward's softmax is exact in one max, exp and sum pass per query, with no
 rescaling; it saves the per-query log-sum-exp, and the backward recomputes the
 probabilities from it and ``D = rowsum(dout * out)``.
 
-Tile products go to BLAS (``scipy.linalg.cython_blas``). K and V are transposed once per
-segment so that the score products are in the no-transpose form; the backward's
-products with transposed probabilities and dS let BLAS read the panels transposed
-(measured no slower than transposing them first, and a pass less). Every product has
-at most 64**3 multiply-adds (tiles shrink for head_dim > 64; this holds up to
-MAX_HEAD_DIM = 4096, which the Python layer enforces), the size at which OpenBLAS never
-starts its own threads, so BLAS stays single-threaded inside the OpenMP region. Arrays
-are strided with a contiguous last axis: the cell stride of a [T, d] block is the BLAS
-leading dimension, so a ``[B, H, T, D]`` view of ``[B, T, H, D]`` storage is read or
-written in place. Each work item writes only its own segment's output rows and sums in
-a fixed order, so results are bitwise identical for any thread count. The exponentials
-use a vectorizable polynomial exp (below); the rest of the per-edge work is a few
-vector passes over each panel row.
+Tile products are seqpack's own register-blocked kernels (``_tile_products.pxd``): K and
+V are transposed once per segment so that the score products read rows of them, and the
+backward's products with transposed probabilities and dS read the panels through their
+strides (no transpose pass). One product covers a query tile's whole panel, and its
+causal shape skips the blocks above the diagonal. Arrays are strided with a contiguous
+last axis: the cell stride of a [T, d] block is the row stride of a product, so a
+``[B, H, T, D]`` view of ``[B, T, H, D]`` storage is read or written in place. Each work
+item writes only its own segment's output rows and sums in a fixed order, so results are
+bitwise identical for any thread count and CPU path. The exponentials use a vectorizable
+polynomial exp (below); the rest of the per-edge work is a few vector passes over each
+panel row.
 """
 
 from cython.parallel cimport parallel, prange, threadid
 from libc.math cimport exp, expf, log, logf, sqrt
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
-from scipy.linalg.cython_blas cimport dgemm, sgemm
 
 from _interrupt cimport (
     INTERRUPTED,
@@ -44,6 +41,17 @@ from _interrupt cimport (
     seqpack_monotonic_seconds,
 )
 from _kernel_types cimport real
+from _tile_products cimport (
+    SEQPACK_FULL,
+    SEQPACK_LOWER_A,
+    SEQPACK_LOWER_OUTPUT,
+    SEQPACK_UPPER_A,
+    seqpack_product,
+    seqpack_product_d,
+    seqpack_product_f,
+    seqpack_products_avx2_supported,
+    seqpack_products_use_avx2,
+)
 
 cdef extern from *:
     """
@@ -57,15 +65,17 @@ cdef extern from *:
     #pragma GCC optimize("no-trapping-math")
     #endif
 
-    /* The exp loops carry most of the non-BLAS work. On x86-64 with gcc or clang they are
-       compiled three times, for AVX-512, AVX2 and baseline x86-64, and one is chosen at
-       load time by the CPU (a function pointer, not an ifunc, so musl builds too); the
-       wheel stays portable. The module is built with -ffp-contract=off, so no path fuses
-       a multiply and an add the others do not: every path gives the same bits. */
+    /* The exp loops carry most of the work outside tile products. On x86-64 with gcc or
+       clang they are compiled three times, for AVX-512, AVX2 (both with FMA) and baseline
+       x86-64, and one is chosen at load time by the CPU (a function pointer, not an ifunc,
+       so musl builds too); the wheel stays portable. The module is built with
+       -ffp-contract=off, so the only fused multiply-adds are the explicit C99 fma calls,
+       which every path rounds the same way (the baseline through libm): every path gives
+       the same bits. */
     #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
     #define SEQPACK_X86_PATHS 1
-    #define SEQPACK_AVX512 __attribute__((target("avx512f")))
-    #define SEQPACK_AVX2 __attribute__((target("avx2")))
+    #define SEQPACK_AVX512 __attribute__((target("avx512f,fma")))
+    #define SEQPACK_AVX2 __attribute__((target("avx2,fma")))
     #else
     #define SEQPACK_X86_PATHS 0
     #endif
@@ -77,7 +87,7 @@ cdef extern from *:
        1 ulp), 2**n built in the exponent bits.
        Arguments below LO (including -inf) give exactly 0; above HI they saturate.
        With ``ds`` (the backward), also ds[j] = dst[j] * (ds[j] - di) in the same pass. */
-    #define SEQPACK_EXP_LOOP(T, I, STORE, DEGREE, LAST, LO, HI, MAGIC, MANTISSA, BIAS, LN2_HI, LN2_LO) \
+    #define SEQPACK_EXP_LOOP(T, I, STORE, FMA, DEGREE, LAST, LO, HI, MAGIC, MANTISSA, BIAS, LN2_HI, LN2_LO) \
     {                                                                                         \
         for (ptrdiff_t j = 0; j < n; j++) {                                                   \
             T x = src[j] - shift;                                                             \
@@ -85,16 +95,16 @@ cdef extern from *:
             xc = xc > (T)(HI) ? (T)(HI) : xc;                                                 \
             union { T f; I i; } t, s, magic;                                                  \
             magic.f = (T)(MAGIC);                                                             \
-            t.f = xc * (T)1.4426950408889634074 + magic.f;                                    \
+            t.f = FMA(xc, (T)1.4426950408889634074, magic.f);                                 \
             T nf = t.f - magic.f;                                                             \
             I e = t.i - magic.i;                                                              \
-            T r = xc - nf * (T)(LN2_HI);                                                      \
-            r = r - nf * (T)(LN2_LO);                                                         \
+            T r = FMA(-nf, (T)(LN2_HI), xc);                                                  \
+            r = FMA(-nf, (T)(LN2_LO), r);                                                     \
             T c = (T)(LAST), p = c;                                                           \
             _Pragma("GCC unroll 16")                                                          \
             for (int k = DEGREE; k > 0; k--) {                                                \
                 c = c * (T)k;                                                                 \
-                p = p * r + c;                                                                \
+                p = FMA(p, r, c);                                                             \
             }                                                                                 \
             s.i = (e + BIAS) << MANTISSA;                                                     \
             T y = p * s.f;                                                                    \
@@ -122,9 +132,9 @@ cdef extern from *:
     #define SEQPACK_EXP_SHIFT(T, I, SUFFIX, ...)                                               \
         SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_baseline) SEQPACK_EXP_BODY(T, I, __VA_ARGS__)
     #endif
-    SEQPACK_EXP_SHIFT(float, int32_t, f, 7, 1.0 / 5040.0, -87.0, 88.0, 12582912.0, 23, 127,
+    SEQPACK_EXP_SHIFT(float, int32_t, f, fmaf, 7, 1.0 / 5040.0, -87.0, 88.0, 12582912.0, 23, 127,
                       0.693359375, -2.12194440e-4)
-    SEQPACK_EXP_SHIFT(double, int64_t, d, 12, 1.0 / 479001600.0, -708.0, 709.0,
+    SEQPACK_EXP_SHIFT(double, int64_t, d, fma, 12, 1.0 / 479001600.0, -708.0, 709.0,
                       6755399441055744.0, 52, 1023,
                       6.93147180369123816490e-01, 1.90821492927058770002e-10)
 
@@ -140,8 +150,8 @@ cdef extern from *:
         if (path == 0) return 1;
     #if SEQPACK_X86_PATHS
         __builtin_cpu_init();
-        if (path == 1) return __builtin_cpu_supports("avx2");
-        if (path == 2) return __builtin_cpu_supports("avx512f");
+        if (path == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        if (path == 2) return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
     #endif
         return 0;
     }
@@ -225,10 +235,11 @@ cdef extern from *:
 
 
 cdef enum:
-    # Tile edge: 64 queries x 64 keys. With head_dim <= 64 every product is <= 64**3.
+    # Query tile: 64 queries, fewer for head_dim > 64 (see ``tile_edge``).
     MAX_TILE = 64
-    # OpenBLAS stays on one thread for m*n*k at or below this many multiply-adds.
-    SINGLE_THREAD_MNK = 262144
+    # A query tile's products against one 64-key block stay within this many multiply-adds,
+    # so that the tile's queries and the block's keys stay in the core's caches.
+    TILE_WORK = 262144
     # Each thread gets at least this many multiply-adds (a few tenths of a millisecond):
     # below it a parallel region gains little, and on a busy machine one descheduled
     # thread stalls the whole region. The thread count never changes the results.
@@ -243,23 +254,30 @@ cdef enum:
     OUT_OF_MEMORY = 4
 
 
-#: The largest head_dim whose smallest tile product (8 x 8 x head_dim) keeps BLAS on one thread.
-MAX_HEAD_DIM = SINGLE_THREAD_MNK // 64
+#: The largest head_dim whose smallest query tile (8 queries) keeps within ``TILE_WORK``.
+MAX_HEAD_DIM = TILE_WORK // 64
 
-#: The exp paths by number; the best one this CPU runs is chosen at import.
-EXP_PATHS = ("baseline", "avx2", "avx512")
-seqpack_exp_use_path(-1)
-
-
-def exp_paths():
-    """The exp paths this CPU can run, by name (baseline always)."""
-    return [name for path, name in enumerate(EXP_PATHS) if seqpack_exp_path_supported(path)]
+#: The CPU paths by number: the exp loops compiled for baseline x86-64, AVX2 or AVX-512,
+#: and the tile products portable (baseline) or AVX2 with FMA (the others). Every path
+#: gives the same bits; the best one this CPU runs is chosen at import.
+CPU_PATHS = ("baseline", "avx2", "avx512")
 
 
-def use_exp_path(int path):
-    """Switch every later call to exp path ``path`` (-1: the best); return the path now in
+def cpu_paths():
+    """The CPU paths this CPU can run, by name (baseline always)."""
+    return [name for path, name in enumerate(CPU_PATHS) if seqpack_exp_path_supported(path)]
+
+
+def use_cpu_path(int path):
+    """Switch every later call to CPU path ``path`` (-1: the best); return the path now in
     use, or -1 (nothing changed) when this CPU cannot run it. For tests and benchmarks."""
-    return seqpack_exp_use_path(path)
+    chosen = seqpack_exp_use_path(path)
+    if chosen >= 0:
+        seqpack_products_use_avx2(chosen > 0 and seqpack_products_avx2_supported())
+    return chosen
+
+
+use_cpu_path(-1)
 
 
 cdef struct Plan:
@@ -273,9 +291,9 @@ cdef struct Plan:
 
 
 cdef Py_ssize_t tile_edge(Py_ssize_t head_dim) noexcept nogil:
-    """64, halved until a tile product has at most 64**3 multiply-adds."""
+    """64 queries, halved until tile * tile * head_dim is at most ``TILE_WORK``."""
     cdef Py_ssize_t tile = MAX_TILE
-    while tile > 8 and tile * tile * head_dim > SINGLE_THREAD_MNK:
+    while tile > 8 and tile * tile * head_dim > TILE_WORK:
         tile //= 2
     return tile
 
@@ -383,52 +401,21 @@ def plan_layout(const Py_ssize_t[::1] valid_lengths not None,
     return status, plan.bad_row, plan.bad_column, plan.segments
 
 
-cdef inline void gemm(Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t inner, real alpha,
-                      const real *a, Py_ssize_t lda, bint a_transposed, const real *b,
-                      Py_ssize_t ldb, real beta, real *c, Py_ssize_t ldc) noexcept nogil:
-    """Row-major ``c[rows, cols] = alpha * a[rows, inner] @ b[inner, cols] + beta * c``;
-    with ``a_transposed``, ``a`` is stored as its transpose, [inner, rows]."""
-    # A row-major product is the column-major product of the transposes: c^T = b^T a^T.
-    cdef char no = b'N'
-    cdef char op_a = b'T' if a_transposed else b'N'
-    cdef int m = <int>cols, n = <int>rows, k = <int>inner
-    cdef int la = <int>lda, lb = <int>ldb, lc = <int>ldc
+cdef inline void product(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, real alpha,
+                         const real *a, Py_ssize_t a_row, Py_ssize_t a_inner, const real *b,
+                         Py_ssize_t ldb, real *c, Py_ssize_t ldc, bint accumulate, int shape,
+                         Py_ssize_t diagonal) noexcept nogil:
+    """``c[m, n] (+)= alpha * a[m, k] @ b[k, n]`` with ``a[i, p]`` at ``a[i * a_row + p *
+    a_inner]``; ``shape`` and ``diagonal`` as in ``_tile_products.pxd``."""
+    cdef seqpack_product g
+    g.m, g.n, g.k = m, n, k
+    g.a, g.a_row, g.a_inner = a, a_row, a_inner
+    g.b, g.ldb, g.c, g.ldc = b, ldb, c, ldc
+    g.alpha, g.accumulate, g.shape, g.diagonal = alpha, accumulate, shape, diagonal
     if real is float:
-        sgemm(&no, &op_a, &m, &n, &k, &alpha, <float *>b, &lb, <float *>a, &la, &beta, c, &lc)
+        seqpack_product_f(&g)
     else:
-        dgemm(&no, &op_a, &m, &n, &k, &alpha, <double *>b, &lb, <double *>a, &la, &beta, c, &lc)
-
-
-cdef enum:
-    # Which part of a tile product a diagonal tile needs (see ``tile_gemm``).
-    FULL = 0
-    LOWER_OUTPUT = 1    # scores: the output's top-right quarter is masked anyway
-    LOWER_A = 2         # probabilities times something: a's top-right quarter is zero
-    UPPER_A = 3         # transposed probabilities: a's bottom-left quarter is zero
-
-
-cdef inline void tile_gemm(int shape, Py_ssize_t half, Py_ssize_t rows, Py_ssize_t cols,
-                           Py_ssize_t inner, real alpha, const real *a, Py_ssize_t lda,
-                           bint a_transposed, const real *b, Py_ssize_t ldb, real beta,
-                           real *c, Py_ssize_t ldc) noexcept nogil:
-    """``gemm`` that skips the quarter of a diagonal tile lying above the diagonal.
-
-    The top ``half`` rows and the rest are two products; a quarter of the work is saved.
-    """
-    # Element (row r, inner i) of a is at a + r * row_step + i * inner_step.
-    cdef Py_ssize_t row_step = 1 if a_transposed else lda
-    cdef Py_ssize_t inner_step = lda if a_transposed else 1
-    if shape == FULL or rows <= half:
-        gemm(rows, cols, inner, alpha, a, lda, a_transposed, b, ldb, beta, c, ldc)
-        return
-    gemm(half, half if shape == LOWER_OUTPUT else cols, half if shape == LOWER_A else inner,
-         alpha, a, lda, a_transposed, b, ldb, beta, c, ldc)
-    if shape == UPPER_A:
-        gemm(rows - half, cols, inner - half, alpha, a + half * (row_step + inner_step), lda,
-             a_transposed, b + half * ldb, ldb, beta, c + half * ldc, ldc)
-    else:
-        gemm(rows - half, cols, inner, alpha, a + half * row_step, lda, a_transposed, b, ldb,
-             beta, c + half * ldc, ldc)
+        seqpack_product_d(&g)
 
 
 cdef inline void exp_shift(real *dst, const real *src, Py_ssize_t n, real shift) noexcept nogil:
@@ -606,7 +593,7 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
     cdef real *p = kt + d * ld                 # [tile, ld]: a query tile's scores, then
                                                # probabilities, against keys start..
     cdef real *total = p + tile * ld           # [tile]: sum of exp per query
-    cdef Py_ssize_t a, b, h, qa, ka, nq, nk, i, j, visible
+    cdef Py_ssize_t a, h, qa, nq, keys, i, j, visible
     cdef const real *qh
     cdef real *oh
     cdef real *pi
@@ -618,16 +605,13 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
             return
         qa = start + a * tile
         nq = min(tile, end - qa)
+        keys = qa + nq - start
         for h in range(heads):
             qh = q + h * g.q_head
             oh = out + h * g.out_head
             charge(clock, FORWARD_GEMM)
-            for b in range(a + 1):
-                ka = start + b * tile
-                nk = min(tile, end - ka)
-                tile_gemm(LOWER_OUTPUT if ka == qa else FULL, tile // 2, nq, nk, d, scale,
-                          qh + qa * ldq, ldq, False, kt + (ka - start), ld, <real>0,
-                          p + (ka - start), ld)
+            product(nq, keys, d, scale, qh + qa * ldq, ldq, 1, kt, ld, p, ld, False,
+                    SEQPACK_LOWER_OUTPUT, qa - start)
             charge(clock, FORWARD_OTHER)
             for i in range(nq):
                 pi = p + i * ld
@@ -635,16 +619,12 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
                 top = row_max(pi, visible)
                 exp_shift(pi, pi, visible, top)
                 total[i] = row_sum(pi, visible)
-                for j in range(visible, qa + nq - start):
+                for j in range(visible, keys):
                     pi[j] = 0
                 lse[h * g.lse_head + (qa + i) * g.lse_cell] = top + scalar_log(total[i])
             charge(clock, FORWARD_GEMM)
-            for b in range(a + 1):
-                ka = start + b * tile
-                nk = min(tile, end - ka)
-                tile_gemm(LOWER_A if ka == qa else FULL, tile // 2, nq, d, nk, <real>1,
-                          p + (ka - start), ld, False, v + ka * g.ldv, g.ldv,
-                          <real>(0 if b == 0 else 1), oh + qa * ldo, ldo)
+            product(nq, d, keys, <real>1, p, ld, 1, v + start * g.ldv, g.ldv, oh + qa * ldo,
+                    ldo, False, SEQPACK_LOWER_A, qa - start)
             charge(clock, FORWARD_OTHER)
             for i in range(nq):
                 oi = oh + (qa + i) * ldo
@@ -678,13 +658,12 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
     cdef real *p = vt + d * ld                 # [tile, ld]: scores, then probabilities
     cdef real *ds = p + tile * ld              # [tile, ld]: dP, then dS
     cdef real *delta = ds + tile * ld          # [heads, tile]: rowsum(dout * out) per query
-    cdef Py_ssize_t a, b, h, qa, ka, nq, nk, i, j, visible, keys
+    cdef Py_ssize_t a, h, qa, nq, i, j, visible, keys, before
     cdef const real *qh
     cdef const real *douth
     cdef const real *lseh
     cdef real *pi
     cdef real *dsi
-    cdef bint diagonal, first
     transpose(k + start * g.ldk, length, d, g.ldk, kt, ld)
     transpose(v + start * g.ldv, length, d, g.ldv, vt, ld)
     for a in range((length + tile - 1) // tile):
@@ -692,7 +671,8 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
             return
         qa = start + a * tile
         nq = min(tile, end - qa)
-        keys = qa + nq - start
+        before = qa - start
+        keys = before + nq
         for h in range(heads):
             for i in range(nq):
                 delta[h * tile + i] = row_dot(dout + h * g.dout_head + (qa + i) * lddout,
@@ -702,16 +682,10 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
             douth = dout + h * g.dout_head
             lseh = lse + h * g.lse_head
             charge(clock, DS_GEMM)
-            for b in range(a + 1):
-                ka = start + b * tile
-                nk = min(tile, end - ka)
-                diagonal = ka == qa
-                tile_gemm(LOWER_OUTPUT if diagonal else FULL, tile // 2, nq, nk, d, scale,
-                          qh + qa * ldq, ldq, False, kt + (ka - start), ld, <real>0,
-                          p + (ka - start), ld)
-                tile_gemm(LOWER_OUTPUT if diagonal else FULL, tile // 2, nq, nk, d, <real>1,
-                          douth + qa * lddout, lddout, False, vt + (ka - start), ld, <real>0,
-                          ds + (ka - start), ld)
+            product(nq, keys, d, scale, qh + qa * ldq, ldq, 1, kt, ld, p, ld, False,
+                    SEQPACK_LOWER_OUTPUT, before)
+            product(nq, keys, d, <real>1, douth + qa * lddout, lddout, 1, vt, ld, ds, ld, False,
+                    SEQPACK_LOWER_OUTPUT, before)
             charge(clock, DS_OTHER)
             for i in range(nq):
                 pi = p + i * ld
@@ -721,26 +695,22 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
                 for j in range(visible, keys):
                     pi[j] = 0
                     dsi[j] = 0
-            for b in range(a + 1):
-                ka = start + b * tile
-                nk = min(tile, end - ka)
-                diagonal = ka == qa
-                # The diagonal tile is the first to reach key tile b; the group's first
-                # head starts its dK and dV rows, the others add to them.
-                first = diagonal and h == 0
-                charge(clock, DV_GEMM)
-                tile_gemm(UPPER_A if diagonal else FULL, tile // 2, nk, d, nq, <real>1,
-                          p + (ka - start), ld, True, douth + qa * lddout, lddout,
-                          <real>(0 if first else 1), dv + ka * g.lddv, g.lddv)
-                charge(clock, DK_GEMM)
-                tile_gemm(UPPER_A if diagonal else FULL, tile // 2, nk, d, nq, scale,
-                          ds + (ka - start), ld, True, qh + qa * ldq, ldq,
-                          <real>(0 if first else 1), dk + ka * g.lddk, g.lddk)
-                charge(clock, DQ_GEMM)
-                tile_gemm(LOWER_A if diagonal else FULL, tile // 2, nq, d, nk, scale,
-                          ds + (ka - start), ld, False, k + ka * g.ldk, g.ldk,
-                          <real>(0 if b == 0 else 1), dq + h * g.dq_head + qa * g.lddq, g.lddq)
-                charge(clock, DS_OTHER)
+            # dK and dV of the keys before the tile add to what earlier tiles left; the
+            # tile's own keys are first reached here, so the group's first head starts them.
+            charge(clock, DV_GEMM)
+            product(before, d, nq, <real>1, p, 1, ld, douth + qa * lddout, lddout,
+                    dv + start * g.lddv, g.lddv, True, SEQPACK_FULL, 0)
+            product(nq, d, nq, <real>1, p + before, 1, ld, douth + qa * lddout, lddout,
+                    dv + qa * g.lddv, g.lddv, h > 0, SEQPACK_UPPER_A, 0)
+            charge(clock, DK_GEMM)
+            product(before, d, nq, scale, ds, 1, ld, qh + qa * ldq, ldq, dk + start * g.lddk,
+                    g.lddk, True, SEQPACK_FULL, 0)
+            product(nq, d, nq, scale, ds + before, 1, ld, qh + qa * ldq, ldq, dk + qa * g.lddk,
+                    g.lddk, h > 0, SEQPACK_UPPER_A, 0)
+            charge(clock, DQ_GEMM)
+            product(nq, d, keys, scale, ds, ld, 1, k + start * g.ldk, g.ldk,
+                    dq + h * g.dq_head + qa * g.lddq, g.lddq, False, SEQPACK_LOWER_A, before)
+            charge(clock, DS_OTHER)
 
 
 cdef void zero_padding(Operand x, Py_ssize_t heads, Py_ssize_t width, Py_ssize_t cell,

@@ -1,0 +1,241 @@
+# Tile products of the attention kernels (cimport only; no runtime module).
+#
+# ``C = alpha * A @ B`` or ``C += alpha * A @ B`` on tiles that sit in cache: A is read
+# through two strides (either orientation, so a transposed panel needs no copy), B and C
+# are row-major with a contiguous last axis. Register-blocked: 6 rows of C by 16 floats
+# (8 doubles) stay in vector registers while the products over the inner axis accumulate,
+# so a tile costs no packing and no library call. Each element of C is one chain of fused
+# multiply-adds in inner-axis order, started from zero, then scaled by alpha and added to
+# C; the AVX2 path and the portable path (C99 ``fma``) compute exactly that, so every path
+# gives the same bits, and the thread count never enters. A causal ``shape`` skips work
+# known to be zero or unwanted, by blocks of 6 rows (the same blocks on every path):
+#   LOWER_OUTPUT  only C[i, j] with j <= i + diagonal is wanted: 16-column strips that
+#                 lie wholly right of it are skipped (others are computed whole);
+#   LOWER_A       A[i, p] == 0 for p > i + diagonal: a block stops after its last row's p;
+#   UPPER_A       A[i, p] == 0 for p < i - diagonal: a block starts at its first row's p.
+
+cdef extern from *:
+    """
+    #include <math.h>
+    #include <stddef.h>
+
+    enum { SEQPACK_FULL = 0, SEQPACK_LOWER_OUTPUT = 1, SEQPACK_LOWER_A = 2, SEQPACK_UPPER_A = 3 };
+    enum { SEQPACK_MR = 6 };
+
+    typedef struct {
+        ptrdiff_t m, n, k;
+        const void *a;
+        ptrdiff_t a_row, a_inner;      /* A[i, p] at a[i * a_row + p * a_inner] */
+        const void *b;
+        ptrdiff_t ldb;                 /* B[p, j] at b[p * ldb + j] */
+        void *c;
+        ptrdiff_t ldc;                 /* C[i, j] at c[i * ldc + j] */
+        double alpha;
+        int accumulate;                /* 1: C += alpha * A @ B; 0: C = alpha * A @ B */
+        int shape;
+        ptrdiff_t diagonal;
+    } seqpack_product;
+
+    /* The inner range [*first, *last) of the block of ``rows`` rows at row ``i0``. */
+    static inline void seqpack_block_inner(const seqpack_product *g, ptrdiff_t i0,
+                                           ptrdiff_t rows, ptrdiff_t *first, ptrdiff_t *last)
+    {
+        ptrdiff_t begin = 0, end = g->k;
+        if (g->shape == SEQPACK_LOWER_A && i0 + rows + g->diagonal < end)
+            end = i0 + rows + g->diagonal;
+        if (g->shape == SEQPACK_UPPER_A && i0 - g->diagonal > begin)
+            begin = i0 - g->diagonal;
+        if (end < begin) end = begin;
+        *first = begin;
+        *last = end;
+    }
+
+    /* Whether the strip at column j0 of the block at row i0 is skipped (LOWER_OUTPUT). */
+    static inline int seqpack_strip_skipped(const seqpack_product *g, ptrdiff_t i0,
+                                            ptrdiff_t rows, ptrdiff_t j0)
+    {
+        return g->shape == SEQPACK_LOWER_OUTPUT && j0 > i0 + rows - 1 + g->diagonal;
+    }
+
+    /* The portable path: the same blocks, strips and chains, one element at a time. */
+    #define SEQPACK_PRODUCT_PORTABLE(T, NR, FMA, NAME)                                         \\
+    static void NAME(const seqpack_product *g)                                                 \\
+    {                                                                                          \\
+        const T *a = (const T *)g->a, *b = (const T *)g->b;                                    \\
+        T *c = (T *)g->c;                                                                      \\
+        const T alpha = (T)g->alpha;                                                           \\
+        for (ptrdiff_t j0 = 0; j0 < g->n; j0 += NR) {                                          \\
+            ptrdiff_t width = g->n - j0 < NR ? g->n - j0 : NR;                                 \\
+            for (ptrdiff_t i0 = 0; i0 < g->m; i0 += SEQPACK_MR) {                              \\
+                ptrdiff_t rows = g->m - i0 < SEQPACK_MR ? g->m - i0 : SEQPACK_MR, first, last; \\
+                if (seqpack_strip_skipped(g, i0, rows, j0)) continue;                          \\
+                seqpack_block_inner(g, i0, rows, &first, &last);                               \\
+                for (ptrdiff_t r = i0; r < i0 + rows; r++) {                                   \\
+                    for (ptrdiff_t j = j0; j < j0 + width; j++) {                              \\
+                        T sum = 0;                                                             \\
+                        for (ptrdiff_t p = first; p < last; p++)                               \\
+                            sum = FMA(a[r * g->a_row + p * g->a_inner], b[p * g->ldb + j], sum); \\
+                        T scaled = alpha * sum;                                                \\
+                        c[r * g->ldc + j] = g->accumulate ? c[r * g->ldc + j] + scaled : scaled; \\
+                    }                                                                          \\
+                }                                                                              \\
+            }                                                                                  \\
+        }                                                                                      \\
+    }
+    SEQPACK_PRODUCT_PORTABLE(float, 16, fmaf, seqpack_product_f_portable)
+    SEQPACK_PRODUCT_PORTABLE(double, 8, fma, seqpack_product_d_portable)
+
+    #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+    #define SEQPACK_PRODUCT_X86 1
+    #include <immintrin.h>
+
+    /* The AVX2 path: a 6 x (2 vectors) block of C in 12 registers; rows past the end of C
+       repeat its last row (computed, never stored); a strip narrower than two vectors
+       loads and stores through lane masks, so nothing past the end of B or C is touched. */
+    #define SEQPACK_PRODUCT_AVX2(T, V, W, I, NAME, LOADU, STOREU, MASKLOAD, MASKSTORE,         \\
+                                 BROADCAST, FMADD, MUL, ADD, ZERO, SET1, LANES)                \\
+    __attribute__((target("avx2,fma"))) static void NAME(const seqpack_product *g)            \\
+    {                                                                                          \\
+        const T *a = (const T *)g->a, *b = (const T *)g->b;                                    \\
+        T *c = (T *)g->c;                                                                      \\
+        const V alpha = SET1((T)g->alpha);                                                     \\
+        const ptrdiff_t ldb = g->ldb, ai = g->a_inner;                                         \\
+        /* Column strips outside (a strip of B stays in L1 across the blocks of rows) when C   \\
+           is wide; else blocks of rows outside (their A stays in L1 across the strips). */    \\
+        const int strips_outside = g->n > 128;                                                 \\
+        const ptrdiff_t strips = (g->n + 2 * W - 1) / (2 * W);                                 \\
+        const ptrdiff_t blocks = (g->m + SEQPACK_MR - 1) / SEQPACK_MR;                         \\
+        for (ptrdiff_t outer = 0; outer < (strips_outside ? strips : blocks); outer++)         \\
+        for (ptrdiff_t inner = 0; inner < (strips_outside ? blocks : strips); inner++) {       \\
+                ptrdiff_t j0 = 2 * W * (strips_outside ? outer : inner);                       \\
+                ptrdiff_t i0 = SEQPACK_MR * (strips_outside ? inner : outer);                  \\
+                ptrdiff_t width = g->n - j0 < 2 * W ? g->n - j0 : 2 * W;                       \\
+                const I mask0 = LANES(width), mask1 = LANES(width - W);                        \\
+                ptrdiff_t rows = g->m - i0 < SEQPACK_MR ? g->m - i0 : SEQPACK_MR, first, last; \\
+                if (seqpack_strip_skipped(g, i0, rows, j0)) continue;                          \\
+                seqpack_block_inner(g, i0, rows, &first, &last);                               \\
+                const T *a0 = a + i0 * g->a_row + first * ai;                                  \\
+                const T *a1 = a0 + (rows > 1) * g->a_row, *a2 = a0 + (rows > 2 ? 2 : rows - 1) * g->a_row; \\
+                const T *a3 = a0 + (rows > 3 ? 3 : rows - 1) * g->a_row;                       \\
+                const T *a4 = a0 + (rows > 4 ? 4 : rows - 1) * g->a_row;                       \\
+                const T *a5 = a0 + (rows > 5 ? 5 : rows - 1) * g->a_row;                       \\
+                const T *bp = b + first * ldb + j0;                                            \\
+                V c00 = ZERO(), c01 = ZERO(), c10 = ZERO(), c11 = ZERO(), c20 = ZERO(), c21 = ZERO(); \\
+                V c30 = ZERO(), c31 = ZERO(), c40 = ZERO(), c41 = ZERO(), c50 = ZERO(), c51 = ZERO(); \\
+                ptrdiff_t steps = last - first, s, o = 0;                                      \\
+                if (width == 2 * W) {                                                          \\
+                    for (s = 0; s < steps; s++, o += ai, bp += ldb) {                          \\
+                        V b0 = LOADU(bp), b1 = LOADU(bp + W), x;                               \\
+                        x = BROADCAST(a0 + o); c00 = FMADD(x, b0, c00); c01 = FMADD(x, b1, c01); \\
+                        x = BROADCAST(a1 + o); c10 = FMADD(x, b0, c10); c11 = FMADD(x, b1, c11); \\
+                        x = BROADCAST(a2 + o); c20 = FMADD(x, b0, c20); c21 = FMADD(x, b1, c21); \\
+                        x = BROADCAST(a3 + o); c30 = FMADD(x, b0, c30); c31 = FMADD(x, b1, c31); \\
+                        x = BROADCAST(a4 + o); c40 = FMADD(x, b0, c40); c41 = FMADD(x, b1, c41); \\
+                        x = BROADCAST(a5 + o); c50 = FMADD(x, b0, c50); c51 = FMADD(x, b1, c51); \\
+                    }                                                                          \\
+                } else {                                                                       \\
+                    for (s = 0; s < steps; s++, o += ai, bp += ldb) {                          \\
+                        V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + W, mask1), x;           \\
+                        x = BROADCAST(a0 + o); c00 = FMADD(x, b0, c00); c01 = FMADD(x, b1, c01); \\
+                        x = BROADCAST(a1 + o); c10 = FMADD(x, b0, c10); c11 = FMADD(x, b1, c11); \\
+                        x = BROADCAST(a2 + o); c20 = FMADD(x, b0, c20); c21 = FMADD(x, b1, c21); \\
+                        x = BROADCAST(a3 + o); c30 = FMADD(x, b0, c30); c31 = FMADD(x, b1, c31); \\
+                        x = BROADCAST(a4 + o); c40 = FMADD(x, b0, c40); c41 = FMADD(x, b1, c41); \\
+                        x = BROADCAST(a5 + o); c50 = FMADD(x, b0, c50); c51 = FMADD(x, b1, c51); \\
+                    }                                                                          \\
+                }                                                                              \\
+                V sums[SEQPACK_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21},                   \\
+                                         {c30, c31}, {c40, c41}, {c50, c51}};                  \\
+                for (ptrdiff_t r = 0; r < rows; r++) {                                         \\
+                    T *cr = c + (i0 + r) * g->ldc + j0;                                        \\
+                    V y0 = MUL(alpha, sums[r][0]), y1 = MUL(alpha, sums[r][1]);                \\
+                    if (width == 2 * W) {                                                      \\
+                        if (g->accumulate) { y0 = ADD(LOADU(cr), y0); y1 = ADD(LOADU(cr + W), y1); } \\
+                        STOREU(cr, y0);                                                        \\
+                        STOREU(cr + W, y1);                                                    \\
+                    } else {                                                                   \\
+                        if (g->accumulate) {                                                   \\
+                            y0 = ADD(MASKLOAD(cr, mask0), y0);                                 \\
+                            y1 = ADD(MASKLOAD(cr + W, mask1), y1);                             \\
+                        }                                                                      \\
+                        MASKSTORE(cr, mask0, y0);                                              \\
+                        MASKSTORE(cr + W, mask1, y1);                                          \\
+                    }                                                                          \\
+                }                                                                              \\
+        }                                                                                      \\
+    }
+
+    /* Lane masks: lane l is on when l < count (count may be negative or past the width). */
+    __attribute__((target("avx2"))) static inline __m256i seqpack_lanes_f(ptrdiff_t count)
+    {
+        __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        int n = count < 0 ? 0 : count > 8 ? 8 : (int)count;
+        return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane);
+    }
+    __attribute__((target("avx2"))) static inline __m256i seqpack_lanes_d(ptrdiff_t count)
+    {
+        __m256i lane = _mm256_setr_epi64x(0, 1, 2, 3);
+        long long n = count < 0 ? 0 : count > 4 ? 4 : (long long)count;
+        return _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), lane);
+    }
+    SEQPACK_PRODUCT_AVX2(float, __m256, 8, __m256i, seqpack_product_f_avx2, _mm256_loadu_ps,
+                         _mm256_storeu_ps, _mm256_maskload_ps, _mm256_maskstore_ps,
+                         _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_mul_ps, _mm256_add_ps,
+                         _mm256_setzero_ps, _mm256_set1_ps, seqpack_lanes_f)
+    SEQPACK_PRODUCT_AVX2(double, __m256d, 4, __m256i, seqpack_product_d_avx2, _mm256_loadu_pd,
+                         _mm256_storeu_pd, _mm256_maskload_pd, _mm256_maskstore_pd,
+                         _mm256_broadcast_sd, _mm256_fmadd_pd, _mm256_mul_pd, _mm256_add_pd,
+                         _mm256_setzero_pd, _mm256_set1_pd, seqpack_lanes_d)
+    #else
+    #define SEQPACK_PRODUCT_X86 0
+    #endif
+
+    static void (*seqpack_product_f)(const seqpack_product *) = seqpack_product_f_portable;
+    static void (*seqpack_product_d)(const seqpack_product *) = seqpack_product_d_portable;
+
+    /* Whether this CPU runs the AVX2 path (which also needs FMA). */
+    static int seqpack_products_avx2_supported(void)
+    {
+    #if SEQPACK_PRODUCT_X86
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    #else
+        return 0;
+    #endif
+    }
+
+    /* Use the AVX2 path (1) or the portable one (0); return 0 when the CPU lacks AVX2. */
+    static int seqpack_products_use_avx2(int avx2)
+    {
+        if (avx2 && !seqpack_products_avx2_supported()) return 0;
+        seqpack_product_f = seqpack_product_f_portable;
+        seqpack_product_d = seqpack_product_d_portable;
+    #if SEQPACK_PRODUCT_X86
+        if (avx2) { seqpack_product_f = seqpack_product_f_avx2; seqpack_product_d = seqpack_product_d_avx2; }
+    #endif
+        return 1;
+    }
+    """
+    enum:
+        SEQPACK_FULL
+        SEQPACK_LOWER_OUTPUT
+        SEQPACK_LOWER_A
+        SEQPACK_UPPER_A
+
+    ctypedef struct seqpack_product:
+        Py_ssize_t m, n, k
+        const void *a
+        Py_ssize_t a_row, a_inner
+        const void *b
+        Py_ssize_t ldb
+        void *c
+        Py_ssize_t ldc
+        double alpha
+        int accumulate
+        int shape
+        Py_ssize_t diagonal
+
+    void seqpack_product_f(const seqpack_product *g) noexcept nogil
+    void seqpack_product_d(const seqpack_product *g) noexcept nogil
+    int seqpack_products_avx2_supported() noexcept nogil
+    int seqpack_products_use_avx2(int avx2) noexcept nogil
