@@ -45,6 +45,7 @@ cdef extern from *:
             end = i0 + rows + g->diagonal;
         if (g->shape == SEQPACK_UPPER_A && i0 - g->diagonal > begin)
             begin = i0 - g->diagonal;
+        if (begin > end) begin = end > 0 ? end : 0;   /* an empty chain, within [0, k] */
         if (end < begin) end = begin;
         *first = begin;
         *last = end;
@@ -91,7 +92,11 @@ cdef extern from *:
 
     /* The AVX2 path: a 6 x (2 vectors) block of C in 12 registers; rows past the end of C
        repeat its last row (computed, never stored); a strip narrower than two vectors
-       loads and stores through lane masks, so nothing past the end of B or C is touched. */
+       loads and stores through lane masks, so nothing past the end of B or C is touched.
+       A long inner axis is cut into chunks of SEQPACK_KC so that a chunk of B stays in L2
+       across the blocks of rows; between chunks a block's sums wait in ``partial``, which
+       keeps each chain in inner-axis order (the bits do not change). */
+    enum { SEQPACK_KC = 256, SEQPACK_PARTIAL = 4608 };
     #define SEQPACK_PRODUCT_AVX2(T, V, W, I, NAME, LOADU, STOREU, MASKLOAD, MASKSTORE,         \\
                                  BROADCAST, FMADD, MUL, ADD, ZERO, SET1, LANES)                \\
     __attribute__((target("avx2,fma"))) static void NAME(const seqpack_product *g)            \\
@@ -105,63 +110,90 @@ cdef extern from *:
         const int strips_outside = g->n > 128;                                                 \\
         const ptrdiff_t strips = (g->n + 2 * W - 1) / (2 * W);                                 \\
         const ptrdiff_t blocks = (g->m + SEQPACK_MR - 1) / SEQPACK_MR;                         \\
+        T partial[SEQPACK_PARTIAL] __attribute__((aligned(32)));                               \\
+        const ptrdiff_t chunk = g->k > SEQPACK_KC                                              \\
+            && blocks * strips * SEQPACK_MR * 2 * W <= SEQPACK_PARTIAL ? SEQPACK_KC : g->k;    \\
+        for (ptrdiff_t k0 = 0; k0 == 0 || k0 < g->k; k0 += chunk)                              \\
         for (ptrdiff_t outer = 0; outer < (strips_outside ? strips : blocks); outer++)         \\
         for (ptrdiff_t inner = 0; inner < (strips_outside ? blocks : strips); inner++) {       \\
-                ptrdiff_t j0 = 2 * W * (strips_outside ? outer : inner);                       \\
-                ptrdiff_t i0 = SEQPACK_MR * (strips_outside ? inner : outer);                  \\
-                ptrdiff_t width = g->n - j0 < 2 * W ? g->n - j0 : 2 * W;                       \\
-                const I mask0 = LANES(width), mask1 = LANES(width - W);                        \\
-                ptrdiff_t rows = g->m - i0 < SEQPACK_MR ? g->m - i0 : SEQPACK_MR, first, last; \\
-                if (seqpack_strip_skipped(g, i0, rows, j0)) continue;                          \\
-                seqpack_block_inner(g, i0, rows, &first, &last);                               \\
-                const T *a0 = a + i0 * g->a_row + first * ai;                                  \\
-                const T *a1 = a0 + (rows > 1) * g->a_row, *a2 = a0 + (rows > 2 ? 2 : rows - 1) * g->a_row; \\
-                const T *a3 = a0 + (rows > 3 ? 3 : rows - 1) * g->a_row;                       \\
-                const T *a4 = a0 + (rows > 4 ? 4 : rows - 1) * g->a_row;                       \\
-                const T *a5 = a0 + (rows > 5 ? 5 : rows - 1) * g->a_row;                       \\
-                const T *bp = b + first * ldb + j0;                                            \\
-                V c00 = ZERO(), c01 = ZERO(), c10 = ZERO(), c11 = ZERO(), c20 = ZERO(), c21 = ZERO(); \\
-                V c30 = ZERO(), c31 = ZERO(), c40 = ZERO(), c41 = ZERO(), c50 = ZERO(), c51 = ZERO(); \\
-                ptrdiff_t steps = last - first, s, o = 0;                                      \\
+            ptrdiff_t strip = strips_outside ? outer : inner, block = strips_outside ? inner : outer; \\
+            ptrdiff_t j0 = 2 * W * strip, i0 = SEQPACK_MR * block;                             \\
+            ptrdiff_t width = g->n - j0 < 2 * W ? g->n - j0 : 2 * W;                           \\
+            ptrdiff_t rows = g->m - i0 < SEQPACK_MR ? g->m - i0 : SEQPACK_MR, first, last;     \\
+            if (seqpack_strip_skipped(g, i0, rows, j0)) continue;                              \\
+            seqpack_block_inner(g, i0, rows, &first, &last);                                   \\
+            /* This chunk's part [from, to) of the block's chain; an empty chain ends in the   \\
+               first chunk. */                                                                 \\
+            ptrdiff_t from = first > k0 ? first : k0, to = last < k0 + chunk ? last : k0 + chunk; \\
+            int starts = first >= k0 || k0 == 0, ends = last <= k0 + chunk;                    \\
+            if (first == last ? k0 != 0 : from >= to) continue;                                \\
+            const I mask0 = LANES(width), mask1 = LANES(width - W);                            \\
+            T *saved = partial + (block * strips + strip) * SEQPACK_MR * 2 * W;                \\
+            const T *a0 = a + i0 * g->a_row + from * ai;                                       \\
+            const T *a1 = a0 + (rows > 1) * g->a_row, *a2 = a0 + (rows > 2 ? 2 : rows - 1) * g->a_row; \\
+            const T *a3 = a0 + (rows > 3 ? 3 : rows - 1) * g->a_row;                           \\
+            const T *a4 = a0 + (rows > 4 ? 4 : rows - 1) * g->a_row;                           \\
+            const T *a5 = a0 + (rows > 5 ? 5 : rows - 1) * g->a_row;                           \\
+            const T *bp = b + from * ldb + j0;                                                 \\
+            V c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;                      \\
+            if (starts) {                                                                      \\
+                c00 = c01 = c10 = c11 = c20 = c21 = ZERO();                                    \\
+                c30 = c31 = c40 = c41 = c50 = c51 = ZERO();                                    \\
+            } else {                                                                           \\
+                c00 = LOADU(saved), c01 = LOADU(saved + W), c10 = LOADU(saved + 2 * W);        \\
+                c11 = LOADU(saved + 3 * W), c20 = LOADU(saved + 4 * W), c21 = LOADU(saved + 5 * W); \\
+                c30 = LOADU(saved + 6 * W), c31 = LOADU(saved + 7 * W), c40 = LOADU(saved + 8 * W); \\
+                c41 = LOADU(saved + 9 * W), c50 = LOADU(saved + 10 * W), c51 = LOADU(saved + 11 * W); \\
+            }                                                                                  \\
+            ptrdiff_t steps = to - from, s, o = 0;                                             \\
+            if (width == 2 * W) {                                                              \\
+                for (s = 0; s < steps; s++, o += ai, bp += ldb) {                              \\
+                    V b0 = LOADU(bp), b1 = LOADU(bp + W), x;                                   \\
+                    /* The next strip's B (a hint: never faults, even past the end). */        \\
+                    _mm_prefetch((const char *)(bp + 2 * W), _MM_HINT_T0);                     \\
+                    x = BROADCAST(a0 + o); c00 = FMADD(x, b0, c00); c01 = FMADD(x, b1, c01);   \\
+                    x = BROADCAST(a1 + o); c10 = FMADD(x, b0, c10); c11 = FMADD(x, b1, c11);   \\
+                    x = BROADCAST(a2 + o); c20 = FMADD(x, b0, c20); c21 = FMADD(x, b1, c21);   \\
+                    x = BROADCAST(a3 + o); c30 = FMADD(x, b0, c30); c31 = FMADD(x, b1, c31);   \\
+                    x = BROADCAST(a4 + o); c40 = FMADD(x, b0, c40); c41 = FMADD(x, b1, c41);   \\
+                    x = BROADCAST(a5 + o); c50 = FMADD(x, b0, c50); c51 = FMADD(x, b1, c51);   \\
+                }                                                                              \\
+            } else {                                                                           \\
+                for (s = 0; s < steps; s++, o += ai, bp += ldb) {                              \\
+                    V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + W, mask1), x;               \\
+                    x = BROADCAST(a0 + o); c00 = FMADD(x, b0, c00); c01 = FMADD(x, b1, c01);   \\
+                    x = BROADCAST(a1 + o); c10 = FMADD(x, b0, c10); c11 = FMADD(x, b1, c11);   \\
+                    x = BROADCAST(a2 + o); c20 = FMADD(x, b0, c20); c21 = FMADD(x, b1, c21);   \\
+                    x = BROADCAST(a3 + o); c30 = FMADD(x, b0, c30); c31 = FMADD(x, b1, c31);   \\
+                    x = BROADCAST(a4 + o); c40 = FMADD(x, b0, c40); c41 = FMADD(x, b1, c41);   \\
+                    x = BROADCAST(a5 + o); c50 = FMADD(x, b0, c50); c51 = FMADD(x, b1, c51);   \\
+                }                                                                              \\
+            }                                                                                  \\
+            if (!ends) {                                                                       \\
+                STOREU(saved, c00), STOREU(saved + W, c01), STOREU(saved + 2 * W, c10);        \\
+                STOREU(saved + 3 * W, c11), STOREU(saved + 4 * W, c20), STOREU(saved + 5 * W, c21); \\
+                STOREU(saved + 6 * W, c30), STOREU(saved + 7 * W, c31), STOREU(saved + 8 * W, c40); \\
+                STOREU(saved + 9 * W, c41), STOREU(saved + 10 * W, c50), STOREU(saved + 11 * W, c51); \\
+                continue;                                                                      \\
+            }                                                                                  \\
+            V sums[SEQPACK_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21},                       \\
+                                     {c30, c31}, {c40, c41}, {c50, c51}};                      \\
+            for (ptrdiff_t r = 0; r < rows; r++) {                                             \\
+                T *cr = c + (i0 + r) * g->ldc + j0;                                            \\
+                V y0 = MUL(alpha, sums[r][0]), y1 = MUL(alpha, sums[r][1]);                    \\
                 if (width == 2 * W) {                                                          \\
-                    for (s = 0; s < steps; s++, o += ai, bp += ldb) {                          \\
-                        V b0 = LOADU(bp), b1 = LOADU(bp + W), x;                               \\
-                        x = BROADCAST(a0 + o); c00 = FMADD(x, b0, c00); c01 = FMADD(x, b1, c01); \\
-                        x = BROADCAST(a1 + o); c10 = FMADD(x, b0, c10); c11 = FMADD(x, b1, c11); \\
-                        x = BROADCAST(a2 + o); c20 = FMADD(x, b0, c20); c21 = FMADD(x, b1, c21); \\
-                        x = BROADCAST(a3 + o); c30 = FMADD(x, b0, c30); c31 = FMADD(x, b1, c31); \\
-                        x = BROADCAST(a4 + o); c40 = FMADD(x, b0, c40); c41 = FMADD(x, b1, c41); \\
-                        x = BROADCAST(a5 + o); c50 = FMADD(x, b0, c50); c51 = FMADD(x, b1, c51); \\
-                    }                                                                          \\
+                    if (g->accumulate) { y0 = ADD(LOADU(cr), y0); y1 = ADD(LOADU(cr + W), y1); } \\
+                    STOREU(cr, y0);                                                            \\
+                    STOREU(cr + W, y1);                                                        \\
                 } else {                                                                       \\
-                    for (s = 0; s < steps; s++, o += ai, bp += ldb) {                          \\
-                        V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + W, mask1), x;           \\
-                        x = BROADCAST(a0 + o); c00 = FMADD(x, b0, c00); c01 = FMADD(x, b1, c01); \\
-                        x = BROADCAST(a1 + o); c10 = FMADD(x, b0, c10); c11 = FMADD(x, b1, c11); \\
-                        x = BROADCAST(a2 + o); c20 = FMADD(x, b0, c20); c21 = FMADD(x, b1, c21); \\
-                        x = BROADCAST(a3 + o); c30 = FMADD(x, b0, c30); c31 = FMADD(x, b1, c31); \\
-                        x = BROADCAST(a4 + o); c40 = FMADD(x, b0, c40); c41 = FMADD(x, b1, c41); \\
-                        x = BROADCAST(a5 + o); c50 = FMADD(x, b0, c50); c51 = FMADD(x, b1, c51); \\
+                    if (g->accumulate) {                                                       \\
+                        y0 = ADD(MASKLOAD(cr, mask0), y0);                                     \\
+                        y1 = ADD(MASKLOAD(cr + W, mask1), y1);                                 \\
                     }                                                                          \\
+                    MASKSTORE(cr, mask0, y0);                                                  \\
+                    MASKSTORE(cr + W, mask1, y1);                                              \\
                 }                                                                              \\
-                V sums[SEQPACK_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21},                   \\
-                                         {c30, c31}, {c40, c41}, {c50, c51}};                  \\
-                for (ptrdiff_t r = 0; r < rows; r++) {                                         \\
-                    T *cr = c + (i0 + r) * g->ldc + j0;                                        \\
-                    V y0 = MUL(alpha, sums[r][0]), y1 = MUL(alpha, sums[r][1]);                \\
-                    if (width == 2 * W) {                                                      \\
-                        if (g->accumulate) { y0 = ADD(LOADU(cr), y0); y1 = ADD(LOADU(cr + W), y1); } \\
-                        STOREU(cr, y0);                                                        \\
-                        STOREU(cr + W, y1);                                                    \\
-                    } else {                                                                   \\
-                        if (g->accumulate) {                                                   \\
-                            y0 = ADD(MASKLOAD(cr, mask0), y0);                                 \\
-                            y1 = ADD(MASKLOAD(cr + W, mask1), y1);                             \\
-                        }                                                                      \\
-                        MASKSTORE(cr, mask0, y0);                                              \\
-                        MASKSTORE(cr + W, mask1, y1);                                          \\
-                    }                                                                          \\
-                }                                                                              \\
+            }                                                                                  \\
         }                                                                                      \\
     }
 

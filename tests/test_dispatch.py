@@ -21,24 +21,27 @@ def every_path():
     assert _attention.use_cpu_path(-1) >= 0
 
 
-def layout(rows=3, width=150, seed=0):
+def layout(rows=3, width=150, longest=90, seed=0):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(width // 2, width + 1, rows)
     starts = np.zeros((rows, width), np.int64)
     for row in range(rows):
         column = 0
         while column < lengths[row]:
-            size = int(rng.integers(1, 90))
+            size = int(rng.integers(1, longest))
             starts[row, column:column + size] = column
             column += size
     return lengths, starts
 
 
+# Short segments; and long ones, whose products cut their inner axis into chunks (past
+# 256 keys), on head_dim 40 (a partial column strip on both paths).
+@pytest.mark.parametrize("width, longest", [(150, 90), (900, 800)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_every_cpu_path_gives_the_same_bits(every_path, dtype):
+def test_every_cpu_path_gives_the_same_bits(every_path, dtype, width, longest):
     rng = np.random.default_rng(1)
-    q, k, v, dout = (4 * rng.standard_normal((3, 2, 150, 40)).astype(dtype) for _ in range(4))
-    lengths, starts = layout()
+    q, k, v, dout = (4 * rng.standard_normal((3, 2, width, 40)).astype(dtype) for _ in range(4))
+    lengths, starts = layout(width=width, longest=longest)
     results = {}
     for path in every_path:
         assert _attention.use_cpu_path(_attention.CPU_PATHS.index(path)) == _attention.CPU_PATHS.index(path)

@@ -470,8 +470,11 @@ cdef inline real scalar_log(real x) noexcept nogil:
 
 
 cdef inline Py_ssize_t padded(Py_ssize_t length) noexcept nogil:
-    """Row stride of a transposed K or V: ``length`` rounded up to 16 elements."""
-    return (length + 15) // 16 * 16
+    """Row stride of a panel or a transposed K or V: ``length`` rounded up to an odd number
+    of 16 elements, so that the rows a product walks down do not share cache sets (a
+    power-of-two stride would keep only a few of them in L1)."""
+    cdef Py_ssize_t lines = (length + 15) // 16
+    return (lines + 1 - lines % 2) * 16
 
 
 cdef inline void transpose(const real *src, Py_ssize_t rows, Py_ssize_t cols,
