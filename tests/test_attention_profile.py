@@ -57,7 +57,7 @@ def test_profile_buckets_are_consistent():
     with _profile() as both:
         run_both(*case, threads=2)
     wall = time.perf_counter() - began
-    outside = ("dQ_other", "dK_other", "dV_other")  # BLAS reads the panels transposed
+    outside = ("dQ_other", "dK_other", "dV_other")  # the products read the panels transposed
     assert all(value > 0 for name, value in both.items() if name not in outside)
     assert all(both[name] == 0 for name in outside)
     # Thread-time inside the kernels fits in the wall time of two threads.

@@ -165,7 +165,7 @@ def test_buffers_that_overlap_themselves_or_reverse_are_rejected():
 
 def test_axes_of_length_one_may_have_any_stride():
     """numpy calls such arrays C-contiguous whatever those strides are: they must not reach
-    BLAS as a leading dimension."""
+    the tile products as a row stride."""
     q, k, v, dout, lengths, starts = case(seed=7, heads=2, kv_heads=1, width=1)
     expected = run_both(q, k, v, dout, lengths, starts)
     views = []

@@ -177,7 +177,7 @@ def test_omp_num_threads_one_keeps_kernels_on_one_core():
 
     The control (no OMP_NUM_THREADS) shows the kernel does start threads otherwise; it
     counts the OpenMP pool's threads rather than CPU time, which a busy machine lowers.
-    OpenBLAS is held to one thread in both runs so that only OpenMP's threads differ.
+    numpy's OpenBLAS is held to one thread in both runs so that only OpenMP's threads differ.
     """
     blas = {"OPENBLAS_NUM_THREADS": "1"}
     ratio, started = child_threads({**blas, "OMP_NUM_THREADS": "1"}, ATTENTION_LOAD).split()

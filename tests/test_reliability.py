@@ -1,5 +1,5 @@
-"""No silent wrong answer: aliased buffers, memory of the loss and of validation, the BLAS
-size rule, and the smaller edges a hostile caller finds."""
+"""No silent wrong answer: aliased buffers, memory of the loss and of validation, the head_dim
+limit, and the smaller edges a hostile caller finds."""
 
 import subprocess
 import sys
@@ -54,7 +54,7 @@ def test_lse_overlapping_q_and_gradients_sharing_a_buffer_are_refused():
         sp.nn.range_softmax_forward(scores, out=scores)
 
 
-def test_head_dim_past_the_single_thread_blas_size_is_refused():
+def test_head_dim_past_the_tile_budget_is_refused():
     assert MAX_HEAD_DIM == _attention.MAX_HEAD_DIM == 4096
     lengths, starts = np.array([2]), np.zeros((1, 2), np.int64)
     fits = np.ones((1, 1, 2, MAX_HEAD_DIM), np.float32)

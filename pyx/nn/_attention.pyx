@@ -487,7 +487,7 @@ cdef inline void transpose(const real *src, Py_ssize_t rows, Py_ssize_t cols,
 
 
 cdef enum:
-    # Profile buckets: time in tile products (BLAS) or in everything else, per phase; the
+    # Profile buckets: time in tile products or in everything else, per phase; the
     # setup (planning, zeroing the padding, scratch) is timed on the calling thread.
     FORWARD_GEMM = 0
     FORWARD_OTHER = 1
@@ -495,7 +495,7 @@ cdef enum:
     DS_OTHER = 3            # backward: K and V transposed, D, probabilities and dS
     DQ_GEMM = 4
     DQ_OTHER = 5            # (dQ, dK and dV have no work outside their tile products:
-    DK_GEMM = 6             # BLAS takes the probability and dS panels transposed)
+    DK_GEMM = 6             # the products read the probability and dS panels transposed)
     DK_OTHER = 7
     DV_GEMM = 8
     DV_OTHER = 9
@@ -559,7 +559,7 @@ cdef struct Operand:
 cdef struct Group:
     # One work item's operands: a row's key/value head and the query heads of its group.
     # Pointers are at the row's first cell; ``*_head`` step between the group's query heads,
-    # ``ld*`` between cells (the BLAS leading dimensions).
+    # ``ld*`` between cells (the row strides of the tile products).
     const void *q
     const void *k
     const void *v
@@ -641,7 +641,7 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
     """The backward of one (row, key/value head, segment) and its group's query heads.
 
     Per query tile and head, the probabilities and dS against all keys form two panels;
-    dV and dK take them transposed through BLAS. dK and dV of a key tile sum over query
+    dV and dK read them transposed through their strides. dK and dV of a key tile sum over query
     tiles, then over the group's heads in order, so the result never depends on the
     thread count. Interrupted as ``forward_segment``.
     """

@@ -395,7 +395,7 @@ def print_profile(record, out=sys.stdout):
     ms = record["profile"]
     print(
         f"\n{record['method']} ({record['kv_heads']} key/value heads), thread-ms per fwd+bwd "
-        f"call: tile products (BLAS) vs everything else; outside tile products "
+        f"call: tile products vs everything else; outside tile products "
         f"{100 * non_gemm_share(ms):.1f}%",
         file=out,
     )

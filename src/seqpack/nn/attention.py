@@ -9,8 +9,8 @@ result. Scores are scaled by ``1/sqrt(head_dim)`` unless a ``scale`` is given. Q
 heads may share key/value heads (grouped-query attention).
 
 The kernels only visit permitted edges (see ``seqpack.nn._attention``); results are
-bitwise identical for any thread count. The compiled module (and scipy's BLAS behind
-it) is loaded on first use, so ``import seqpack`` stays light.
+bitwise identical for any thread count and CPU path. The compiled module is loaded on
+first use, so ``import seqpack`` stays light.
 
 On the tape (float64 :class:`~seqpack.nn.autograd.Tensor` values): the chapters' three
 variants :func:`causal_attention_with_ranges` (per-row valid length and per-query
@@ -45,8 +45,8 @@ _LAYOUT_ERRORS = {
     "segments must be contiguous",
 }
 _OUT_OF_MEMORY = 4
-#: The largest head_dim (``seqpack.nn._attention.MAX_HEAD_DIM``): every tile product then
-#: stays at or under 64**3 multiply-adds, where BLAS never starts threads of its own.
+#: The largest head_dim (``seqpack.nn._attention.MAX_HEAD_DIM``): query tiles shrink as
+#: head_dim grows so that a tile's operands stay in cache, down to 8 queries at this size.
 MAX_HEAD_DIM = 4096
 _kernels = None
 
@@ -129,8 +129,8 @@ def _floats(names, arrays):
         raise InvalidInputError("head_dim must be at least 1")
     if shape[3] > MAX_HEAD_DIM:
         raise InvalidInputError(
-            f"head_dim {shape[3]} exceeds {MAX_HEAD_DIM}: past it a tile product could make BLAS start "
-            f"threads of its own inside the kernel's"
+            f"head_dim {shape[3]} exceeds {MAX_HEAD_DIM}: past it even a tile of 8 queries no longer "
+            f"fits the kernel's cache budget"
         )
     coerced = []
     kv_shape = None
@@ -184,8 +184,8 @@ def _scale(scale, head_dim: int) -> float:
 def _in_place(array: np.ndarray) -> bool:
     """Whether the kernels take ``array`` as it is: aligned, its last axis contiguous, its
     other strides non-negative multiples of the item size, and for [rows, heads, T,
-    head_dim] a cell stride (the BLAS leading dimension) of at least head_dim elements
-    and below 2**31. Axes of length 1 have no stride that matters."""
+    head_dim] a cell stride (the row stride of the tile products) of at least head_dim
+    elements. Axes of length 1 have no stride that matters."""
     if not array.flags.aligned:
         return False
     if array.flags.c_contiguous:
@@ -196,7 +196,7 @@ def _in_place(array: np.ndarray) -> bool:
     for length, stride in zip(shape[:-1], strides[:-1]):
         if length > 1 and (stride < 0 or stride % itemsize):
             return False
-    return len(shape) != 4 or shape[2] < 2 or shape[3] * itemsize <= strides[2] < 2**31 * itemsize
+    return len(shape) != 4 or shape[2] < 2 or shape[3] * itemsize <= strides[2]
 
 
 def _overlaps_itself(array: np.ndarray) -> bool:
@@ -249,7 +249,7 @@ def range_attention_forward(q, k, v, valid_lengths, segment_starts, *, threads=N
     reads key/value head ``h // (heads // kv_heads)``; K and V are never repeated in
     memory); all float32 or all float64. Arrays whose last axis is contiguous and whose
     other strides are non-negative are used in place (e.g. ``x.transpose(0, 2, 1, 3)`` of
-    ``[rows, T, heads, head_dim]`` storage: the cell stride is the BLAS leading dimension);
+    ``[rows, T, heads, head_dim]`` storage: the cell stride is the tile products' row stride);
     others are copied to C order.
     ``valid_lengths`` ``[rows]`` and ``segment_starts`` ``[rows, T]``: any integer dtype.
     ``scale``: the score factor, None for ``1/sqrt(head_dim)`` (rounded to the dtype).
