@@ -97,6 +97,14 @@ cdef extern from *:
        across the blocks of rows; between chunks a block's sums wait in ``partial``, which
        keeps each chain in inner-axis order (the bits do not change). */
     enum { SEQPACK_KC = 256, SEQPACK_PARTIAL = 4608 };
+    /* One step down the inner axis for the 6 rows of a block: b0 and b1 hold B's row. */
+    #define SEQPACK_SIX_ROWS(BROADCAST, FMADD)                                                \\
+        x = BROADCAST(a0 + o); c00 = FMADD(x, b0, c00); c01 = FMADD(x, b1, c01);           \\
+        x = BROADCAST(a1 + o); c10 = FMADD(x, b0, c10); c11 = FMADD(x, b1, c11);           \\
+        x = BROADCAST(a2 + o); c20 = FMADD(x, b0, c20); c21 = FMADD(x, b1, c21);           \\
+        x = BROADCAST(a3 + o); c30 = FMADD(x, b0, c30); c31 = FMADD(x, b1, c31);           \\
+        x = BROADCAST(a4 + o); c40 = FMADD(x, b0, c40); c41 = FMADD(x, b1, c41);           \\
+        x = BROADCAST(a5 + o); c50 = FMADD(x, b0, c50); c51 = FMADD(x, b1, c51);
     #define SEQPACK_PRODUCT_AVX2(T, V, W, I, NAME, LOADU, STOREU, MASKLOAD, MASKSTORE,         \\
                                  BROADCAST, FMADD, MUL, ADD, ZERO, SET1, LANES)                \\
     __attribute__((target("avx2,fma"))) static void NAME(const seqpack_product *g)            \\
@@ -151,22 +159,12 @@ cdef extern from *:
                     V b0 = LOADU(bp), b1 = LOADU(bp + W), x;                                   \\
                     /* The next strip's B (a hint: never faults, even past the end). */        \\
                     _mm_prefetch((const char *)(bp + 2 * W), _MM_HINT_T0);                     \\
-                    x = BROADCAST(a0 + o); c00 = FMADD(x, b0, c00); c01 = FMADD(x, b1, c01);   \\
-                    x = BROADCAST(a1 + o); c10 = FMADD(x, b0, c10); c11 = FMADD(x, b1, c11);   \\
-                    x = BROADCAST(a2 + o); c20 = FMADD(x, b0, c20); c21 = FMADD(x, b1, c21);   \\
-                    x = BROADCAST(a3 + o); c30 = FMADD(x, b0, c30); c31 = FMADD(x, b1, c31);   \\
-                    x = BROADCAST(a4 + o); c40 = FMADD(x, b0, c40); c41 = FMADD(x, b1, c41);   \\
-                    x = BROADCAST(a5 + o); c50 = FMADD(x, b0, c50); c51 = FMADD(x, b1, c51);   \\
+                    SEQPACK_SIX_ROWS(BROADCAST, FMADD)                                         \\
                 }                                                                              \\
             } else {                                                                           \\
                 for (s = 0; s < steps; s++, o += ai, bp += ldb) {                              \\
                     V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + W, mask1), x;               \\
-                    x = BROADCAST(a0 + o); c00 = FMADD(x, b0, c00); c01 = FMADD(x, b1, c01);   \\
-                    x = BROADCAST(a1 + o); c10 = FMADD(x, b0, c10); c11 = FMADD(x, b1, c11);   \\
-                    x = BROADCAST(a2 + o); c20 = FMADD(x, b0, c20); c21 = FMADD(x, b1, c21);   \\
-                    x = BROADCAST(a3 + o); c30 = FMADD(x, b0, c30); c31 = FMADD(x, b1, c31);   \\
-                    x = BROADCAST(a4 + o); c40 = FMADD(x, b0, c40); c41 = FMADD(x, b1, c41);   \\
-                    x = BROADCAST(a5 + o); c50 = FMADD(x, b0, c50); c51 = FMADD(x, b1, c51);   \\
+                    SEQPACK_SIX_ROWS(BROADCAST, FMADD)                                         \\
                 }                                                                              \\
             }                                                                                  \\
             if (!ends) {                                                                       \\

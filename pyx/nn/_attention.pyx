@@ -86,11 +86,12 @@ cdef extern from *:
        (coefficients 1/k! folded at compile time from LAST = 1/DEGREE!; truncation below
        1 ulp), 2**n built in the exponent bits.
        Arguments below LO (including -inf) give exactly 0; above HI they saturate.
-       With ``ds`` (the backward), also ds[j] = dst[j] * (ds[j] - di) in the same pass. */
+       In place: row[j] = exp(row[j] - shift). With ``ds`` (the backward), also
+       ds[j] = row[j] * (ds[j] - di) in the same pass. */
     #define SEQPACK_EXP_LOOP(T, I, STORE, FMA, DEGREE, LAST, LO, HI, MAGIC, MANTISSA, BIAS, LN2_HI, LN2_LO) \
     {                                                                                         \
         for (ptrdiff_t j = 0; j < n; j++) {                                                   \
-            T x = src[j] - shift;                                                             \
+            T x = row[j] - shift;                                                             \
             T xc = x < (T)(LO) ? (T)(LO) : x;                                                 \
             xc = xc > (T)(HI) ? (T)(HI) : xc;                                                 \
             union { T f; I i; } t, s, magic;                                                  \
@@ -111,15 +112,15 @@ cdef extern from *:
             STORE(j, x < (T)(LO) ? 0 : y);                                                    \
         }                                                                                     \
     }
-    #define SEQPACK_STORE_EXP(j, value) dst[j] = (value)
-    #define SEQPACK_STORE_EXP_DS(j, value) dst[j] = (value); ds[j] = dst[j] * (ds[j] - di)
+    #define SEQPACK_STORE_EXP(j, value) row[j] = (value)
+    #define SEQPACK_STORE_EXP_DS(j, value) row[j] = (value); ds[j] = row[j] * (ds[j] - di)
     #define SEQPACK_EXP_BODY(T, I, ...)                                                        \
     {                                                                                         \
         if (ds == NULL) SEQPACK_EXP_LOOP(T, I, SEQPACK_STORE_EXP, __VA_ARGS__)                \
         else SEQPACK_EXP_LOOP(T, I, SEQPACK_STORE_EXP_DS, __VA_ARGS__)                        \
     }
     #define SEQPACK_EXP_SIGNATURE(T, NAME) \
-        static void NAME(T *restrict dst, const T *restrict src, ptrdiff_t n, T shift,        \
+        static void NAME(T *restrict row, ptrdiff_t n, T shift,                               \
                          T *restrict ds, T di)
     #if SEQPACK_X86_PATHS
     #define SEQPACK_EXP_SHIFT(T, I, SUFFIX, ...)                                               \
@@ -139,9 +140,9 @@ cdef extern from *:
                       6.93147180369123816490e-01, 1.90821492927058770002e-10)
 
     /* The chosen path: 0 baseline, 1 AVX2, 2 AVX-512. */
-    static void (*seqpack_exp_shift_f)(float *restrict, const float *restrict, ptrdiff_t, float,
+    static void (*seqpack_exp_shift_f)(float *restrict, ptrdiff_t, float,
                                        float *restrict, float) = seqpack_exp_f_baseline;
-    static void (*seqpack_exp_shift_d)(double *restrict, const double *restrict, ptrdiff_t, double,
+    static void (*seqpack_exp_shift_d)(double *restrict, ptrdiff_t, double,
                                        double *restrict, double) = seqpack_exp_d_baseline;
 
     /* Whether this CPU can run path ``path``. */
@@ -220,9 +221,9 @@ cdef extern from *:
     #pragma GCC pop_options
     #endif
     """
-    void seqpack_exp_shift_f(float *dst, const float *src, Py_ssize_t n, float shift, float *ds,
+    void seqpack_exp_shift_f(float *row, Py_ssize_t n, float shift, float *ds,
                              float di) noexcept nogil
-    void seqpack_exp_shift_d(double *dst, const double *src, Py_ssize_t n, double shift,
+    void seqpack_exp_shift_d(double *row, Py_ssize_t n, double shift,
                              double *ds, double di) noexcept nogil
     int seqpack_exp_path_supported(int path) noexcept nogil
     int seqpack_exp_use_path(int path) noexcept nogil
@@ -418,20 +419,20 @@ cdef inline void product(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, real alpha,
         seqpack_product_d(&g)
 
 
-cdef inline void exp_shift(real *dst, const real *src, Py_ssize_t n, real shift) noexcept nogil:
-    """``dst[j] = exp(src[j] - shift)``."""
+cdef inline void exp_shift(real *row, Py_ssize_t n, real shift) noexcept nogil:
+    """``row[j] = exp(row[j] - shift)``."""
     if real is float:
-        seqpack_exp_shift_f(dst, src, n, shift, NULL, 0)
+        seqpack_exp_shift_f(row, n, shift, NULL, 0)
     else:
-        seqpack_exp_shift_d(dst, src, n, shift, NULL, 0)
+        seqpack_exp_shift_d(row, n, shift, NULL, 0)
 
 
 cdef inline void exp_ds(real *p, Py_ssize_t n, real shift, real *ds, real di) noexcept nogil:
     """Probabilities ``p[j] = exp(p[j] - shift)`` and ``ds[j] = p[j] * (ds[j] - di)``."""
     if real is float:
-        seqpack_exp_shift_f(p, p, n, shift, ds, di)
+        seqpack_exp_shift_f(p, n, shift, ds, di)
     else:
-        seqpack_exp_shift_d(p, p, n, shift, ds, di)
+        seqpack_exp_shift_d(p, n, shift, ds, di)
 
 
 cdef inline real row_sum(const real *x, Py_ssize_t n) noexcept nogil:
@@ -620,7 +621,7 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
                 pi = p + i * ld
                 visible = qa + i - start + 1
                 top = row_max(pi, visible)
-                exp_shift(pi, pi, visible, top)
+                exp_shift(pi, visible, top)
                 total[i] = row_sum(pi, visible)
                 for j in range(visible, keys):
                     pi[j] = 0
