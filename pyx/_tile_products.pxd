@@ -58,7 +58,9 @@ cdef extern from *:
         return g->shape == SEQPACK_LOWER_OUTPUT && j0 > i0 + rows - 1 + g->diagonal;
     }
 
-    /* The portable path: the same blocks, strips and chains, one element at a time. */
+    /* The portable path: the same blocks, strips and chains, a block's sums in a local
+       array whose rows a compiler can vectorize where fma is an instruction (NEON, for
+       one); on an x86-64 CPU without FMA each fma is libm's exact one, slow but equal. */
     #define SEQPACK_PRODUCT_PORTABLE(T, NR, FMA, NAME)                                         \\
     static void NAME(const seqpack_product *g)                                                 \\
     {                                                                                          \\
@@ -71,13 +73,20 @@ cdef extern from *:
                 ptrdiff_t rows = g->m - i0 < SEQPACK_MR ? g->m - i0 : SEQPACK_MR, first, last; \\
                 if (seqpack_strip_skipped(g, i0, rows, j0)) continue;                          \\
                 seqpack_block_inner(g, i0, rows, &first, &last);                               \\
-                for (ptrdiff_t r = i0; r < i0 + rows; r++) {                                   \\
-                    for (ptrdiff_t j = j0; j < j0 + width; j++) {                              \\
-                        T sum = 0;                                                             \\
-                        for (ptrdiff_t p = first; p < last; p++)                               \\
-                            sum = FMA(a[r * g->a_row + p * g->a_inner], b[p * g->ldb + j], sum); \\
-                        T scaled = alpha * sum;                                                \\
-                        c[r * g->ldc + j] = g->accumulate ? c[r * g->ldc + j] + scaled : scaled; \\
+                T sums[SEQPACK_MR][NR] = {{0}};                                                \\
+                for (ptrdiff_t p = first; p < last; p++) {                                     \\
+                    const T *bp = b + p * g->ldb + j0;                                         \\
+                    for (ptrdiff_t r = 0; r < rows; r++) {                                     \\
+                        T x = a[(i0 + r) * g->a_row + p * g->a_inner];                         \\
+                        for (ptrdiff_t j = 0; j < width; j++)                                  \\
+                            sums[r][j] = FMA(x, bp[j], sums[r][j]);                            \\
+                    }                                                                          \\
+                }                                                                              \\
+                for (ptrdiff_t r = 0; r < rows; r++) {                                         \\
+                    T *cr = c + (i0 + r) * g->ldc + j0;                                        \\
+                    for (ptrdiff_t j = 0; j < width; j++) {                                    \\
+                        T scaled = alpha * sums[r][j];                                         \\
+                        cr[j] = g->accumulate ? cr[j] + scaled : scaled;                       \\
                     }                                                                          \\
                 }                                                                              \\
             }                                                                                  \\
