@@ -47,6 +47,8 @@ def model(kind="llama", dtype=None, attention="seqpack", seed=0, **overrides):
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
     )
@@ -55,6 +57,7 @@ def model(kind="llama", dtype=None, attention="seqpack", seed=0, **overrides):
 
     seqpack.hf.register()
     config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM),
+                                 "mistral": (MistralConfig, MistralForCausalLM),
                                  "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[kind]
     settings = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                 "num_attention_heads": 4, "num_key_value_heads": 2, "use_cache": False}
@@ -70,13 +73,14 @@ def float64_norms(monkeypatch):
     comparison is not limited by float32 roundings the norms would hide or create."""
     import torch
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.mistral.modeling_mistral import MistralRMSNorm
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
     def forward(self, hidden_states):
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
-    for norm in (LlamaRMSNorm, Qwen2RMSNorm):
+    for norm in (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm):
         monkeypatch.setattr(norm, "forward", forward)
 
 

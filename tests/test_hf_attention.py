@@ -1,7 +1,7 @@
 """seqpack attention inside transformers models equals transformers' own attention.
 
-A tiny ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (random weights, 4 query heads, 2
-key/value heads) with ``attn_implementation="seqpack"`` on packed rows gives every valid
+A tiny ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``MistralForCausalLM`` (random weights,
+4 query heads, 2 key/value heads) with ``attn_implementation="seqpack"`` on packed rows gives every valid
 logit, the loss and every parameter gradient of the same model run on each example
 alone with ``"sdpa"`` (float64 within ``1e-10 + 1e-9 * max``, float32 within 1e-5), and
 of ``"sdpa"`` on the same packed rows. No ``[T, T]`` tensor is ever made, strided views
@@ -58,7 +58,7 @@ def cells_of(batch, logits, docs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_packed_seqpack_equals_each_example_alone_with_sdpa(kind, dtype, monkeypatch):
     if dtype == torch.float64:
@@ -273,14 +273,15 @@ def test_padded_batch_with_a_right_padded_attention_mask():
 
 
 @pytest.mark.slow
-def test_bfloat16_is_computed_in_float32_and_returned_in_bfloat16():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_is_computed_in_float32_and_returned_in_its_dtype(dtype):
     batch, _ = packed(lengths=(5, 3, 9, 12))
     valid = torch.from_numpy(batch.token_valid.copy())
-    ours, reference = model("llama", torch.bfloat16), model("llama", torch.bfloat16, attention="sdpa")
+    ours, reference = model("llama", dtype), model("llama", dtype, attention="sdpa")
     out = ours(**sph.rows(batch))
     out.loss.backward()
     want = reference(**sph.rows(batch))
-    assert out.logits.dtype == torch.bfloat16
-    assert all(p.grad.dtype == torch.bfloat16 and torch.isfinite(p.grad).all() for p in ours.parameters())
+    assert out.logits.dtype == dtype
+    assert all(p.grad.dtype == dtype and torch.isfinite(p.grad).all() for p in ours.parameters())
     difference = (out.logits[valid].float() - want.logits[valid].float()).abs().max()
     assert difference <= 0.02 * want.logits[valid].float().abs().max()
