@@ -26,6 +26,7 @@ polynomial exp (below); the rest of the per-edge work is a few vector passes ove
 panel row.
 """
 
+cimport cython
 from cython.parallel cimport parallel, prange, threadid
 from libc.math cimport exp, expf, log, logf, sqrt
 from libc.stdlib cimport calloc, free, malloc
@@ -575,6 +576,7 @@ cdef struct Group:
     Py_ssize_t dout_head, lddout, dq_head, lddq, lddk, lddv
 
 
+@cython.cdivision(True)   # the output's divisor, a sum of exponentials, is at least 1
 cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_ssize_t d,
                           Py_ssize_t tile, real scale, real *scratch, Interrupt *state,
                           bint caller, Clock *clock) noexcept nogil:
