@@ -4,10 +4,10 @@ A work item is one (row, key/value head, segment) with every query head of that 
 head's group (grouped-query attention; multi-head attention is a group of one): K and V
 of the segment are transposed once for all the group's query heads, and dK and dV sum
 over the group's heads in order. Inside a segment the queries and keys are cut into
-tiles aligned at the segment start; a query tile meets the key tiles at or before it,
-and only the diagonal tile needs the causal mask (its quarter above the diagonal is
-skipped). No score outside the segment is ever computed (about 95% of the computed ones
-are permitted edges on ~250-token segments) and nothing of size T*T is allocated. The
+tiles aligned at the segment start; a query tile meets the keys at or before it, and
+only its diagonal part needs the causal mask (the products skip their 6-row blocks that
+lie above the diagonal). No score outside the segment is ever computed and nothing of
+size T*T is allocated. The
 scores of a query tile against all its keys form one panel (tile x segment length), so
 the forward's softmax is exact in one max, exp and sum pass per query, with no
 rescaling; it saves the per-query log-sum-exp, and the backward recomputes the
@@ -644,9 +644,9 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
     """The backward of one (row, key/value head, segment) and its group's query heads.
 
     Per query tile and head, the probabilities and dS against all keys form two panels;
-    dV and dK read them transposed through their strides. dK and dV of a key tile sum over query
-    tiles, then over the group's heads in order, so the result never depends on the
-    thread count. Interrupted as ``forward_segment``.
+    dV and dK read them transposed through their strides. dK and dV of a key sum over
+    query tiles, then over the group's heads in order, so the result never depends on
+    the thread count. Interrupted as ``forward_segment``.
     """
     cdef const real *q = <const real *>g.q
     cdef const real *k = <const real *>g.k
