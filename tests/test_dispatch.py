@@ -1,5 +1,5 @@
-"""One result on every CPU: each compiled CPU path (exp loops and tile products) gives the same bits, and no path
-depends on an ifunc (which musl does not have)."""
+"""One result on every CPU: each compiled CPU path (exp loops, tile products, K/V transposes)
+gives the same bits, and no path depends on an ifunc (which musl does not have)."""
 
 import struct
 import sys
@@ -35,12 +35,14 @@ def layout(rows=3, width=150, longest=90, seed=0):
 
 
 # Short segments; and long ones, whose products cut their inner axis into chunks (past
-# 256 keys), on head_dim 40 (a partial column strip on both paths).
-@pytest.mark.parametrize("width, longest", [(150, 90), (900, 800)])
+# 256 keys), on head_dim 40 (a partial column strip on both paths); and head_dim 13,
+# whose K and V transposes end in a partial block of columns (and segments of any length
+# in a partial block of rows).
+@pytest.mark.parametrize("width, longest, head_dim", [(150, 90, 40), (150, 90, 13), (900, 800, 40)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_every_cpu_path_gives_the_same_bits(every_path, dtype, width, longest):
+def test_every_cpu_path_gives_the_same_bits(every_path, dtype, width, longest, head_dim):
     rng = np.random.default_rng(1)
-    q, k, v, dout = (4 * rng.standard_normal((3, 2, width, 40)).astype(dtype) for _ in range(4))
+    q, k, v, dout = (4 * rng.standard_normal((3, 2, width, head_dim)).astype(dtype) for _ in range(4))
     lengths, starts = layout(width=width, longest=longest)
     results = {}
     for path in every_path:
