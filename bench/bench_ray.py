@@ -19,13 +19,19 @@ the call to the published manifest:
 
 Ratios: (a) scaling, Ray 1 worker / Ray 2 workers (the issue asks 1.7x or more); (b)
 overhead, serial best / the faster of the two Ray runs that use both CPUs (the issue
-asks 0.85x or more). Ray's start-up
-(``ray.init(num_cpus=2)``) is timed separately and not in any ratio. The in-run peak is
-the tokenizer's own speed on one and on all threads over 4 MB of the corpus in memory.
-The CPU, the load average before and after, the driver's peak RSS, the share of the
-machine Ray's own processes keep busy while idle, and per run the machine's busy cores
-(from ``/proc/stat``) are printed: on a shared 2-core machine other jobs take CPU from
-whichever run they overlap.
+asks 0.85x or more). With ``--repeats N`` the four runs take turns, N rounds of all four,
+and each figure is a median over the rounds: on a shared machine whose speed drifts by
+tens of percent within minutes, runs measured side by side compare like with like. Ray's
+start-up (``ray.init(num_cpus=2)``) is timed separately and not in any ratio. The in-run
+peak is the tokenizer's own speed on one and on all threads over 4 MB of the corpus in
+memory. The CPU, the load average before and after, the driver's peak RSS, the share of
+the machine Ray's own processes keep busy while idle, and per run the machine's busy
+cores (from ``/proc/stat``) are printed: other jobs take CPU from whichever run they
+overlap. Per run, the CPU seconds of every process (``/proc/*/stat``) are summed by
+kind: this process (the driver, and the serial runs' work), Ray's task workers
+(``ray::`` processes) and the rest (Ray's own services, other jobs); "work / serial" is
+the driver's plus the workers' CPU seconds against the serial run's in the same round,
+the extra CPU time the same shards cost inside Ray's workers.
 """
 
 from __future__ import annotations
@@ -98,25 +104,68 @@ def idle_ray_share(seconds: float = 5.0) -> float:
     return (busy_seconds() - busy) / (time.perf_counter() - start) / os.cpu_count()
 
 
-def timed(call, repeats: int, out: Path) -> tuple[float, float, dict]:
-    """Median seconds of ``call(out)`` over ``repeats`` runs (the output removed before
-    each), the machine's busy cores in them (busy CPU seconds over wall seconds), and
-    the last manifest."""
-    seconds, cores, manifest = [], [], None
-    for _ in range(repeats):
-        shutil.rmtree(out, ignore_errors=True)
-        cpu, start = busy_seconds(), time.perf_counter()
-        manifest = call(out)
-        seconds.append(time.perf_counter() - start)
-        cores.append((busy_seconds() - cpu) / seconds[-1])
-    return statistics.median(seconds), statistics.median(cores), manifest
+def process_seconds() -> dict[int, tuple[str, float]]:
+    """Every process's name and CPU seconds so far (user and system, its threads included)."""
+    found, tick = {}, os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                text = (entry / "stat").read_text()
+            except OSError:  # the process ended while we looked
+                continue
+            name, fields = text[text.index("(") + 1: text.rindex(")")], text[text.rindex(")") + 2:].split()
+            found[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return found
+
+
+def cpu_by_kind(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds spent between two :func:`process_seconds` snapshots: by this process,
+    by Ray's task workers (named ``ray::...``), and by everything else."""
+    spent = {"driver": 0.0, "ray workers": 0.0, "other": 0.0}
+    for pid, (name, seconds) in after.items():
+        used = seconds - before.get(pid, (name, 0.0))[1]
+        kind = "driver" if pid == os.getpid() else "ray workers" if name.startswith("ray::") else "other"
+        spent[kind] += used
+    return spent
+
+
+def timed_rounds(calls: dict, rounds: int, work: Path) -> dict[str, dict]:
+    """Run every call in ``calls`` (name to ``call(out)``) once per round, in turn; per
+    name: the median seconds, the machine's median busy cores (busy CPU seconds over wall
+    seconds), the median CPU seconds by kind (:func:`cpu_by_kind`), the median of the
+    per-round "work / serial" ratio, and the last manifest."""
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            out = work / name.replace(" ", "-")
+            shutil.rmtree(out, ignore_errors=True)
+            busy, processes, start = busy_seconds(), process_seconds(), time.perf_counter()
+            manifest = call(out)
+            seconds = time.perf_counter() - start
+            spent = cpu_by_kind(processes, process_seconds())
+            samples[name].append({"seconds": seconds, "cores": (busy_seconds() - busy) / seconds, "cpu": spent,
+                                  "manifest": manifest})
+    serial = samples[next(iter(calls))]
+    results = {}
+    for name, runs in samples.items():
+        work_seconds = [run["cpu"]["driver"] + run["cpu"]["ray workers"] for run in runs]
+        base = [run["cpu"]["driver"] for run in serial]
+        results[name] = {
+            "seconds": statistics.median(run["seconds"] for run in runs),
+            "cores": statistics.median(run["cores"] for run in runs),
+            "cpu_seconds": {kind: statistics.median(run["cpu"][kind] for run in runs) for kind in runs[0]["cpu"]},
+            "work_over_serial": statistics.median(w / b for w, b in zip(work_seconds, base)),
+            "rounds": [run["seconds"] for run in runs],
+            "manifest": runs[-1]["manifest"],
+        }
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=float, default=16, help="text in the corpus (default 16)")
     parser.add_argument("--shards", type=int, default=8, help="shards of the Ray runs (default 8)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per measurement, median (default 1)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of the four runs in turn; medians (default 1)")
     parser.add_argument("--workdir", type=Path, help="where the corpus and outputs go (default: a temporary dir)")
     parser.add_argument("--json", action="store_true", help="print the records as JSON")
     args = parser.parse_args()
@@ -142,9 +191,6 @@ def main() -> None:
                     break
         peak_one, peak_all = tokenizer_speed(tokenizer, sample, False), tokenizer_speed(tokenizer, sample, True)
         readers = lambda: [io.JsonLines(path) for path in paths]  # noqa: E731
-        serial, serial_cores, manifest = timed(lambda out: io.pack_corpus(
-            readers(), out, binding=binding, tokenizer=tokenizer, config=config, policy=POLICY, long="cut"),
-            args.repeats, work / "serial")
         start = time.perf_counter()
         ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
         startup = time.perf_counter() - start
@@ -153,27 +199,24 @@ def main() -> None:
             ray_run = lambda workers, threads: lambda out: pack_on_ray(  # noqa: E731
                 readers(), out, tokenizer=tokenizer, binding=binding, config=config, policy=POLICY, long="cut",
                 shards=args.shards, workers=workers, threads=threads)
-            one, one_cores, one_manifest = timed(ray_run(1, 1), args.repeats, work / "ray1")
-            two, two_cores, two_manifest = timed(ray_run(2, 1), args.repeats, work / "ray2")
-            pooled, pooled_cores, pooled_manifest = timed(ray_run(1, 2), args.repeats, work / "ray-pool")
+            results = timed_rounds({
+                "serial, best (tokenizer pool on)": lambda out: io.pack_corpus(
+                    readers(), out, binding=binding, tokenizer=tokenizer, config=config, policy=POLICY, long="cut"),
+                "Ray, 1 worker (1 tokenizer thread)": ray_run(1, 1),
+                "Ray, 2 workers (1 tokenizer thread each)": ray_run(2, 1),
+                "Ray, 2 threads per task (tokenizer pool on)": ray_run(1, 2),
+            }, args.repeats, work)
         finally:
             ray.shutdown()
-        assert one_manifest == two_manifest == pooled_manifest, "the worker or thread count changed the dataset"
-        megabytes = manifest["input_bytes"] / 1e6
-        tokens = manifest["counts"]["tokens"]
-        records = [
-            {"run": "serial, best (tokenizer pool on)", "seconds": serial, "cores": serial_cores,
-             "parts": len(manifest["parts"])},
-            {"run": "Ray, 1 worker (1 tokenizer thread)", "seconds": one, "cores": one_cores,
-             "parts": len(one_manifest["parts"])},
-            {"run": "Ray, 2 workers (1 tokenizer thread each)", "seconds": two, "cores": two_cores,
-             "parts": len(two_manifest["parts"])},
-            {"run": "Ray, 2 threads per task (tokenizer pool on)", "seconds": pooled, "cores": pooled_cores,
-             "parts": len(pooled_manifest["parts"])},
-        ]
-        for record in records:
-            record["MB/s"] = megabytes / record["seconds"]
-            record["M tokens/s"] = tokens / record["seconds"] / 1e6
+        manifests = [result.pop("manifest") for result in results.values()]
+        assert manifests[1] == manifests[2] == manifests[3], "the worker or thread count changed the dataset"
+        megabytes = manifests[0]["input_bytes"] / 1e6
+        tokens = manifests[0]["counts"]["tokens"]
+        records = []
+        for (name, result), manifest in zip(results.items(), manifests):
+            records.append({"run": name, **result, "parts": len(manifest["parts"]),
+                            "MB/s": megabytes / result["seconds"], "M tokens/s": tokens / result["seconds"] / 1e6})
+        serial, one, two, pooled = (record["seconds"] for record in records)
         summary = {
             "conditions": head, "load_after": os.getloadavg(), "megabytes": megabytes, "tokens": tokens,
             "shards": args.shards, "repeats": args.repeats, "ray_startup_seconds": startup,
@@ -191,12 +234,15 @@ def main() -> None:
         return
     print(head)
     print(f"corpus: {megabytes:.1f} MB of JSONL text, {tokens:,} tokens (BPE 8192), {args.shards} shards for Ray; "
-          f"median of {args.repeats}")
+          f"median of {args.repeats} rounds, the four runs in turn in each")
     print(f"in-run tokenizer peak: {peak_one:.2f} MB/s on one thread, {peak_all:.2f} MB/s on the pool")
-    print(f"{'run':44} {'seconds':>8} {'MB/s':>7} {'M tok/s':>8} {'busy cores':>10} {'parts':>6}")
+    print(f"{'run':44} {'seconds':>8} {'MB/s':>7} {'M tok/s':>8} {'busy cores':>10} {'parts':>6} "
+          f"{'CPU s: driver':>13} {'workers':>8} {'other':>6} {'work / serial':>13}")
     for r in records:
+        cpu = r["cpu_seconds"]
         print(f"{r['run']:44} {r['seconds']:8.2f} {r['MB/s']:7.2f} {r['M tokens/s']:8.3f} {r['cores']:10.2f} "
-              f"{r['parts']:6d}")
+              f"{r['parts']:6d} {cpu['driver']:13.2f} {cpu['ray workers']:8.2f} {cpu['other']:6.2f} "
+              f"{r['work_over_serial']:13.2f}")
     print(f"(a) scaling, Ray 2 workers over 1: {summary['scaling_ray_2_over_1']:.2f}x (target >= 1.7x)")
     print(f"(b) the faster Ray run on both CPUs against serial best: {summary['ray_best_vs_serial_best']:.2f}x "
           f"(target >= 0.85x); 2 workers {summary['ray_2_workers_vs_serial_best']:.2f}x, "
