@@ -19,10 +19,11 @@ the call to the published manifest:
 
 Ratios: (a) scaling, Ray 1 worker / Ray 2 workers (the issue asks 1.7x or more); (b)
 overhead, serial best / the faster of the two Ray runs that use both CPUs (the issue
-asks 0.85x or more). With ``--repeats N`` the four runs take turns, N rounds of all four,
-and each figure is a median over the rounds: on a shared machine whose speed drifts by
-tens of percent within minutes, runs measured side by side compare like with like. Ray's
-start-up (``ray.init(num_cpus=2)``) is timed separately and not in any ratio. The in-run
+asks 0.85x or more). With ``--repeats N`` the four runs take turns, N rounds of all
+four, and each figure is a median over the rounds: on a shared machine whose speed
+drifts by tens of percent within minutes, runs measured side by side compare like with
+like. Ray's start-up (``ray.init(num_cpus=2)``) is timed separately and not in any
+ratio; the serial runs take their turns with Ray started (idle) beside them. The in-run
 peak is the tokenizer's own speed on one and on all threads over 4 MB of the corpus in
 memory. The CPU, the load average before and after, the driver's peak RSS, the share of
 the machine Ray's own processes keep busy while idle, and per run the machine's busy
@@ -136,8 +137,8 @@ def timed_rounds(calls: dict, rounds: int, work: Path) -> dict[str, dict]:
     per-round "work / serial" ratio, and the last manifest."""
     samples = {name: [] for name in calls}
     for _ in range(rounds):
-        for name, call in calls.items():
-            out = work / name.replace(" ", "-")
+        for number, (name, call) in enumerate(calls.items()):
+            out = work / f"out-{number}"
             shutil.rmtree(out, ignore_errors=True)
             busy, processes, start = busy_seconds(), process_seconds(), time.perf_counter()
             manifest = call(out)
