@@ -1,12 +1,12 @@
 """``seqpack bench attention``: fused range attention against dense and PyTorch peers.
 
-Everything runs in one process, one method after another on the same inputs, with the
-same thread count for every method (the kernel's ``threads``, ``torch.set_num_threads``,
-and numpy's BLAS through ``threadpoolctl`` when it is installed; without it numpy's BLAS
-keeps its default, all cores). Each method is timed as a
-forward pass and as a forward plus backward pass with a fixed upstream gradient; a
-sample repeats a call until it lasts about 20 ms, and the report gives the median of
-the samples with their min-max. Useful work counts only permitted edges: 4*head_dim
+Everything runs in one process on the same inputs, with the same thread count for every
+method (the kernel's ``threads``, ``torch.set_num_threads``, and numpy's BLAS through
+``threadpoolctl`` when it is installed; without it numpy's BLAS keeps its default, all
+cores). Each method is timed as a forward pass and as a forward plus backward pass with
+a fixed upstream gradient; a sample repeats a call until it lasts about 20 ms, every
+method's two timings take turns sample by sample (so a machine whose speed drifts slows
+them alike), and the report gives the median of the samples with their min-max. Useful work counts only permitted edges: 4*head_dim
 FLOPs per edge forward and 12*head_dim forward plus backward, compared with a matmul
 peak measured in the same run.
 
@@ -27,7 +27,7 @@ from .._limits import check_int, default_threads
 from ..errors import InvalidInputError
 from ..nn.attention import _profile, range_attention_backward, range_attention_forward
 from ..nn.softmax import range_softmax_backward, range_softmax_forward
-from .measure import cpu_description, matmul_peak, measure, optional_torch
+from .measure import cpu_description, matmul_peak, measure_in_turns, optional_torch
 from .workloads import WORKLOADS, Workload, workload
 
 DTYPES = ("float32", "float64")
@@ -287,26 +287,32 @@ def run(workloads, dtypes, repeats, threads):
         for dtype in dtypes or w.dtypes:
             if dtype not in peaks:
                 peaks[dtype] = matmul_peak(dtype, threads)
+            records, timed = [], []
             for method, build in METHODS:
                 record = {"workload": name, "dtype": dtype, "method": method, "threads": threads}
                 record.update(edges=w.edges, dense_cells=w.dense_cells)
                 record.update(peak_gflops=peaks[dtype][0], peak_source=peaks[dtype][1], cpu=cpu)
-                timed = build(w, dtype, threads)
-                if isinstance(timed, str):
-                    record["note"] = timed
-                    yield record
-                    continue
-                forward, forward_backward = timed
-                record.update(_milliseconds("forward", measure(forward, repeats)))
-                try:
-                    timing = measure(forward_backward, repeats)
-                    record.update(_milliseconds("forward_backward", timing))
-                except Exception as error:  # e.g. FlexAttention has no CPU backward: report it
-                    record["note"] = f"no backward: {type(error).__name__}"
-                if method.startswith("seqpack fused"):
-                    record["kv_heads"] = gqa_kv_heads(w) if "GQA" in method else w.heads
+                records.append(record)
+                calls = build(w, dtype, threads)
+                if isinstance(calls, str):
+                    record["note"] = calls
+                else:
+                    timed.append((record, *calls))
+            # Every method's forward and forward+backward take turns, one sample each per round.
+            timings = iter(measure_in_turns([call for _, *calls in timed for call in calls], repeats))
+            for record, _, forward_backward in timed:
+                ahead, both = next(timings), next(timings)
+                if isinstance(ahead, Exception):
+                    raise ahead
+                record.update(_milliseconds("forward", ahead))
+                if isinstance(both, Exception):  # e.g. FlexAttention has no CPU backward: report it
+                    record["note"] = f"no backward: {type(both).__name__}"
+                else:
+                    record.update(_milliseconds("forward_backward", both))
+                if record["method"].startswith("seqpack fused"):
+                    record["kv_heads"] = gqa_kv_heads(w) if "GQA" in record["method"] else w.heads
                     record["profile"] = profile(forward_backward, repeats)
-                yield record
+            yield from records
 
 
 def profile(forward_backward, calls: int) -> dict:

@@ -24,18 +24,39 @@ def optional_torch():
 
 def measure(function, repeats: int):
     """Seconds per call: median, min, max over ``repeats`` samples of ~20 ms each."""
-    function()  # warm-up: first-touch pages, compiled code, caches
-    start = time.perf_counter()
-    function()
-    once = time.perf_counter() - start
-    calls = max(1, int(SAMPLE_SECONDS / max(once, 1e-9)))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
+    (timing,) = measure_in_turns([function], repeats)
+    if isinstance(timing, Exception):
+        raise timing
+    return timing
+
+
+def measure_in_turns(functions, repeats: int) -> list:
+    """Seconds per call of each function (median, min, max over ``repeats`` samples of
+    ~20 ms each), the functions taking turns sample by sample, so that a machine whose
+    speed drifts within minutes slows all of them alike. A function that raises in its
+    warm-up gets the exception in its place and no samples."""
+    calls = []
+    for function in functions:
+        try:
+            function()  # warm-up: first-touch pages, compiled code, caches
+            start = time.perf_counter()
             function()
-        samples.append((time.perf_counter() - start) / calls)
-    return statistics.median(samples), min(samples), max(samples)
+            once = time.perf_counter() - start
+        except Exception as error:  # a peer without this operation (no backward): reported
+            calls.append(error)
+            continue
+        calls.append(max(1, int(SAMPLE_SECONDS / max(once, 1e-9))))
+    samples = [[] for _ in functions]
+    for _ in range(repeats):
+        for function, count, taken in zip(functions, calls, samples):
+            if isinstance(count, Exception):
+                continue
+            start = time.perf_counter()
+            for _ in range(count):
+                function()
+            taken.append((time.perf_counter() - start) / count)
+    return [count if isinstance(count, Exception) else (statistics.median(taken), min(taken), max(taken))
+            for count, taken in zip(calls, samples)]
 
 
 def matmul_peak(dtype, threads):
