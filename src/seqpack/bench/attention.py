@@ -4,9 +4,10 @@ Everything runs in one process on the same inputs, with the same thread count fo
 method (the kernel's ``threads``, ``torch.set_num_threads``, and numpy's BLAS through
 ``threadpoolctl`` when it is installed; without it numpy's BLAS keeps its default, all
 cores). Each method is timed as a forward pass and as a forward plus backward pass with
-a fixed upstream gradient; a sample repeats a call until it lasts about 20 ms, every
-method's two timings take turns sample by sample (so a machine whose speed drifts slows
-them alike), and the report gives the median of the samples with their min-max. Useful work counts only permitted edges: 4*head_dim
+a fixed upstream gradient; a sample repeats a call until it lasts about 20 ms, the
+methods' forwards take turns sample by sample, then their forwards plus backwards (so a
+machine whose speed drifts slows them alike), and the report gives the median of the
+samples with their min-max. Useful work counts only permitted edges: 4*head_dim
 FLOPs per edge forward and 12*head_dim forward plus backward, compared with a matmul
 peak measured in the same run.
 
@@ -298,10 +299,12 @@ def run(workloads, dtypes, repeats, threads):
                     record["note"] = calls
                 else:
                     timed.append((record, *calls))
-            # Every method's forward and forward+backward take turns, one sample each per round.
-            timings = iter(measure_in_turns([call for _, *calls in timed for call in calls], repeats))
-            for record, _, forward_backward in timed:
-                ahead, both = next(timings), next(timings)
+            # The methods' forwards take turns, one sample each per round; then their
+            # forwards+backwards (a failed backward, such as FlexAttention's, cannot touch
+            # a forward measured before it).
+            forwards = measure_in_turns([forward for _, forward, _ in timed], repeats)
+            both_ways = measure_in_turns([forward_backward for *_, forward_backward in timed], repeats)
+            for (record, _, forward_backward), ahead, both in zip(timed, forwards, both_ways):
                 if isinstance(ahead, Exception):
                     raise ahead
                 record.update(_milliseconds("forward", ahead))
