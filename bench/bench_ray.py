@@ -131,10 +131,11 @@ def cpu_by_kind(before: dict, after: dict) -> dict[str, float]:
 
 
 def timed_rounds(calls: dict, rounds: int, work: Path) -> dict[str, dict]:
-    """Run every call in ``calls`` (name to ``call(out)``) once per round, in turn; per
-    name: the median seconds, the machine's median busy cores (busy CPU seconds over wall
-    seconds), the median CPU seconds by kind (:func:`cpu_by_kind`), the median of the
-    per-round "work / serial" ratio, and the last manifest."""
+    """Run every call in ``calls`` (name to ``call(out)``, the serial run first) once per
+    round, in turn; per name: the median seconds, the machine's median busy cores (busy
+    CPU seconds over wall seconds), the median CPU seconds by kind (:func:`cpu_by_kind`),
+    the median over rounds of its driver and worker CPU seconds against the first call's
+    in the same round ("work / serial"), and the last manifest."""
     samples = {name: [] for name in calls}
     for _ in range(rounds):
         for number, (name, call) in enumerate(calls.items()):
