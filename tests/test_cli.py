@@ -118,6 +118,8 @@ def test_bench_attention_json_on_the_fixture_shape():
     assert {"seqpack fused", "numpy dense masked"} <= methods
     for record in records:
         assert (record["workload"], record["dtype"]) == ("c", "float64")
+        low, high = record["peak_gflops_range"]
+        assert 0 < low <= record["peak_gflops"] <= high
         if record["method"] == "seqpack fused":
             assert record["forward_ms"] > 0 and record["forward_backward_ms"] >= record["forward_ms"] * 0.5
             assert record["edges"] < record["dense_cells"]

@@ -9,7 +9,7 @@ methods' forwards take turns sample by sample, then their forwards plus backward
 machine whose speed drifts slows them alike), and the report gives the median of the
 samples with their min-max. Useful work counts only permitted edges: 4*head_dim
 FLOPs per edge forward and 12*head_dim forward plus backward, compared with a matmul
-peak measured in the same run.
+peak measured in the same run, in turns with the forward plus backward samples.
 
 Workloads (``--workload``) are described in :mod:`seqpack.bench.workloads`.
 """
@@ -28,7 +28,7 @@ from .._limits import check_int, default_threads
 from ..errors import InvalidInputError
 from ..nn.attention import _profile, range_attention_backward, range_attention_forward
 from ..nn.softmax import range_softmax_backward, range_softmax_forward
-from .measure import cpu_description, matmul_peak, measure_in_turns, optional_torch
+from .measure import cpu_description, matmul_product, measure_in_turns, optional_torch
 from .workloads import WORKLOADS, Workload, workload
 
 DTYPES = ("float32", "float64")
@@ -282,17 +282,16 @@ def run(workloads, dtypes, repeats, threads):
     torch = optional_torch()
     if torch is not None:
         torch.set_num_threads(threads)
-    peaks, cpu = {}, cpu_description()
+    cpu = cpu_description()
     for name in workloads:
         w = workload(name)
         for dtype in dtypes or w.dtypes:
-            if dtype not in peaks:
-                peaks[dtype] = matmul_peak(dtype, threads)
+            peak, flops, peak_source = matmul_product(dtype)
             records, timed = [], []
             for method, build in METHODS:
                 record = {"workload": name, "dtype": dtype, "method": method, "threads": threads}
-                record.update(edges=w.edges, dense_cells=w.dense_cells)
-                record.update(peak_gflops=peaks[dtype][0], peak_source=peaks[dtype][1], cpu=cpu)
+                record.update(edges=w.edges, dense_cells=w.dense_cells, peak_source=peak_source,
+                              cpu=cpu)
                 records.append(record)
                 calls = build(w, dtype, threads)
                 if isinstance(calls, str):
@@ -301,9 +300,15 @@ def run(workloads, dtypes, repeats, threads):
                     timed.append((record, *calls))
             # The methods' forwards take turns, one sample each per round; then their
             # forwards+backwards (a failed backward, such as FlexAttention's, cannot touch
-            # a forward measured before it).
+            # a forward measured before it), with the matmul peak taking its turn among
+            # them, so that the peak and the kernels meet the same machine.
             forwards = measure_in_turns([forward for _, forward, _ in timed], repeats)
-            both_ways = measure_in_turns([forward_backward for *_, forward_backward in timed], repeats)
+            *both_ways, peak_timing = measure_in_turns(
+                [forward_backward for *_, forward_backward in timed] + [peak], repeats)
+            for record in records:
+                record["peak_gflops"] = flops / peak_timing[0] / 1e9
+                record["peak_gflops_range"] = [flops / peak_timing[2] / 1e9,
+                                               flops / peak_timing[1] / 1e9]
             for (record, _, forward_backward), ahead, both in zip(timed, forwards, both_ways):
                 if isinstance(ahead, Exception):
                     raise ahead
@@ -364,7 +369,9 @@ def print_table(records, out=sys.stdout):
             f"{head_dim}; permitted edges {first['edges']:,} of {first['dense_cells']:,} dense "
             f"cells ({100 * first['edges'] / first['dense_cells']:.1f}%); "
             f"threads {first['threads']}; "
-            f"matmul peak {first['peak_gflops']:.0f} GFLOP/s ({first['peak_source']}); "
+            f"matmul peak {first['peak_gflops']:.0f} GFLOP/s ({first['peak_source']}, median "
+            f"of its turns among the fwd+bwd samples, "
+            f"{first['peak_gflops_range'][0]:.0f}-{first['peak_gflops_range'][1]:.0f}); "
             f"CPU {first.get('cpu', 'unknown')}",
             file=out,
         )

@@ -59,15 +59,16 @@ def measure_in_turns(functions, repeats: int) -> list:
             for count, taken in zip(calls, samples)]
 
 
-def matmul_peak(dtype, threads):
-    """GFLOP/s of one large matrix product and how it was measured."""
+def matmul_product(dtype):
+    """One large matrix product of ``dtype``: ``(call, flops, label)`` (torch.mm when torch
+    is installed, else numpy's matmul)."""
     torch = optional_torch()
     if torch is not None:
         size, label = 4096, "torch.mm 4096^3"
         a = torch.randn(size, size, dtype=getattr(torch, np.dtype(dtype).name))
         b = torch.randn(size, size, dtype=a.dtype)
 
-        def product():
+        def call():
             torch.mm(a, b)
 
     else:
@@ -76,11 +77,16 @@ def matmul_peak(dtype, threads):
         a = rng.standard_normal((size, size)).astype(dtype)
         b = rng.standard_normal((size, size)).astype(dtype)
 
-        def product():
+        def call():
             a @ b
 
-    seconds = measure(product, 3)[0]
-    return 2 * size**3 / seconds / 1e9, label
+    return call, 2 * size**3, label
+
+
+def matmul_peak(dtype, threads):
+    """GFLOP/s of one large matrix product (median of 3) and how it was measured."""
+    call, flops, label = matmul_product(dtype)
+    return flops / measure(call, 3)[0] / 1e9, label
 
 
 SIMD_FLAGS = ("sse4_2", "avx", "fma", "avx2", "avx512f", "avx512bw", "avx512_vnni", "amx_tile")
