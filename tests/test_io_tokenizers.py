@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -48,6 +49,27 @@ def test_identity_is_the_file(tokenizer_file):
         io.TokenizerFile(tokenizer_file, bos="<s>", eos="<|eos|>")
     with pytest.raises(sp.InvalidInputError, match=r"--eos 100000 is not an ID"):
         io.TokenizerFile(tokenizer_file, bos=1, eos=100000)
+
+
+def test_unpickled_copies_share_one_tokenizer_and_encode_the_same(tmp_path, tokenizer_file):
+    bound = io.TokenizerFile(tokenizer_file, bos="<|bos|>", eos="<|eos|>")
+    data = pickle.dumps(bound)
+    moved = tmp_path / "moved.json"
+    tokenizer_file.rename(moved)  # a worker on another node: the file is not needed there
+    try:
+        copies = [pickle.loads(data) for _ in range(3)]
+    finally:
+        moved.rename(tokenizer_file)
+    assert all(copy.tokenizer is copies[0].tokenizer for copy in copies)  # built once per process
+    assert copies[0].tokenizer is not bound.tokenizer
+    for copy in copies:
+        assert (copy.identity, copy.describe(), copy.path) == (bound.identity, bound.describe(), bound.path)
+        assert copy.tokenizer.truncation is None and copy.tokenizer.padding is None
+        for got, expected in zip(copy.encode(TEXTS), bound.encode(TEXTS)):
+            np.testing.assert_array_equal(got, expected)
+    other = io.TokenizerFile(tokenizer_file, bos="<|eos|>", eos="<|bos|>")
+    swapped = pickle.loads(pickle.dumps(other))  # same JSON, other control IDs: its own state
+    assert swapped.tokenizer is copies[0].tokenizer and (swapped.bos_id, swapped.eos_id) == (2, 1)
 
 
 def test_a_bpe_round_trips_through_pack_and_verify(tmp_path, tokenizer_file):
