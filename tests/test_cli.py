@@ -135,10 +135,35 @@ def test_bench_train_json():
     methods = set(report["seconds"])
     assert {"HF per-example", "HF padded (16)"} <= methods
     for policy in ("next-fit", "best-fit-decreasing"):
-        for method in ("HF packed sdpa", "seqpack packed", "no-op bound"):
+        for method in ("HF packed sdpa", "seqpack packed", "no-op bound", "query-only no-op"):
             assert any(name.startswith(f"{method}, {policy} (") for name in methods), (method, policy)
     assert all(len(times) == 1 and times[0] > 0 for times in report["seconds"].values())
-    assert len(report["ratios"]) == 6 and all(ratio[0] > 0 for ratio in report["ratios"].values())
+    assert len(report["ratios"]) == 8 and all(ratio[0] > 0 for ratio in report["ratios"].values())
+
+
+def test_the_training_bounds_differ_only_in_key_and_value_gradients():
+    pytest.importorskip("transformers", reason="seqpack bench train needs the hf extra: pip install 'seqpack[hf]'")
+    import torch
+
+    from seqpack import hf
+    from seqpack.bench import train
+
+    torch.set_num_threads(1)
+    model = train.make_model(torch, hf, layers=1)
+    ids = torch.arange(2, 34).reshape(2, 16)
+    fields = {"input_ids": ids, "labels": ids, "use_cache": False}
+    losses = {}
+    for implementation in ("noop", "noop-query"):
+        train.run(model, implementation, [fields])
+        attention = model.model.layers[0].self_attn
+        losses[implementation] = model(**fields).loss.item()
+        grads = {name: getattr(attention, name).weight.grad for name in ("q_proj", "k_proj", "v_proj")}
+        assert grads["q_proj"] is not None and grads["q_proj"].abs().sum() > 0
+        if implementation == "noop":  # key and value run their backward, with zero gradients
+            assert all(grads[name] is not None and not grads[name].any() for name in ("k_proj", "v_proj"))
+        else:
+            assert grads["k_proj"] is None and grads["v_proj"] is None
+    assert losses["noop"] == losses["noop-query"]
 
 
 def test_bench_train_argument_errors():
