@@ -45,11 +45,12 @@ _UNPICKLED_KEPT = 4
 def _unpickled_tokenizer(json_text: str):
     """The ``tokenizers.Tokenizer`` of ``json_text``, built once per process.
 
-    A worker that runs one task per shard unpickles the task's tokenizer every time;
-    building a fresh ``Tokenizer`` each time leaves glibc's heap in a state where the
-    same encoding took about 1.5x the CPU time (measured in Ray workers and in a plain
-    process that re-unpickled its tokenizer per shard), so copies of one tokenizer in
-    a process share one instance, which encoding only reads.
+    A worker that runs one task per shard unpickles the task's tokenizer every time.
+    Building a fresh ``Tokenizer`` each time made the same shards take about 1.5x the
+    CPU time in Ray's workers; in a plain process that did the same, the slowdown
+    stayed for the rest of the process, and with jemalloc preloaded it did not appear
+    (glibc's heap, most likely). So the copies of one tokenizer in a process share one
+    instance, which encoding only reads.
     """
     key = hashlib.sha256(json_text.encode()).hexdigest()
     tokenizer = _UNPICKLED.pop(key, None)
