@@ -9,6 +9,9 @@ the manifest only after every part is complete (:func:`seqpack.io.shards.pack_sh
 A task whose worker dies is retried by Ray (``max_retries``) and rewrites its part from
 the start; a task that fails on its input fails the run with the shard, file and line
 named, after the other tasks are cancelled and the temporary directory removed.
+Every task unpickles the settings, tokenizer included; the copies of a
+:class:`~seqpack.io.TokenizerFile` in one worker share one ``tokenizers.Tokenizer``, so
+a worker builds it once, not once per shard (which cost about 1.5x the CPU time).
 
 Tasks rather than Ray Data: a shard's work is one indivisible step (placement needs all
 of a shard's lengths before anything is written) whose output is a directory on disk,
