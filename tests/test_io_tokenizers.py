@@ -3,6 +3,7 @@
 import hashlib
 import json
 import pickle
+import sys
 
 import numpy as np
 import pytest
@@ -70,6 +71,16 @@ def test_unpickled_copies_share_one_tokenizer_and_encode_the_same(tmp_path, toke
     other = io.TokenizerFile(tokenizer_file, bos="<|eos|>", eos="<|bos|>")
     swapped = pickle.loads(pickle.dumps(other))  # same JSON, other control IDs: its own state
     assert swapped.tokenizer is copies[0].tokenizer and (swapped.bos_id, swapped.eos_id) == (2, 1)
+
+
+def test_unpickling_without_tokenizers_names_the_extra(monkeypatch, tokenizer_file):
+    from seqpack.io import encoding
+
+    data = pickle.dumps(io.TokenizerFile(tokenizer_file, bos="<|bos|>", eos="<|eos|>"))
+    monkeypatch.setattr(encoding, "_UNPICKLED", {})
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # as on a worker without the extra
+    with pytest.raises(sp.InvalidInputError, match=r"needs the 'hf' extra"):
+        pickle.loads(data)
 
 
 def test_a_bpe_round_trips_through_pack_and_verify(tmp_path, tokenizer_file):

@@ -55,8 +55,10 @@ def _unpickled_tokenizer(json_text: str):
     key = hashlib.sha256(json_text.encode()).hexdigest()
     tokenizer = _UNPICKLED.pop(key, None)
     if tokenizer is None:
-        import tokenizers
-
+        try:
+            import tokenizers
+        except ImportError:
+            raise missing_extra("a tokenizers JSON file", "hf") from None
         tokenizer = tokenizers.Tokenizer.from_str(json_text)
     _UNPICKLED[key] = tokenizer  # most recent last
     while len(_UNPICKLED) > _UNPICKLED_KEPT:
