@@ -134,11 +134,11 @@ def test_bench_train_json():
     assert report["targets"] == 7051 and (report["threads"], report["layers"]) == (2, 1)
     methods = set(report["seconds"])
     assert {"HF per-example", "HF padded (16)"} <= methods
-    for policy in ("next-fit", "best-fit-decreasing"):
+    for policy in ("next-fit", "best-fit-decreasing", "flat"):
         for method in ("HF packed sdpa", "seqpack packed", "no-op bound", "query-only no-op"):
             assert any(name.startswith(f"{method}, {policy} (") for name in methods), (method, policy)
     assert all(len(times) == 1 and times[0] > 0 for times in report["seconds"].values())
-    assert len(report["ratios"]) == 8 and all(ratio[0] > 0 for ratio in report["ratios"].values())
+    assert len(report["ratios"]) == 12 and all(ratio[0] > 0 for ratio in report["ratios"].values())
 
 
 def test_the_training_bounds_differ_only_in_key_and_value_gradients():

@@ -23,7 +23,10 @@ model and one set of examples for every method, all in this process:
   else, so that autograd also skips the key and value projections' backward (a lower
   bound than the model's real cost; the issue's figure was measured this way).
 
-Packed methods run for next-fit and best-fit-decreasing rows of capacity 2048. Each
+Packed methods run for next-fit and best-fit-decreasing rows of capacity 2048, and for
+the next-fit rows' examples flattened into one row with no padding (``seqpack.hf.flat``,
+``DataCollatorWithFlattening``'s layout; sdpa then gets a dense block-causal mask of
+that row). Each
 round times every method once, in turn, so load changes hit all of them; figures are
 medians over rounds, and the ratios are medians of per-round ratios with their range.
 Printed beside them: the CPU, the threads, the load average before and after, and the
@@ -136,18 +139,22 @@ def steps(torch, hf, docs, table, binding):
             shift[row, :d.size - 1] = torch.from_numpy(d[1:])
         padded.append({"input_ids": ids, "attention_mask": mask, "shift_labels": shift, "labels": shift})
     methods = {"HF per-example": ("sdpa", alone, targets), "HF padded (16)": ("sdpa", padded, targets)}
+    layouts, packed = [], {}
     for policy in POLICIES:
         epoch = pack(table, PackConfig(capacity=CAPACITY, rows_per_batch=8), partition=Partition.TRAIN,
                      binding=binding, policy=policy)
         (batch,) = epoch.batches
-        fields = [hf.rows(batch)]
         if batch.target_count != targets:
             raise AssertionError(f"{policy} rows hold {batch.target_count} targets, not {targets}")
-        rows = f"{batch.shape[0]} rows"
-        methods[f"HF packed sdpa, {policy} ({rows})"] = ("sdpa", fields, targets)
-        methods[f"seqpack packed, {policy} ({rows})"] = ("seqpack", fields, targets)
-        methods[f"no-op bound, {policy} ({rows})"] = ("noop", fields, targets)
-        methods[f"query-only no-op, {policy} ({rows})"] = ("noop-query", fields, targets)
+        layouts.append((f"{policy} ({batch.shape[0]} rows)", hf.rows(batch)))
+        packed[policy] = batch
+    flat = hf.flat(packed["next-fit"])
+    layouts.append((f"flat (1 row of {flat['input_ids'].shape[1]} tokens)", flat))
+    for label, fields in layouts:
+        methods[f"HF packed sdpa, {label}"] = ("sdpa", [fields], targets)
+        methods[f"seqpack packed, {label}"] = ("seqpack", [fields], targets)
+        methods[f"no-op bound, {label}"] = ("noop", [fields], targets)
+        methods[f"query-only no-op, {label}"] = ("noop-query", [fields], targets)
     for _, batches, _ in methods.values():
         for fields in batches:
             fields["use_cache"] = False
