@@ -145,7 +145,7 @@ def main(argv=None) -> None:
     lengths = np.ascontiguousarray(w.valid_lengths, dtype=np.int64)
     starts = np.ascontiguousarray(w.segment_starts, dtype=np.int64)
     load_before = os.getloadavg()
-    peaks = {dtype: matmul_peak(dtype, threads)[0] for dtype in dtypes}
+    peaks = {dtype: matmul_peak(dtype)[0] for dtype in dtypes}
 
     overhead, grouped = [], []
     for dtype in dtypes:

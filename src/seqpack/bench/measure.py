@@ -83,8 +83,9 @@ def matmul_product(dtype):
     return call, 2 * size**3, label
 
 
-def matmul_peak(dtype, threads):
-    """GFLOP/s of one large matrix product (median of 3) and how it was measured."""
+def matmul_peak(dtype):
+    """GFLOP/s of one large matrix product (median of 3) on the threads torch (or numpy's
+    BLAS) is set to use, and how it was measured."""
     call, flops, label = matmul_product(dtype)
     return flops / measure(call, 3)[0] / 1e9, label
 

@@ -209,7 +209,7 @@ def run_command(options: argparse.Namespace) -> int:
     model = make_model(torch, hf, options.layers)
     methods = steps(torch, hf, docs, table, binding)
     load_before = os.getloadavg()
-    peak = matmul_peak("float32", options.threads)[0]
+    peak = matmul_peak("float32")[0]
     for implementation, batches, _ in methods.values():  # warm-up
         run(model, implementation, batches)
     samples = {name: [] for name in methods}
