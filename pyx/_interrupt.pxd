@@ -5,8 +5,10 @@
 # ``interrupted``: at most every 20 ms it takes the GIL briefly and runs pending
 # signal handlers. When a handler raised (Ctrl-C's KeyboardInterrupt), every thread stops
 # at its next check, the kernel frees what it holds and returns ``INTERRUPTED``, and its
-# ``def`` entry calls ``raise_pending()``, which re-raises the handler's own exception.
-# Outputs are then undefined; inputs are never written.
+# ``def`` entry calls ``interrupt_finish()``, which re-raises the handler's own exception,
+# or raises a signal that came after the calling thread's last look (while the other
+# threads finished, or within 20 ms of the end). Outputs are then undefined; inputs are
+# never written.
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals()
@@ -78,6 +80,11 @@ cdef inline bint interrupted(Interrupt *state) noexcept nogil:
     return seqpack_load_flag(&state.stop) != 0
 
 
-cdef inline int raise_pending() except -1:
-    """Re-raise the exception a signal handler left set during an interrupted kernel."""
-    return -1
+cdef inline int interrupt_finish(Interrupt *state) except -1:
+    """With the GIL, once the kernel's work has ended: raise what a signal handler raised
+    during the call (the kernel stopped early), or run the handlers of signals that
+    arrived after the calling thread's last look, so a Ctrl-C during the call always
+    surfaces from the kernel's entry."""
+    if state.stop:
+        return -1
+    return -1 if PyErr_CheckSignals() != 0 else 0

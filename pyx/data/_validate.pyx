@@ -11,7 +11,7 @@ from cython.parallel cimport prange, threadid
 from libc.stdint cimport int64_t, uint32_t
 from libc.string cimport memcpy
 
-from _interrupt cimport Interrupt, interrupt_requested, interrupt_start, interrupted, raise_pending
+from _interrupt cimport Interrupt, interrupt_finish, interrupt_requested, interrupt_start, interrupted
 from _kernel_types cimport cell_t
 
 cpdef enum DocumentFault:
@@ -125,8 +125,7 @@ def first_bad_document(
                     break
                 memcpy(target + first, source + first, (offsets[d + 1] - first) * sizeof(cell_t))
                 d = d + 1
-    if interrupt.stop:
-        raise_pending()
+    interrupt_finish(&interrupt)
     for run in range(runs):
         if found[run] >= 0:
             return found[run], faults[run]
@@ -178,8 +177,7 @@ def first_bad_range(
                 break
             begins[i] = offsets[document] + start
             ends[i] = offsets[document] + stop
-    if interrupt.stop:
-        raise_pending()
+    interrupt_finish(&interrupt)
     if fault == RANGE_OK:
         return -1, RANGE_OK
     return i, fault

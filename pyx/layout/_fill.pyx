@@ -11,7 +11,7 @@ from libc.stdint cimport int64_t
 from libc.string cimport memcpy, memset
 from cython.parallel cimport prange, threadid
 
-from _interrupt cimport Interrupt, interrupt_requested, interrupt_start, interrupted, raise_pending
+from _interrupt cimport Interrupt, interrupt_finish, interrupt_requested, interrupt_start, interrupted
 from _kernel_types cimport cell_t, flag_t
 
 # Sentinels (mirrored in seqpack.layout.fields); fill_rows writes them as 0xFF bytes.
@@ -129,8 +129,7 @@ def fill_rows(
                 memset(&cells[SEGMENT, r, end], 0xFF, rest * sizeof(cell_t))
                 for field in range(FLAG_COUNT):
                     memset(&flags[field, r, end], 0, rest)
-    if interrupt.stop:
-        raise_pending()
+    interrupt_finish(&interrupt)
 
 
 cdef inline Violation padding_violation(

@@ -35,10 +35,10 @@ from libc.string cimport memcpy, memset
 from _interrupt cimport (
     INTERRUPTED,
     Interrupt,
+    interrupt_finish,
     interrupt_requested,
     interrupt_start,
     interrupted,
-    raise_pending,
     seqpack_monotonic_seconds,
 )
 from _kernel_types cimport real
@@ -990,11 +990,11 @@ def forward(const real[:, :, :, :] q not None, const real[:, :, :, :] k not None
     operands[0], operands[1], operands[2] = operand4(q), operand4(k), operand4(v)
     operands[3], operands[4] = operand4(out), operand3(lse)
     cdef Py_ssize_t kv_heads = k.shape[1], group = q.shape[1] // k.shape[1]
+    interrupt_start(&interrupt)  # an invalid layout returns before the work starts
     with nogil:
         status = run(False, operands, kv_heads, group, q.shape[2], q.shape[3],
                            valid_lengths, segment_starts, <real>scale, threads, &plan, &interrupt)
-    if status == INTERRUPTED:
-        raise_pending()
+    interrupt_finish(&interrupt)
     return status, plan.bad_row, plan.bad_column
 
 
@@ -1015,9 +1015,9 @@ def backward(const real[:, :, :, :] q not None, const real[:, :, :, :] k not Non
     operands[3], operands[4], operands[5] = operand4(out), operand3(lse), operand4(dout)
     operands[6], operands[7], operands[8] = operand4(dq), operand4(dk), operand4(dv)
     cdef Py_ssize_t kv_heads = k.shape[1], group = q.shape[1] // k.shape[1]
+    interrupt_start(&interrupt)  # an invalid layout returns before the work starts
     with nogil:
         status = run(True, operands, kv_heads, group, q.shape[2], q.shape[3],
                            valid_lengths, segment_starts, <real>scale, threads, &plan, &interrupt)
-    if status == INTERRUPTED:
-        raise_pending()
+    interrupt_finish(&interrupt)
     return status, plan.bad_row, plan.bad_column

@@ -11,7 +11,7 @@ within ~20 ms, ``out`` then undefined.
 from libc.stdint cimport int32_t, int64_t, uint16_t
 from libc.string cimport memcpy
 
-from _interrupt cimport Interrupt, interrupt_start, interrupted, raise_pending
+from _interrupt cimport Interrupt, interrupt_finish, interrupt_start, interrupted
 
 ctypedef fused source_t:
     uint16_t
@@ -51,5 +51,4 @@ def gather_ranges(
             else:
                 for j in range(length):
                     out[target + j] = <out_t>source[begins[i] + j]
-    if interrupt.stop:
-        raise_pending()
+    interrupt_finish(&interrupt)

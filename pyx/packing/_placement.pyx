@@ -12,7 +12,7 @@ outputs then undefined.
 
 from libc.stdint cimport int64_t, uint8_t
 
-from _interrupt cimport Interrupt, interrupt_start, interrupted, raise_pending
+from _interrupt cimport Interrupt, interrupt_finish, interrupt_start, interrupted
 
 # Placement loops look for pending signals once per this many examples.
 cdef enum:
@@ -51,8 +51,7 @@ def next_fit(
             rows[i] = row
             starts[i] = used
             used += length
-    if interrupt.stop:
-        raise_pending()
+    interrupt_finish(&interrupt)
     return row + 1, used
 
 
@@ -90,8 +89,7 @@ def order_longest_first(
                 order[counts[key]] = i
                 sorted_lengths[counts[key]] = lengths[i]
                 counts[key] += 1
-    if interrupt.stop:
-        raise_pending()
+    interrupt_finish(&interrupt)
 
 
 cdef inline void _set_room(int64_t[::1] room_tree, Py_ssize_t leaf_count, Py_ssize_t row,
@@ -156,8 +154,7 @@ def first_fit(
             _set_room(room_tree, leaf_count, row, room - lengths[i])
             if row == row_count:
                 row_count += 1
-    if interrupt.stop:
-        raise_pending()
+    interrupt_finish(&interrupt)
     return row_count
 
 
@@ -279,6 +276,5 @@ def best_fit(
             rows[i] = row
             starts[i] = capacity - room
             _file_row(row, room - length, bucket_root, fit_tree, leaf_count, heap)
-    if interrupt.stop:
-        raise_pending()
+    interrupt_finish(&interrupt)
     return row_count
