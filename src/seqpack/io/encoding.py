@@ -37,6 +37,15 @@ def file_sha256(path) -> str:
     return digest.hexdigest()
 
 
+def _tokenizers():
+    """The ``tokenizers`` module (the ``hf`` extra), or an error naming the extra."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise missing_extra("a tokenizers JSON file", "hf") from None
+    return tokenizers
+
+
 #: Tokenizers unpickled in this process, by the SHA-256 of their JSON: the most recent few.
 _UNPICKLED: dict[str, object] = {}
 _UNPICKLED_KEPT = 4
@@ -55,11 +64,7 @@ def _unpickled_tokenizer(json_text: str):
     key = hashlib.sha256(json_text.encode()).hexdigest()
     tokenizer = _UNPICKLED.pop(key, None)
     if tokenizer is None:
-        try:
-            import tokenizers
-        except ImportError:
-            raise missing_extra("a tokenizers JSON file", "hf") from None
-        tokenizer = tokenizers.Tokenizer.from_str(json_text)
+        tokenizer = _tokenizers().Tokenizer.from_str(json_text)
     _UNPICKLED[key] = tokenizer  # most recent last
     while len(_UNPICKLED) > _UNPICKLED_KEPT:
         del _UNPICKLED[next(iter(_UNPICKLED))]
@@ -83,10 +88,7 @@ class TokenizerFile:
     """
 
     def __init__(self, path, *, bos, eos):
-        try:
-            import tokenizers
-        except ImportError:
-            raise missing_extra("a tokenizers JSON file", "hf") from None
+        tokenizers = _tokenizers()
         self.path = Path(path)
         try:
             self.tokenizer = tokenizers.Tokenizer.from_file(str(self.path))
