@@ -83,8 +83,9 @@ cdef inline bint interrupted(Interrupt *state) noexcept nogil:
 cdef inline int interrupt_finish(Interrupt *state) except -1:
     """With the GIL, once the kernel's work has ended: raise what a signal handler raised
     during the call (the kernel stopped early), or run the handlers of signals that
-    arrived after the calling thread's last look, so a Ctrl-C during the call always
-    surfaces from the kernel's entry."""
+    arrived after the calling thread's last look, so a Ctrl-C during a call from the main
+    thread (the only one where Python runs signal handlers) surfaces from the kernel's
+    entry."""
     if state.stop:
         return -1
     return -1 if PyErr_CheckSignals() != 0 else 0

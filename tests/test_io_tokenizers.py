@@ -4,6 +4,7 @@ import hashlib
 import json
 import pickle
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -71,6 +72,25 @@ def test_unpickled_copies_share_one_tokenizer_and_encode_the_same(tmp_path, toke
     other = io.TokenizerFile(tokenizer_file, bos="<|eos|>", eos="<|bos|>")
     swapped = pickle.loads(pickle.dumps(other))  # same JSON, other control IDs: its own state
     assert swapped.tokenizer is copies[0].tokenizer and (swapped.bos_id, swapped.eos_id) == (2, 1)
+
+
+def test_threads_unpickling_at_once_share_the_cache_safely(monkeypatch, tokenizer_file):
+    from seqpack.io import encoding
+
+    bound = io.TokenizerFile(tokenizer_file, bos="<|bos|>", eos="<|eos|>")
+    parsed = json.loads(bound.tokenizer.to_str())
+    texts = [json.dumps(parsed, indent=indent) for indent in range(encoding._UNPICKLED_KEPT + 3)]
+    expected = bound.tokenizer.encode(TEXTS[0]).ids
+    monkeypatch.setattr(encoding, "_UNPICKLED", {})
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            built = list(pool.map(encoding._unpickled_tokenizer, texts * 100))
+    finally:
+        sys.setswitchinterval(previous)
+    assert all(tokenizer.encode(TEXTS[0]).ids == expected for tokenizer in built)
+    assert len(encoding._UNPICKLED) == encoding._UNPICKLED_KEPT
 
 
 def test_unpickling_without_tokenizers_names_the_extra(monkeypatch, tokenizer_file):

@@ -14,6 +14,7 @@ line (or row).
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -46,9 +47,11 @@ def _tokenizers():
     return tokenizers
 
 
-#: Tokenizers unpickled in this process, by the SHA-256 of their JSON: the most recent few.
+#: Tokenizers unpickled in this process, by the SHA-256 of their JSON: the most recent few
+#: (threads that unpickle at once take turns).
 _UNPICKLED: dict[str, object] = {}
 _UNPICKLED_KEPT = 4
+_UNPICKLED_LOCK = threading.Lock()
 
 
 def _unpickled_tokenizer(json_text: str):
@@ -62,12 +65,13 @@ def _unpickled_tokenizer(json_text: str):
     instance, which encoding only reads.
     """
     key = hashlib.sha256(json_text.encode()).hexdigest()
-    tokenizer = _UNPICKLED.pop(key, None)
-    if tokenizer is None:
-        tokenizer = _tokenizers().Tokenizer.from_str(json_text)
-    _UNPICKLED[key] = tokenizer  # most recent last
-    while len(_UNPICKLED) > _UNPICKLED_KEPT:
-        del _UNPICKLED[next(iter(_UNPICKLED))]
+    with _UNPICKLED_LOCK:
+        tokenizer = _UNPICKLED.pop(key, None)
+        if tokenizer is None:
+            tokenizer = _tokenizers().Tokenizer.from_str(json_text)
+        _UNPICKLED[key] = tokenizer  # most recent last
+        while len(_UNPICKLED) > _UNPICKLED_KEPT:
+            del _UNPICKLED[next(iter(_UNPICKLED))]
     return tokenizer
 
 
