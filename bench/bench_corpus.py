@@ -145,6 +145,7 @@ def workload_a(work: Path, count: int, repeats: int) -> tuple[list[dict], dict]:
     except ImportError:
         print("TRL or datasets not installed: TRL rows skipped", file=sys.stderr)
         return records, manifest
+    datasets.disable_progress_bars()  # no bars drawn inside the timed calls, nor in the table
     dataset = datasets.Dataset(table)
     trl_memory = median_time(lambda: pack_dataset(dataset, CAPACITY, strategy="bfd"), repeats)
     records.append({"workload": "a", "method": "TRL pack_dataset(strategy='bfd') on the table in memory",
