@@ -26,11 +26,10 @@ model and one set of examples for every method, all in this process:
 Packed methods run for next-fit and best-fit-decreasing rows of capacity 2048, and for
 the next-fit rows' examples flattened into one row with no padding (``seqpack.hf.flat``,
 ``DataCollatorWithFlattening``'s layout; sdpa then gets a dense block-causal mask of
-that row). Each
-round times every method once, in turn, so load changes hit all of them; figures are
-medians over rounds, and the ratios are medians of per-round ratios with their range.
-Printed beside them: the CPU, the threads, the load average before and after, and the
-float32 matmul peak measured in the same run.
+that row). Each round times every method once, in turn, so load changes hit all of
+them; figures are medians over rounds, and the ratios are medians of per-round ratios
+with their range. Printed beside them: the CPU, the threads, the load average before and
+after, and the float32 matmul peak measured in the same run.
 """
 
 from __future__ import annotations
