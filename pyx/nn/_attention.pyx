@@ -221,6 +221,146 @@ cdef extern from *:
     static void (*seqpack_exp_shift_d)(double *restrict, ptrdiff_t, double,
                                        double *restrict, double) = seqpack_exp_d_baseline;
 
+    /* Sums and maxima in eight fixed lanes: lane u takes elements u, u + 8, ...; the lanes
+       are then joined in a fixed order and the tail added in turn. The order never depends
+       on the thread, the call or the CPU path, so results stay bitwise reproducible. The
+       baseline is plain C; the AVX2 path (also taken on AVX-512 CPUs) holds the eight lanes
+       in vector registers and does each lane's steps exactly as the C does (a maximum is
+       ``x > lane ? x : lane``, which is what MAXPS computes, NaN and signed zeros
+       included; a dot product multiplies, then adds). */
+    #define SEQPACK_LANE_REDUCTIONS(T, SUFFIX)                                          \\
+    static T seqpack_sum_##SUFFIX##_baseline(const T *restrict x, ptrdiff_t n)         \\
+    {                                                                                  \\
+        T lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                          \\
+        ptrdiff_t j = 0;                                                               \\
+        for (; j + 8 <= n; j += 8)                                                     \\
+            for (int u = 0; u < 8; u++) lane[u] += x[j + u];                           \\
+        T total = ((lane[0] + lane[4]) + (lane[1] + lane[5]))                          \\
+                + ((lane[2] + lane[6]) + (lane[3] + lane[7]));                         \\
+        for (; j < n; j++) total += x[j];                                              \\
+        return total;                                                                  \\
+    }                                                                                  \\
+    static T seqpack_dot_##SUFFIX##_baseline(const T *restrict x, const T *restrict y,  \\
+                                             ptrdiff_t n)                               \\
+    {                                                                                  \\
+        T lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                          \\
+        ptrdiff_t j = 0;                                                               \\
+        for (; j + 8 <= n; j += 8)                                                     \\
+            for (int u = 0; u < 8; u++) lane[u] += x[j + u] * y[j + u];                \\
+        T total = ((lane[0] + lane[4]) + (lane[1] + lane[5]))                          \\
+                + ((lane[2] + lane[6]) + (lane[3] + lane[7]));                         \\
+        for (; j < n; j++) total += x[j] * y[j];                                       \\
+        return total;                                                                  \\
+    }                                                                                  \\
+    static T seqpack_max_##SUFFIX##_baseline(const T *restrict x, ptrdiff_t n)         \\
+    {                                                                                  \\
+        T best = x[0];                                                                 \\
+        ptrdiff_t j = 1;                                                               \\
+        if (n >= 8) {                                                                  \\
+            T lane[8];                                                                 \\
+            for (int u = 0; u < 8; u++) lane[u] = x[u];                                \\
+            for (j = 8; j + 8 <= n; j += 8)                                            \\
+                for (int u = 0; u < 8; u++)                                            \\
+                    lane[u] = x[j + u] > lane[u] ? x[j + u] : lane[u];                 \\
+            for (int u = 0; u < 8; u++) best = lane[u] > best ? lane[u] : best;        \\
+        }                                                                              \\
+        for (; j < n; j++) best = x[j] > best ? x[j] : best;                           \\
+        return best;                                                                   \\
+    }
+    SEQPACK_LANE_REDUCTIONS(float, f)
+    SEQPACK_LANE_REDUCTIONS(double, d)
+    #if SEQPACK_X86_PATHS
+    /* The lanes of a float row in one register, of a double row in two (lanes 0-3, 4-7). */
+    #define SEQPACK_LANES_JOINED(T, STORE)                                                 \\
+        T lane[8];                                                                         \\
+        STORE;                                                                             \\
+        T total = ((lane[0] + lane[4]) + (lane[1] + lane[5]))                              \\
+                + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+    SEQPACK_AVX2 static float seqpack_sum_f_avx2(const float *restrict x, ptrdiff_t n)
+    {
+        __m256 acc = _mm256_setzero_ps();
+        ptrdiff_t j = 0;
+        for (; j + 8 <= n; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + j));
+        SEQPACK_LANES_JOINED(float, _mm256_storeu_ps(lane, acc))
+        for (; j < n; j++) total += x[j];
+        return total;
+    }
+    SEQPACK_AVX2 static double seqpack_sum_d_avx2(const double *restrict x, ptrdiff_t n)
+    {
+        __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+        ptrdiff_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+            lo = _mm256_add_pd(lo, _mm256_loadu_pd(x + j));
+            hi = _mm256_add_pd(hi, _mm256_loadu_pd(x + j + 4));
+        }
+        SEQPACK_LANES_JOINED(double, (_mm256_storeu_pd(lane, lo), _mm256_storeu_pd(lane + 4, hi)))
+        for (; j < n; j++) total += x[j];
+        return total;
+    }
+    SEQPACK_AVX2 static float seqpack_dot_f_avx2(const float *restrict x, const float *restrict y,
+                                                 ptrdiff_t n)
+    {
+        __m256 acc = _mm256_setzero_ps();
+        ptrdiff_t j = 0;
+        for (; j + 8 <= n; j += 8)
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j)));
+        SEQPACK_LANES_JOINED(float, _mm256_storeu_ps(lane, acc))
+        for (; j < n; j++) total += x[j] * y[j];
+        return total;
+    }
+    SEQPACK_AVX2 static double seqpack_dot_d_avx2(const double *restrict x, const double *restrict y,
+                                                  ptrdiff_t n)
+    {
+        __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+        ptrdiff_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+            lo = _mm256_add_pd(lo, _mm256_mul_pd(_mm256_loadu_pd(x + j), _mm256_loadu_pd(y + j)));
+            hi = _mm256_add_pd(hi, _mm256_mul_pd(_mm256_loadu_pd(x + j + 4), _mm256_loadu_pd(y + j + 4)));
+        }
+        SEQPACK_LANES_JOINED(double, (_mm256_storeu_pd(lane, lo), _mm256_storeu_pd(lane + 4, hi)))
+        for (; j < n; j++) total += x[j] * y[j];
+        return total;
+    }
+    SEQPACK_AVX2 static float seqpack_max_f_avx2(const float *restrict x, ptrdiff_t n)
+    {
+        float best = x[0];
+        ptrdiff_t j = 1;
+        if (n >= 8) {
+            __m256 acc = _mm256_loadu_ps(x);
+            for (j = 8; j + 8 <= n; j += 8) acc = _mm256_max_ps(_mm256_loadu_ps(x + j), acc);
+            float lane[8];
+            _mm256_storeu_ps(lane, acc);
+            for (int u = 0; u < 8; u++) best = lane[u] > best ? lane[u] : best;
+        }
+        for (; j < n; j++) best = x[j] > best ? x[j] : best;
+        return best;
+    }
+    SEQPACK_AVX2 static double seqpack_max_d_avx2(const double *restrict x, ptrdiff_t n)
+    {
+        double best = x[0];
+        ptrdiff_t j = 1;
+        if (n >= 8) {
+            __m256d lo = _mm256_loadu_pd(x), hi = _mm256_loadu_pd(x + 4);
+            for (j = 8; j + 8 <= n; j += 8) {
+                lo = _mm256_max_pd(_mm256_loadu_pd(x + j), lo);
+                hi = _mm256_max_pd(_mm256_loadu_pd(x + j + 4), hi);
+            }
+            double lane[8];
+            _mm256_storeu_pd(lane, lo);
+            _mm256_storeu_pd(lane + 4, hi);
+            for (int u = 0; u < 8; u++) best = lane[u] > best ? lane[u] : best;
+        }
+        for (; j < n; j++) best = x[j] > best ? x[j] : best;
+        return best;
+    }
+    #endif
+    static float (*seqpack_sum_f)(const float *restrict, ptrdiff_t) = seqpack_sum_f_baseline;
+    static double (*seqpack_sum_d)(const double *restrict, ptrdiff_t) = seqpack_sum_d_baseline;
+    static float (*seqpack_dot_f)(const float *restrict, const float *restrict, ptrdiff_t) = seqpack_dot_f_baseline;
+    static double (*seqpack_dot_d)(const double *restrict, const double *restrict, ptrdiff_t) = seqpack_dot_d_baseline;
+    static float (*seqpack_max_f)(const float *restrict, ptrdiff_t) = seqpack_max_f_baseline;
+    static double (*seqpack_max_d)(const double *restrict, ptrdiff_t) = seqpack_max_d_baseline;
+
     /* Whether this CPU can run path ``path``. */
     static int seqpack_exp_path_supported(int path)
     {
@@ -245,56 +385,22 @@ cdef extern from *:
         seqpack_exp_shift_d = seqpack_exp_d_baseline;
         seqpack_transpose_f = seqpack_transpose_f_baseline;
         seqpack_transpose_d = seqpack_transpose_d_baseline;
+        seqpack_sum_f = seqpack_sum_f_baseline, seqpack_sum_d = seqpack_sum_d_baseline;
+        seqpack_dot_f = seqpack_dot_f_baseline, seqpack_dot_d = seqpack_dot_d_baseline;
+        seqpack_max_f = seqpack_max_f_baseline, seqpack_max_d = seqpack_max_d_baseline;
     #if SEQPACK_X86_PATHS
         if (path == 1) { seqpack_exp_shift_f = seqpack_exp_f_avx2; seqpack_exp_shift_d = seqpack_exp_d_avx2; }
         if (path == 2) { seqpack_exp_shift_f = seqpack_exp_f_avx512; seqpack_exp_shift_d = seqpack_exp_d_avx512; }
-        if (path >= 1) { seqpack_transpose_f = seqpack_transpose_f_avx2; seqpack_transpose_d = seqpack_transpose_d_avx2; }
+        if (path >= 1) {
+            seqpack_transpose_f = seqpack_transpose_f_avx2, seqpack_transpose_d = seqpack_transpose_d_avx2;
+            seqpack_sum_f = seqpack_sum_f_avx2, seqpack_sum_d = seqpack_sum_d_avx2;
+            seqpack_dot_f = seqpack_dot_f_avx2, seqpack_dot_d = seqpack_dot_d_avx2;
+            seqpack_max_f = seqpack_max_f_avx2, seqpack_max_d = seqpack_max_d_avx2;
+        }
     #endif
         return path;
     }
 
-    /* Sums and maxima in eight fixed lanes: a vectorizable order that never depends on
-       the thread or the call, so results stay bitwise reproducible. */
-    #define SEQPACK_LANE_REDUCTIONS(T, SUFFIX)                                          \\
-    static T seqpack_sum_##SUFFIX(const T *restrict x, ptrdiff_t n)                    \\
-    {                                                                                  \\
-        T lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                          \\
-        ptrdiff_t j = 0;                                                               \\
-        for (; j + 8 <= n; j += 8)                                                     \\
-            for (int u = 0; u < 8; u++) lane[u] += x[j + u];                           \\
-        T total = ((lane[0] + lane[4]) + (lane[1] + lane[5]))                          \\
-                + ((lane[2] + lane[6]) + (lane[3] + lane[7]));                         \\
-        for (; j < n; j++) total += x[j];                                              \\
-        return total;                                                                  \\
-    }                                                                                  \\
-    static T seqpack_dot_##SUFFIX(const T *restrict x, const T *restrict y, ptrdiff_t n) \\
-    {                                                                                  \\
-        T lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                          \\
-        ptrdiff_t j = 0;                                                               \\
-        for (; j + 8 <= n; j += 8)                                                     \\
-            for (int u = 0; u < 8; u++) lane[u] += x[j + u] * y[j + u];                \\
-        T total = ((lane[0] + lane[4]) + (lane[1] + lane[5]))                          \\
-                + ((lane[2] + lane[6]) + (lane[3] + lane[7]));                         \\
-        for (; j < n; j++) total += x[j] * y[j];                                       \\
-        return total;                                                                  \\
-    }                                                                                  \\
-    static T seqpack_max_##SUFFIX(const T *restrict x, ptrdiff_t n)                    \\
-    {                                                                                  \\
-        T best = x[0];                                                                 \\
-        ptrdiff_t j = 1;                                                               \\
-        if (n >= 8) {                                                                  \\
-            T lane[8];                                                                 \\
-            for (int u = 0; u < 8; u++) lane[u] = x[u];                                \\
-            for (j = 8; j + 8 <= n; j += 8)                                            \\
-                for (int u = 0; u < 8; u++)                                            \\
-                    lane[u] = x[j + u] > lane[u] ? x[j + u] : lane[u];                 \\
-            for (int u = 0; u < 8; u++) best = lane[u] > best ? lane[u] : best;        \\
-        }                                                                              \\
-        for (; j < n; j++) best = x[j] > best ? x[j] : best;                           \\
-        return best;                                                                   \\
-    }
-    SEQPACK_LANE_REDUCTIONS(float, f)
-    SEQPACK_LANE_REDUCTIONS(double, d)
 
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC pop_options
@@ -342,8 +448,8 @@ cdef enum:
 MAX_HEAD_DIM = TILE_WORK // 64
 
 #: The CPU paths by number: the exp loops compiled for baseline x86-64, AVX2 or AVX-512,
-#: and the tile products and K/V transposes portable (baseline) or AVX2 (the others). Every path
-#: gives the same bits; the best one this CPU runs is chosen at import.
+#: and the tile products, K/V transposes and row sums, dots and maxima portable (baseline) or
+#: AVX2 (the others). Every path gives the same bits; the best one this CPU runs is chosen at import.
 CPU_PATHS = ("baseline", "avx2", "avx512")
 
 
