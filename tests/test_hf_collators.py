@@ -11,6 +11,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="seqpack.hf needs PyTorch: pip install 'seqpack[hf]'")
@@ -196,3 +197,38 @@ def test_num_items_in_batch_sums_over_gloo_ranks():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     mp.spawn(counting_rank, args=(2, port), nprocs=2, join=True)
+
+
+def test_packing_collator_refuses_what_it_would_ignore():
+    """Keys that would change what is supervised or packed must agree with packing each
+    document whole; masked labels, padding and unknown keys are errors naming the feature."""
+    docs = documents()
+    identity = sp.ByteTokenizer().identity
+    collator = sph.PackingCollator(sp.PackConfig(capacity=CAPACITY, rows_per_batch=8), tokenizer_identity=identity)
+    plain = collator([{"input_ids": d.tolist()} for d in docs])
+    agreeing = collator([{"input_ids": d.tolist(), "labels": d.tolist(), "attention_mask": [1] * d.size,
+                          "completion_mask": np.ones(d.size, dtype=bool), "assistant_masks": torch.ones(d.size)}
+                         for d in docs])
+    for key, value in plain.items():
+        assert (torch.equal(agreeing[key], value) if isinstance(value, torch.Tensor) else agreeing[key] == value), key
+
+    def with_change(index, key, value):
+        features = [{"input_ids": d.tolist()} for d in docs]
+        features[index][key] = value
+        return features
+
+    prompt_masked = docs[2].tolist()
+    prompt_masked[:3] = [-100] * 3
+    padded_mask = [1] * (docs[1].size - 1) + [0]
+    cases = [
+        (with_change(2, "labels", prompt_masked), "feature 2: labels must be input_ids: .*masked labels"),
+        (with_change(0, "labels", docs[0][1:].tolist()), "feature 0: labels must be input_ids"),
+        (with_change(1, "attention_mask", padded_mask), "feature 1: attention_mask must be all ones: .*unpadded"),
+        (with_change(3, "completion_mask", [0] * 2 + [1] * (docs[3].size - 2)), "feature 3: completion_mask"),
+        (with_change(0, "assistant_masks", [0] * docs[0].size), "feature 0: assistant_masks"),
+        (with_change(1, "token_type_ids", [0] * docs[1].size), "feature 1 carries 'token_type_ids'"),
+        ([{"labels": docs[0].tolist()}], "feature 0 has no input_ids"),
+    ]
+    for features, message in cases:
+        with pytest.raises(InvalidInputError, match=message):
+            collator(features)

@@ -129,6 +129,35 @@ def num_items_in_batch(batches: Iterable, group=None) -> int:
     return step_target_count([_eligible(item) for item in batches], group)
 
 
+# Each optional feature key: what it must equal for its document to be packed as it is
+# (every token an input, every target supervised), and why.
+_FEATURE_RULES = {
+    "labels": ("input_ids", "every target of a packed document is supervised, so masked labels "
+                            "(such as -100 for prompt tokens) cannot be kept"),
+    "attention_mask": ("all ones", "each feature must be one unpadded document"),
+    "completion_mask": ("all ones", "every target of a packed document is supervised"),
+    "assistant_masks": ("all ones", "every target of a packed document is supervised"),
+}
+
+
+def _check_feature(index: int, feature: dict, document: np.ndarray) -> None:
+    """Raise unless every key of ``feature`` besides ``input_ids`` agrees with packing
+    ``document`` whole and supervising all of it (``_FEATURE_RULES``)."""
+    for key, value in feature.items():
+        if key == "input_ids":
+            continue
+        if key not in _FEATURE_RULES:
+            raise InvalidInputError(
+                f"feature {index} carries {key!r}, which PackingCollator does not use: pass input_ids only "
+                f"(known keys: {', '.join(['input_ids', *_FEATURE_RULES])})"
+            )
+        equal_to, reason = _FEATURE_RULES[key]
+        expected = document if equal_to == "input_ids" else np.ones_like(document)
+        values = np.asarray(value)
+        if values.shape != document.shape or not np.array_equal(values, expected):
+            raise InvalidInputError(f"feature {index}: {key} must be {equal_to}: {reason}")
+
+
 class PackingCollator:
     """A ``data_collator`` for ``transformers.Trainer``: packs a list of features into one batch.
 
@@ -141,6 +170,12 @@ class PackingCollator:
     :class:`~seqpack.CapacityError` (lower ``per_device_train_batch_size``). Trainer's
     label smoothing shifts ``labels`` itself and would drop each full row's last
     target: leave it off.
+
+    Every target of a packed document is supervised, so a feature may carry other keys
+    only where they say the same: ``labels`` equal to its ``input_ids``, and an all-ones
+    ``attention_mask``, ``completion_mask`` or ``assistant_masks``. Masked labels (prompt
+    tokens at -100), padding or any other key is an :class:`~seqpack.InvalidInputError`
+    naming the feature, never silently ignored.
     """
 
     def __init__(self, config: PackConfig, *, tokenizer_identity, policy: str = "best-fit-decreasing",
@@ -154,7 +189,12 @@ class PackingCollator:
     def __call__(self, features: Sequence[dict]) -> dict:
         if not features:
             raise InvalidInputError("PackingCollator received no features")
-        documents = [np.asarray(feature["input_ids"]) for feature in features]
+        documents = []
+        for index, feature in enumerate(features):
+            if "input_ids" not in feature:
+                raise InvalidInputError(f"feature {index} has no input_ids; its keys are {sorted(feature)}")
+            documents.append(np.asarray(feature["input_ids"]))
+            _check_feature(index, feature, documents[-1])
         offsets = np.zeros(len(documents) + 1, dtype=np.int64)
         np.cumsum([document.size for document in documents], out=offsets[1:])
         table = ExampleTable.from_arrays(np.concatenate(documents), offsets, self.binding,
