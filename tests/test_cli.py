@@ -148,22 +148,26 @@ def test_the_training_bounds_differ_only_in_key_and_value_gradients():
     from seqpack import hf
     from seqpack.bench import train
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    model = train.make_model(torch, hf, layers=1)
-    ids = torch.arange(2, 34).reshape(2, 16)
-    fields = {"input_ids": ids, "labels": ids, "use_cache": False}
-    losses = {}
-    for implementation in ("noop", "noop-query"):
-        train.run(model, implementation, [fields])
-        attention = model.model.layers[0].self_attn
-        losses[implementation] = model(**fields).loss.item()
-        grads = {name: getattr(attention, name).weight.grad for name in ("q_proj", "k_proj", "v_proj")}
-        assert grads["q_proj"] is not None and grads["q_proj"].abs().sum() > 0
-        if implementation == "noop":  # key and value run their backward, with zero gradients
-            assert all(grads[name] is not None and not grads[name].any() for name in ("k_proj", "v_proj"))
-        else:
-            assert grads["k_proj"] is None and grads["v_proj"] is None
-    assert losses["noop"] == losses["noop-query"]
+    try:
+        model = train.make_model(torch, hf, layers=1)
+        ids = torch.arange(2, 34).reshape(2, 16)
+        fields = {"input_ids": ids, "labels": ids, "use_cache": False}
+        losses = {}
+        for implementation in ("noop", "noop-query"):
+            train.run(model, implementation, [fields])
+            attention = model.model.layers[0].self_attn
+            losses[implementation] = model(**fields).loss.item()
+            grads = {name: getattr(attention, name).weight.grad for name in ("q_proj", "k_proj", "v_proj")}
+            assert grads["q_proj"] is not None and grads["q_proj"].abs().sum() > 0
+            if implementation == "noop":  # key and value run their backward, with zero gradients
+                assert all(grads[name] is not None and not grads[name].any() for name in ("k_proj", "v_proj"))
+            else:
+                assert grads["k_proj"] is None and grads["v_proj"] is None
+        assert losses["noop"] == losses["noop-query"]
+    finally:
+        torch.set_num_threads(threads)  # the rest of the session keeps its threads
 
 
 def test_bench_train_argument_errors():

@@ -130,6 +130,16 @@ def test_default_threads_follow_omp_num_threads_and_threadpoolctl():
         assert _limits.default_threads() == 1
 
 
+def test_default_threads_follow_torch_set_num_threads():
+    """PyTorch and seqpack share one OpenMP runtime, whichever is imported first, so a
+    training script's ``torch.set_num_threads`` also bounds seqpack's kernels."""
+    pytest.importorskip("torch", reason="needs the torch extra: pip install 'seqpack[torch]'")
+    for first in ("import seqpack, torch", "import torch, seqpack"):
+        code = f"{first}; torch.set_num_threads(1); from seqpack import _limits; print(_limits.default_threads())"
+        assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True).stdout.strip() == "1", first
+
+
 def test_multiprocessing_children_default_to_one_thread(tmp_path):
     """A spawned pool worker (a data-loader worker started without fork) takes one core."""
     script = tmp_path / "pool.py"
