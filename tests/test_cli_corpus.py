@@ -124,6 +124,9 @@ def test_every_subcommand_has_help(command):
     (("pack", "docs", "--out", "x", "--capacity", "0"), 1, "capacity must be at least 1"),
     (("pack", "docs", "--out", "x", "--capacity", "16"), 1, r"docs/00.txt: the document has 19 predictions; capacity is 16"),
     (("pack", "docs", "--out", "docs"), 1, "docs already exists"),
+    (("pack", "docs", "--out", "docs", "--force"), 1, "docs is not a packed dataset"),
+    (("pack", "docs/00.txt", "docs/00.txt", "--out", "x"), 1, "docs/00.txt is an input twice"),
+    (("pack", "docs", "docs/03.txt", "--out", "x"), 1, "docs/03.txt is an input twice"),
     (("stats", "nowhere"), 1, "nowhere: no such directory"),
     (("verify", "docs"), 1, "docs/manifest.json: missing"),
     (("show", "nonsense"), 1, "nonsense: neither a packed dataset directory"),
@@ -138,6 +141,23 @@ def test_errors_exit_with_one_line(tmp_path, docs, args, status, message):
     if status == 1:
         one_error_line(result)
     assert not (tmp_path / "x").exists()
+
+
+def test_force_never_deletes_inputs_or_other_files(tmp_path, docs):
+    """--force replaces a packed dataset only: never the corpus, a dataset it would read,
+    or a file that is not a dataset; nothing is left behind."""
+    before = sorted(p.name for p in docs.iterdir())
+    line = one_error_line(run("pack", docs, "--out", docs, "--force", "--capacity", 128, "--cut-long"))
+    assert "is not a packed dataset" in line and sorted(p.name for p in docs.iterdir()) == before
+    inner = docs / "packed"
+    assert run("pack", docs, "--out", inner, "--capacity", 128, "--cut-long", "--quiet").returncode == 0
+    line = one_error_line(run("pack", docs, "--out", inner, "--force", "--capacity", 128, "--cut-long"))
+    assert "lies inside the output" in line and run("verify", inner, "--quiet").returncode == 0
+    plain = tmp_path / "plain.txt"
+    plain.write_text("mine")
+    line = one_error_line(run("pack", docs / "00.txt", "--out", plain, "--force"))
+    assert "plain.txt is not a directory" in line and plain.read_text() == "mine"
+    assert not [p.name for p in (*tmp_path.iterdir(), *docs.iterdir()) if p.name.startswith(".")]
 
 
 def test_bad_jsonl_names_file_and_line(tmp_path):

@@ -135,12 +135,16 @@ def test_an_existing_output_is_refused_and_untouched(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep").write_text("mine")
-    with pytest.raises(sp.InvalidInputError, match="already exists"):
-        io.pack_corpus([io.TextFiles([docs])], out, binding=BINDING, tokenizer=TOKENIZER, config=sp.PackConfig(64))
-    assert [p.name for p in out.iterdir()] == ["keep"]
-    io.pack_corpus([io.TextFiles([docs])], out, binding=BINDING, tokenizer=TOKENIZER, config=sp.PackConfig(64),
-                   force=True)
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "part-00000"]
+    for force, message in ((False, "already exists"), (True, "not a packed dataset .*'keep'")):
+        with pytest.raises(sp.InvalidInputError, match=message):  # force never deletes a stranger's files
+            io.pack_corpus([io.TextFiles([docs])], out, binding=BINDING, tokenizer=TOKENIZER,
+                           config=sp.PackConfig(64), force=force)
+        assert [p.name for p in out.iterdir()] == ["keep"]
+    (out / "keep").unlink()
+    for _ in range(2):  # an empty directory, then a packed dataset, is replaced
+        io.pack_corpus([io.TextFiles([docs])], out, binding=BINDING, tokenizer=TOKENIZER, config=sp.PackConfig(64),
+                       force=True)
+        assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "part-00000"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docs", "out"]
 
 

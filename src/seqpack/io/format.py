@@ -135,21 +135,53 @@ def fsync_directory(path: Path) -> None:
         os.close(descriptor)
 
 
-def check_output(out: Path, force: bool) -> None:
-    """An existing output is refused unless ``force``; its parent must exist."""
-    if out.exists() and not force:
-        raise InvalidInputError(f"{out} already exists (--force replaces it)")
+def _is_part(name: str) -> bool:
+    return name.startswith("part-") and name[5:].isdigit()
+
+
+def check_output(out: Path, force: bool, inputs=()) -> None:
+    """Refuse an output that would destroy or read itself.
+
+    An existing ``out`` is refused unless ``force``, and even then unless it is a packed
+    dataset (a directory holding only ``manifest.json`` and part directories, complete
+    or not) or an empty directory: ``--force`` never deletes anything else. Its parent
+    must exist. ``inputs`` (:class:`~seqpack.io.readers.Input` records) must name each
+    file once and none inside ``out``.
+    """
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise InvalidInputError(f"{out} already exists (--force replaces it)")
+        if out.is_symlink() or not out.is_dir():
+            raise InvalidInputError(f"{out} is not a directory; --force replaces only a packed dataset")
+        strangers = sorted(entry.name for entry in out.iterdir() if entry.name != MANIFEST and not _is_part(entry.name))
+        if strangers:
+            raise InvalidInputError(
+                f"{out} is not a packed dataset (it holds {strangers[0]!r}); --force replaces only a packed "
+                f"dataset: choose another --out"
+            )
     if not out.parent.is_dir():
         raise InvalidInputError(f"{out.parent} is not a directory")
+    target = out.resolve()
+    seen: dict[Path, str] = {}
+    for item in inputs:
+        if item.kind == "table":       # an in-memory table, not a file
+            continue
+        path = Path(item.name).resolve()
+        if path in seen:
+            raise InvalidInputError(f"{item.name} is an input twice (also as {seen[path]}): give each file once")
+        seen[path] = item.name
+        if path == target or target in path.parents:
+            raise InvalidInputError(f"input {item.name} lies inside the output {out}: packing would replace it")
 
 
 @contextlib.contextmanager
-def staging_directory(out: Path, force: bool):
+def staging_directory(out: Path, force: bool, inputs=()):
     """A hidden temporary sibling of ``out`` to write into; removed on any failure.
 
-    The caller finishes with :func:`publish`, which renames it into place.
+    ``out``, ``force`` and ``inputs`` are checked first (:func:`check_output`). The
+    caller finishes with :func:`publish`, which renames it into place.
     """
-    check_output(out, force)
+    check_output(out, force, inputs)
     staging = out.parent / f".{out.name}.seqpack-partial-{uuid.uuid4().hex[:12]}"
     staging.mkdir()
     try:
@@ -165,9 +197,8 @@ def publish(staging: Path, out: Path, manifest: dict, force: bool) -> None:
     manifest and is refused as incomplete."""
     fsync_directory(staging)
     old = None
-    if out.exists():
-        if not force:
-            raise InvalidInputError(f"{out} already exists (--force replaces it)")
+    if out.exists() or out.is_symlink():
+        check_output(out, force)   # whatever appeared there since the start is checked again
         old = out.parent / f".{out.name}.seqpack-old-{uuid.uuid4().hex[:12]}"
         os.rename(out, old)
     os.rename(staging, out)

@@ -281,7 +281,7 @@ def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer
     job = ShardJob(binding, tokenizer, inputs, config, policy, long, framed, threads)
     records: list = [None] * len(planned)
     input_bytes = 0
-    with fmt.staging_directory(out, force) as staging:
+    with fmt.staging_directory(out, force, inputs) as staging:
         bar = ShardProgress(len(planned), enabled=progress)
         finished = (run or run_serially)(job, planned, staging)
         try:

@@ -304,7 +304,7 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
     progress = progress or Progress(enabled=False)
     inputs = [item for reader in readers for item in reader.inputs]
     encoder = ChunkEncoder(binding, tokenizer, inputs, framed=framed, threads=threads)
-    with fmt.staging_directory(out, force) as staging:
+    with fmt.staging_directory(out, force, inputs) as staging:
         stage = Stage(staging / STAGED_TOKENS, fmt.token_dtype(binding.vocabulary_size))
         try:
             staged = stage_documents(readers, encoder, stage, capacity=config.capacity, long=long, progress=progress)
