@@ -51,6 +51,12 @@ def test_identity_is_the_file(tokenizer_file):
         io.TokenizerFile(tokenizer_file, bos="<s>", eos="<|eos|>")
     with pytest.raises(sp.InvalidInputError, match=r"--eos 100000 is not an ID"):
         io.TokenizerFile(tokenizer_file, bos=1, eos=100000)
+    numpy_ids = io.TokenizerFile(tokenizer_file, bos=np.int64(1), eos=np.uint16(2))
+    assert numpy_ids.identity == bound.identity and type(numpy_ids.bos_id) is int
+    with pytest.raises(sp.InvalidInputError, match=r"--bos token '٣' is not in the vocabulary"):
+        io.TokenizerFile(tokenizer_file, bos="٣", eos=2)  # a digit to str.isdigit, not an ID
+    with pytest.raises(sp.InvalidInputError, match=r"--bos True is not an ID"):
+        io.TokenizerFile(tokenizer_file, bos=True, eos=2)
 
 
 def test_unpickled_copies_share_one_tokenizer_and_encode_the_same(tmp_path, tokenizer_file):

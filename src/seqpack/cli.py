@@ -158,17 +158,21 @@ def _pack(args) -> int:
             raise UsageError("--threads must be at least 1")
         os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # tokenizers' pool, read when it starts
     split = Path(args.split) if args.split.endswith(".json") else args.split
-    if args.tokenizer is None:
-        tokenizer = data.ByteTokenizer()
-        binding = data.BatchBinding.for_tokenizer(tokenizer, split=split)
-    else:
-        tokenizer = io.TokenizerFile(args.tokenizer, bos=args.bos, eos=args.eos)
-        binding = data.BatchBinding.for_tokenizer(tokenizer.identity, split=split)
+    try:
+        if args.tokenizer is None:
+            tokenizer = data.ByteTokenizer()
+            binding = data.BatchBinding.for_tokenizer(tokenizer, split=split)
+        else:
+            tokenizer = io.TokenizerFile(args.tokenizer, bos=args.bos, eos=args.eos)
+            binding = data.BatchBinding.for_tokenizer(tokenizer.identity, split=split)
+    except OSError as error:
+        raise InvalidInputError(f"{error.filename}: cannot read: {error.strerror or error}") from None
     if args.sample:
         readers = [io.TextFiles(stdlib_sources())]
     else:
         readers = [io.reader_for(path, text_field=args.text_field, ids_field=args.ids_field, pattern=args.glob)
                    for path in args.inputs]
+        _check_input_flags(args, readers)
     config = PackConfig(args.capacity, args.rows_per_batch)
     common = dict(tokenizer=tokenizer, config=config, policy=args.policy, partition=data.Partition(args.partition),
                   long="cut" if args.cut_long or args.sample else "error", framed=args.framed, force=args.force)
@@ -187,12 +191,44 @@ def _pack(args) -> int:
             manifest = io.pack_corpus(readers, args.out, binding=binding, progress=Progress(enabled=not args.quiet),
                                       threads=args.threads, **common)
     except OSError as error:
-        raise InvalidInputError(f"{error.filename or args.out}: cannot write: {error.strerror or error}") from None
+        raise InvalidInputError(_pack_os_error(error, args.out)) from None
     if args.json:
         _print_json(manifest)
     else:
         _print_stats(args.out)
     return 0
+
+
+def _check_input_flags(args, readers) -> None:
+    """A reading flag that no INPUT uses is a usage error, not silently ignored."""
+    from .io import readers as kinds
+
+    structured = [r for r in readers if isinstance(r, (kinds.JsonLines, kinds.ArrowBatches))]
+    uses = {
+        "--glob": (any(Path(path).is_dir() for path in args.inputs), "no INPUT is a directory"),
+        "--text-field": (bool(structured), "no INPUT is JSONL, Parquet or Arrow"),
+        "--ids-field": (bool(structured), "no INPUT is JSONL, Parquet or Arrow"),
+        "--framed": (args.ids_field is not None or any(isinstance(r, kinds.Megatron) for r in readers),
+                     "it applies to pre-tokenized inputs (--ids-field or Megatron)"),
+    }
+    for flag, (used, reason) in uses.items():
+        given = getattr(args, flag[2:].replace("-", "_"))
+        if given not in (None, False) and not used:
+            raise UsageError(f"{flag} has no effect here: {reason}")
+
+
+def _pack_os_error(error: OSError, out: Path) -> str:
+    """The one-line message of an OSError while packing: a write error names the output,
+    a read error the input file (a reader error without a file name is shown as is)."""
+    target = out.resolve()
+    if error.filename is not None:
+        path = Path(error.filename).resolve()
+        written = path == target or target in path.parents or any(
+            part.name.startswith(f".{out.name}.seqpack-") for part in (path, *path.parents))
+        return f"{error.filename}: cannot {'write' if written else 'read'}: {error.strerror or error}"
+    if error.errno is not None:
+        return f"{out}: cannot write: {error.strerror or error}"
+    return str(error)
 
 
 def _print_json(value) -> None:

@@ -14,6 +14,8 @@ line (or row).
 from __future__ import annotations
 
 import hashlib
+import numbers
+import re
 import threading
 from dataclasses import dataclass
 from itertools import chain
@@ -106,16 +108,18 @@ class TokenizerFile:
         self.identity = TokenizerIdentity(self.vocabulary_size, self.bos_id, self.eos_id, file_sha256(self.path))
 
     def _token_id(self, name: str, value) -> int:
-        if isinstance(value, str) and value.lstrip("-").isdigit():
+        """``value`` as an ID: an integer (numpy's too), a string of ASCII digits, or a token."""
+        if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value):
             value = int(value)
         if isinstance(value, str):
             token = self.tokenizer.token_to_id(value)
             if token is None:
                 raise InvalidInputError(f"{self.path}: --{name} token {value!r} is not in the vocabulary")
             return token
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocabulary_size:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) \
+                or not 0 <= int(value) < self.vocabulary_size:
             raise InvalidInputError(f"{self.path}: --{name} {value!r} is not an ID in [0, {self.vocabulary_size})")
-        return value
+        return int(value)
 
     def __reduce__(self):
         state = {name: value for name, value in vars(self).items() if name != "tokenizer"}
