@@ -219,7 +219,7 @@ def test_no_t_by_t_tensor_is_made():
 @pytest.mark.parametrize("case, message", [
     ("dropout", "no dropout"),
     ("cache", "use_cache=False"),
-    ("window", "sliding window of 8"),
+    ("window", "sliding window \\(or attention chunk\\) of 8"),
     ("mask4d", "4-D attention mask"),
     ("left", "not right-padded"),
     ("softcap", "softcapping"),
@@ -256,6 +256,39 @@ def test_a_window_every_segment_fits_in_is_no_error():
     valid = torch.from_numpy(batch.token_valid.copy())
     with torch.no_grad():
         assert close(net(**sph.rows(batch)).logits[valid], reference(**sph.rows(batch)).logits[valid])
+
+
+def local_model(kind, span, attention):
+    """A tiny model whose local attention (a sliding window, or chunks) of ``span`` reaches
+    the attention function only through transformers' mask, not as a keyword."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig, Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, use_cache=False)
+    if kind == "qwen2_moe":
+        net = Qwen2MoeForCausalLM(Qwen2MoeConfig(
+            moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=2, num_experts_per_tok=1,
+            use_sliding_window=True, sliding_window=span, max_window_layers=2, **common))
+    else:
+        net = Llama4ForCausalLM(Llama4TextConfig(intermediate_size_mlp=32, head_dim=8, num_local_experts=2,
+                                                 attention_chunk_size=span, **common))
+    net.set_attn_implementation(attention)
+    return net.eval()
+
+
+@pytest.mark.parametrize("kind", ["qwen2_moe", "llama4"])
+def test_local_attention_known_only_to_the_mask_is_checked(kind):
+    """A sliding window or attention chunk shorter than a segment is an error; one every
+    segment fits in changes nothing, and the logits equal sdpa's."""
+    sph.register()
+    ids = torch.randint(1, 64, (1, 12), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(InvalidInputError, match="a segment of 12 tokens exceeds the sliding window .* of 4"):
+        local_model(kind, 4, "seqpack")(input_ids=ids)
+    with torch.no_grad():
+        ours = local_model(kind, 16, "seqpack")(input_ids=ids).logits
+        theirs = local_model(kind, 16, "sdpa")(input_ids=ids).logits
+    assert close(ours, theirs)
 
 
 @pytest.mark.slow

@@ -28,6 +28,8 @@ computed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
@@ -60,9 +62,21 @@ def register(name: str = NAME) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class LocalMask:
+    """What :func:`seqpack_mask` hands a layer with local attention (a sliding window or
+    chunks of ``span`` positions): its 2-D padding mask (or ``None``) and the span. Such a
+    layer equals plain causal attention within segments only while every segment fits in
+    the span, which :func:`seqpack_attention` checks."""
+
+    padding: torch.Tensor | None
+    span: int
+
+
 def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
-                 attention_mask=None, use_vmap=False, **kwargs):
-    """transformers' mask hook: never a T x T mask, only ``None`` or the 2-D padding mask."""
+                 attention_mask=None, use_vmap=False, local_size=None, **kwargs):
+    """transformers' mask hook: never a T x T mask, only ``None`` or the 2-D padding mask
+    (wrapped in a :class:`LocalMask` for a sliding-window or chunked layer)."""
     from transformers.masking_utils import bidirectional_mask_function
 
     if mask_function is bidirectional_mask_function:
@@ -73,9 +87,8 @@ def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
         )
     if int(q_offset) or int(kv_offset) or kv_length != q_length:
         raise _cache_error(f"keys span {kv_length} cells for {q_length} queries")
-    if attention_mask is None or bool(attention_mask.all()):
-        return None
-    return attention_mask
+    padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask
+    return padding if local_size is None else LocalMask(padding, int(local_size))
 
 
 def _cache_error(detail: str) -> InvalidInputError:
@@ -99,6 +112,9 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     for keyword, feature in _UNSUPPORTED.items():
         if kwargs.get(keyword) is not None:
             raise InvalidInputError(f"seqpack attention does not compute {feature} ({keyword}=...)")
+    local = attention_mask if isinstance(attention_mask, LocalMask) else None
+    if local is not None:
+        attention_mask = local.padding
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 2:
         raise InvalidInputError(
             f"seqpack attention takes no {attention_mask.dim()}-D attention mask: describe the segments "
@@ -110,9 +126,9 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
         if tensor.dtype not in NATIVE + WIDENED:
             raise InvalidInputError(f"{name} has dtype {tensor.dtype}; expected a floating dtype")
     lengths, starts = layout(query.shape[0], query.shape[2], attention_mask, kwargs)
-    window = kwargs.get("sliding_window")
-    if window is not None:
-        _check_window(int(window), lengths, starts)
+    for window in (kwargs.get("sliding_window"), None if local is None else local.span):
+        if window is not None:
+            _check_window(int(window), lengths, starts)
     output = AttentionIntoCells.apply(query, key, value, lengths, starts,
                                       None if scaling is None else float(scaling))
     return output, None
@@ -203,15 +219,16 @@ def _valid_lengths(rows: int, width: int, attention_mask, given, covered) -> np.
 
 
 def _check_window(window: int, lengths: np.ndarray, starts: np.ndarray) -> None:
-    """A sliding window changes nothing while every segment fits in it; otherwise it is an error."""
+    """A sliding window (or a chunk of positions) changes nothing while every segment fits
+    in it; otherwise it is an error."""
     width = starts.shape[1]
     valid = np.arange(width)[None, :] < lengths[:, None]
     spans = np.where(valid, np.arange(width)[None, :] - starts + 1, 0)
     longest = int(spans.max()) if spans.size else 0
     if longest > window:
         raise InvalidInputError(
-            f"a segment of {longest} tokens exceeds the sliding window of {window}: seqpack attention "
-            f"has no sliding window"
+            f"a segment of {longest} tokens exceeds the sliding window (or attention chunk) of {window}: "
+            f"seqpack attention has no local attention"
         )
 
 
