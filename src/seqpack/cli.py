@@ -14,6 +14,7 @@ interrupted.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -217,10 +218,16 @@ def _check_input_flags(args, readers) -> None:
             raise UsageError(f"{flag} has no effect here: {reason}")
 
 
+# Errors that only writing raises.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
 def _pack_os_error(error: OSError, out: Path) -> str:
     """The one-line message of an OSError while packing: a write error names the output,
     a read error the input file (a reader error without a file name is shown as is)."""
     target = out.resolve()
+    if error.errno in _WRITE_ERRNOS:
+        return f"{error.filename or out}: cannot write: {error.strerror or error}"
     if error.filename is not None:
         path = Path(error.filename).resolve()
         written = path == target or target in path.parents or any(
