@@ -119,6 +119,10 @@ def test_megatron(tmp_path):
     ('{"ids": [5, 6]}\n{"ids": [300]}\n', "ids", r"bad\.jsonl:2: token 300 at position 1 is out of vocabulary"),
     ('{"ids": [5, 1, 6]}\n', "ids", r"bad\.jsonl:1: control token 1 \(EOS\) at position 2 is inside the content"),
     ('{"ids": [5]}\n{"ids": [99999999999]}\n', "ids", r"bad\.jsonl:2: token ID 99999999999 does not fit int32"),
+    ('{"ids": [5]}\n{"ids": [3, 18446744073709551616]}\n', "ids",
+     r"bad\.jsonl:2: token ID 18446744073709551616 does not fit int64"),
+    ('{"text": "é"}\n{"text": "a\\ud800b"}\n', None,
+     r"bad\.jsonl:2: field 'text' holds '\\ud800' \(a lone surrogate\) at character 1"),
 ])
 def test_jsonl_errors_name_file_and_line(tmp_path, content, field, message):
     path = tmp_path / "bad.jsonl"
@@ -194,6 +198,9 @@ def test_arrow_errors_name_the_row(tmp_path):
         pack(tmp_path, io.ArrowBatches(pa.table({"text": ["a", "b", None]})))
     with pytest.raises(sp.InvalidInputError, match=r"Table row 1: token 400 at position 2"):
         pack(tmp_path, io.ArrowBatches(pa.table({"input_ids": [[5, 6], [7, 400]]})))
+    for rows, message in (([[3, 4], [None], [5]], "Table row 1"), ([[3], [4, 5], [6, None]], "Table row 2")):
+        with pytest.raises(sp.InvalidInputError, match=f"{message}: a token ID is null"):
+            pack(tmp_path, io.ArrowBatches(pa.table({"input_ids": rows})))
     with pytest.raises(sp.InvalidInputError, match=r"no 'text' or 'input_ids' column"):
         pack(tmp_path, io.ArrowBatches(pa.table({"body": ["a"]})))
     with pytest.raises(sp.InvalidInputError, match=r"no column 'body'"):
@@ -211,6 +218,83 @@ def test_megatron_errors(tmp_path):
     (tmp_path / "z.bin").write_bytes(b"\x05\x00")  # shorter than the index says
     with pytest.raises(sp.InvalidInputError, match=r"z\.bin sequence 0: lies outside"):
         pack(tmp_path, io.Megatron(tmp_path / "z.bin"))
+
+
+def patch_megatron_index(prefix, sequence, *, length=None, pointer=None):
+    """Overwrite one sequence's length or byte pointer in ``PREFIX.idx``."""
+    path = f"{prefix}.idx"
+    data = bytearray(open(path, "rb").read())
+    count = int.from_bytes(data[18:26], "little")
+    if length is not None:
+        data[34 + 4 * sequence: 38 + 4 * sequence] = np.int32(length).tobytes()
+    if pointer is not None:
+        start = 34 + 4 * count + 8 * sequence
+        data[start: start + 8] = np.int64(pointer).tobytes()
+    open(path, "wb").write(bytes(data))
+
+
+@pytest.mark.parametrize("patch, message", [
+    ({"length": -1}, r"m\.bin sequence 1: negative length -1"),
+    ({"pointer": 3}, r"m\.bin sequence 1: byte pointer 3 is not a multiple of the uint16 token size"),
+    ({"pointer": 2**63 - 2}, r"m\.bin sequence 1: lies outside"),  # pointer + length wraps past int64
+    ({"pointer": -2}, r"m\.bin sequence 1: lies outside"),
+])
+def test_megatron_bad_sequences_are_named(tmp_path, patch, message):
+    write_megatron(tmp_path / "m", [[5, 6], [7, 8], [9]])
+    patch_megatron_index(tmp_path / "m", 1, **patch)
+    with pytest.raises(sp.InvalidInputError, match=message):
+        pack(tmp_path, io.Megatron(tmp_path / "m"))
+
+
+def test_megatron_data_of_part_tokens_is_an_error(tmp_path):
+    write_megatron(tmp_path / "m", [[5, 6], [7]])
+    with open(tmp_path / "m.bin", "ab") as handle:
+        handle.write(b"\x00")  # 7 bytes: three uint16 tokens and a half
+    with pytest.raises(sp.InvalidInputError, match=r"m\.bin: 7 bytes is not a whole number of uint16 tokens"):
+        pack(tmp_path, io.Megatron(tmp_path / "m"))
+    (tmp_path / "e.idx").write_bytes(b"")
+    (tmp_path / "e.bin").write_bytes(b"")
+    with pytest.raises(sp.InvalidInputError, match=r"e\.idx: not a Megatron index"):
+        io.Megatron(tmp_path / "e")
+
+
+def test_suffixes_match_in_any_case_and_a_lone_megatron_file_is_an_error(tmp_path):
+    (tmp_path / "A.JSONL").write_text("\n".join(json.dumps({"text": t}) for t in TEXTS))
+    assert documents_of(pack(tmp_path, io.reader_for(tmp_path / "A.JSONL"), "a")) == expected_documents(TEXTS)
+    write_megatron(tmp_path / "UP", [content_ids(t) for t in TEXTS])
+    (tmp_path / "UP.idx").rename(tmp_path / "UP.IDX")
+    (tmp_path / "UP.bin").rename(tmp_path / "UP.BIN")
+    for name in ("UP.IDX", "UP.BIN"):
+        assert documents_of(pack(tmp_path, io.reader_for(tmp_path / name), f"out-{name}")) == expected_documents(TEXTS)
+    (tmp_path / "lone.idx").write_bytes(b"MMIDIDX")
+    (tmp_path / "alone.bin").write_bytes(b"\x05\x00")
+    with pytest.raises(sp.InvalidInputError, match=r"lone\.bin: no such file"):
+        io.reader_for(tmp_path / "lone.idx")
+    with pytest.raises(sp.InvalidInputError, match=r"alone\.idx: no such file"):
+        io.reader_for(tmp_path / "alone.bin")
+
+
+def test_empty_text_files_are_documents_skipped_and_counted(tmp_path):
+    directory = tmp_path / "texts"
+    directory.mkdir()
+    for name, text in (("0.txt", ""), ("1.txt", "ab"), ("2.txt", ""), ("3.txt", "c")):
+        (directory / name).write_text(text)
+    packed = pack(tmp_path, io.TextFiles(directory))
+    assert packed.manifest["counts"]["skipped_empty_documents"] == 2
+    assert documents_of(packed) == expected_documents(["ab", "c"])
+
+
+def test_linked_directories_are_followed_and_a_cycle_is_named(tmp_path):
+    outside, directory = tmp_path / "outside", tmp_path / "texts"
+    (outside / "deeper").mkdir(parents=True)
+    directory.mkdir()
+    (outside / "deeper" / "b.txt").write_text("b")
+    (directory / "a.txt").write_text("a")
+    (directory / "linked").symlink_to(outside, target_is_directory=True)
+    assert io.TextFiles(directory).paths == [directory / "a.txt", directory / "linked" / "deeper" / "b.txt"]
+    (outside / "deeper" / "loop").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(sp.InvalidInputError, match=r"linked/deeper/loop: a directory link cycle \(it leads back to "):
+        io.TextFiles(directory)
 
 
 @pytest.mark.parametrize("make", [io.JsonLines, io.Megatron, io.reader_for, io.open_dataset,

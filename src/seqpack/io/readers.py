@@ -127,11 +127,32 @@ class Reader(Protocol):
     def chunks(self, first_input: int) -> Iterator[DocumentChunk]: ...
 
 
+def _directory_key(path: str) -> tuple[int, int]:
+    """``(device, inode)`` of a directory, links followed."""
+    status = os.stat(path)
+    return status.st_dev, status.st_ino
+
+
+def _walk_error(error: OSError):
+    """A directory that cannot be listed is an error, not skipped."""
+    raise InvalidInputError(f"{error.filename}: cannot read: {error.strerror or error}")
+
+
 def _files_under(path: Path, pattern: str | None) -> list[Path]:
-    """Regular files under a directory, sorted, hidden names skipped, matching ``pattern``."""
+    """Regular files under a directory, sorted, hidden names skipped, matching ``pattern``.
+    Linked directories are followed; a link to a directory's own ancestor (a cycle) is an error."""
     found = []
-    for root, dirs, files in os.walk(path):
+    top = os.fspath(path)
+    ancestors = {top: {_directory_key(top): top}}  # each directory to visit: the directories above it and itself
+    for root, dirs, files in os.walk(top, onerror=_walk_error, followlinks=True):
+        above = ancestors.pop(root)
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in dirs:
+            directory = os.path.join(root, name)
+            key = _directory_key(directory)
+            if key in above:
+                raise InvalidInputError(f"{directory}: a directory link cycle (it leads back to {above[key]})")
+            ancestors[directory] = {**above, key: directory}
         for name in sorted(files):
             if name.startswith(".") or (pattern and not Path(name).match(pattern)):
                 continue
@@ -144,7 +165,8 @@ def _files_under(path: Path, pattern: str | None) -> list[Path]:
 class TextFiles:
     """Plain text files, one document each; ``paths`` is one path or a list of them. A
     directory stands for every file under it (sorted, hidden names skipped, ``pattern``
-    such as ``"*.py"`` filtering names). Empty files are skipped."""
+    such as ``"*.py"`` filtering names). An empty file is an empty document: skipped and
+    counted when packing, as every empty document is."""
 
     def __init__(self, paths, pattern: str | None = None):
         if isinstance(paths, (str, os.PathLike)):
@@ -157,7 +179,6 @@ class TextFiles:
                 self.paths.append(path)
             else:
                 raise InvalidInputError(f"{path}: no such file or directory")
-        self.paths = [p for p in self.paths if p.stat().st_size > 0]
         self.inputs = [Input(str(p), "text", None) for p in self.paths]
 
     def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
@@ -274,6 +295,13 @@ class JsonLines:
                         raise InvalidInputError(f"{where.where(number)}: field {self.field!r} is not a list of ints")
                 elif not isinstance(value, str):
                     raise InvalidInputError(f"{where.where(number)}: field {self.field!r} is not a string")
+                elif not value.isascii():  # a \ud800 escape decodes to a lone surrogate: no UTF-8 for it
+                    try:
+                        value.encode("utf-8")
+                    except UnicodeEncodeError as error:
+                        raise InvalidInputError(
+                            f"{where.where(number)}: field {self.field!r} holds {value[error.start]!r} (a lone "
+                            f"surrogate) at character {error.start}: it has no UTF-8 encoding") from None
                 values.append(value)
                 lines.append(number)
                 size += len(line)
@@ -290,7 +318,12 @@ class JsonLines:
             return DocumentChunk(inputs, locations, size, texts=values)
         offsets = np.zeros(len(values) + 1, dtype=np.int64)
         np.cumsum([len(v) for v in values], out=offsets[1:])
-        flat = np.fromiter(chain.from_iterable(values), dtype=np.int64, count=int(offsets[-1]))
+        try:
+            flat = np.fromiter(chain.from_iterable(values), dtype=np.int64, count=int(offsets[-1]))
+        except OverflowError:  # an ID outside int64: find its line (only on this error path)
+            low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+            line, token = next((line, v) for line, value in zip(lines, values) for v in value if not low <= v <= high)
+            raise InvalidInputError(f"{self.inputs[0].where(line)}: token ID {token} does not fit int64") from None
         return DocumentChunk(inputs, locations, size, ids=(flat, offsets))
 
 
@@ -312,6 +345,11 @@ def _column_field(schema_names, text_field: str | None, ids_field: str | None, n
     return chosen, ids
 
 
+def _first_null(array) -> int:
+    """The index of the first null in an Arrow array that has one."""
+    return int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+
+
 def arrow_chunk(array, input_index: int, first_row: int, where: Input, ids: bool) -> DocumentChunk:
     """One chunk from an Arrow string or list array (a column of a record batch).
 
@@ -322,7 +360,7 @@ def arrow_chunk(array, input_index: int, first_row: int, where: Input, ids: bool
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     if array.null_count:
-        row = first_row + int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+        row = first_row + _first_null(array)
         raise InvalidInputError(f"{where.where(row)}: the document is null")
     count = len(array)
     locations = np.arange(first_row, first_row + count, dtype=np.int64)
@@ -337,7 +375,8 @@ def arrow_chunk(array, input_index: int, first_row: int, where: Input, ids: bool
         np.cumsum(lengths, out=offsets[1:])
         values = array.flatten()
         if values.null_count:
-            raise InvalidInputError(f"{where.name}: a token ID is null")
+            row = first_row + int(np.searchsorted(offsets, _first_null(values), side="right")) - 1
+            raise InvalidInputError(f"{where.where(row)}: a token ID is null")
         flat = values.to_numpy(zero_copy_only=False)
         return DocumentChunk(inputs, locations, flat.nbytes, ids=(flat, offsets))
     if pa.types.is_string(kind) or pa.types.is_binary(kind):
@@ -368,7 +407,7 @@ class ArrowBatches:
             path = Path(source)
             if not path.is_file():
                 raise InvalidInputError(f"{path}: no such file")
-            kind = "parquet" if path.suffix == ".parquet" else "arrow"
+            kind = "parquet" if path.suffix.lower() == ".parquet" else "arrow"
             self.inputs = [Input(str(path), kind, "row")]
         else:
             self.inputs = [Input(name or type(source).__name__, "table", "row")]
@@ -413,30 +452,53 @@ class ArrowBatches:
             row += batch.num_rows
 
 
+MEGATRON_PARTNERS = {".idx": ".bin", ".bin": ".idx"}
+
+
 class Megatron:
     """A Megatron indexed dataset (``PREFIX.idx`` and ``PREFIX.bin``), memory-mapped; each
-    sequence is one document of pre-tokenized IDs (sequences count from 0)."""
+    sequence is one document of pre-tokenized IDs (sequences count from 0). ``path`` is
+    the prefix or either file; its suffix matches in any case, and the other file's
+    suffix is upper case when the given one is."""
 
     def __init__(self, path):
-        prefix = str(input_path(path))
-        for suffix in (".idx", ".bin"):
-            if prefix.endswith(suffix):
-                prefix = prefix[: -len(suffix)]
-        self.index_path, self.data_path = Path(prefix + ".idx"), Path(prefix + ".bin")
+        path = input_path(path)
+        suffix = path.suffix.lower()
+        if suffix in MEGATRON_PARTNERS:
+            partner = MEGATRON_PARTNERS[suffix]
+            other = path.with_suffix(partner.upper() if path.suffix.isupper() else partner)
+            self.index_path, self.data_path = (path, other) if suffix == ".idx" else (other, path)
+        else:
+            self.index_path, self.data_path = Path(f"{path}.idx"), Path(f"{path}.bin")
         for required in (self.index_path, self.data_path):
             if not required.is_file():
                 raise InvalidInputError(f"{required}: no such file (a Megatron dataset is PREFIX.idx + PREFIX.bin)")
         self.inputs = [Input(str(self.data_path), "megatron", "sequence")]
         self.lengths, self.pointers, self.dtype = read_megatron_index(self.index_path)
 
+    def _check(self, size: int) -> None:
+        """Every sequence has a length of at least 0 and lies inside the ``.bin`` file
+        (``size`` bytes, whole tokens) at a byte pointer that is a multiple of the token size."""
+        where, itemsize = self.inputs[0], self.dtype.itemsize
+        lengths, pointers = self.lengths, self.pointers
+        outside = (pointers < 0) | (pointers > size - lengths * itemsize)  # no end computed: it could wrap
+        bad = np.flatnonzero((lengths < 0) | outside | (pointers % itemsize != 0))
+        if bad.size:
+            index = int(bad[0])
+            if lengths[index] < 0:
+                problem = f"negative length {int(lengths[index])}"
+            elif outside[index]:
+                problem = f"lies outside {self.data_path} ({size} bytes)"
+            else:
+                problem = f"byte pointer {int(pointers[index])} is not a multiple of the {self.dtype} token size"
+            raise InvalidInputError(f"{where.where(index)}: {problem}")
+        if size % itemsize:
+            raise InvalidInputError(f"{self.data_path}: {size} bytes is not a whole number of {self.dtype} tokens")
+
     def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
-        where = self.inputs[0]
         size = os.path.getsize(self.data_path)
         itemsize = self.dtype.itemsize
-        ends = self.pointers + self.lengths * itemsize
-        if self.lengths.size and (self.pointers.min() < 0 or ends.max() > size):
-            bad = int(np.flatnonzero((self.pointers < 0) | (ends > size))[0])
-            raise InvalidInputError(f"{where.where(bad)}: lies outside {self.data_path} ({size} bytes)")
+        self._check(size)
         tokens = np.memmap(self.data_path, dtype=self.dtype, mode="r") if size else np.zeros(0, self.dtype)
         for first in range(0, self.lengths.shape[0], CHUNK_DOCUMENTS):
             stop = min(first + CHUNK_DOCUMENTS, self.lengths.shape[0])
@@ -455,7 +517,7 @@ class Megatron:
 
 def read_megatron_index(path: Path) -> tuple[np.ndarray, np.ndarray, np.dtype]:
     """``(sequence lengths int64, byte pointers int64, token dtype)`` of a Megatron ``.idx`` file."""
-    data = np.memmap(path, dtype=np.uint8, mode="r")
+    data = np.memmap(path, dtype=np.uint8, mode="r") if os.path.getsize(path) else np.zeros(0, np.uint8)
     header = bytes(data[:34])
     if len(header) < 34 or header[:9] != MEGATRON_MAGIC:
         raise InvalidInputError(f"{path}: not a Megatron index (no MMIDIDX header)")
@@ -479,15 +541,16 @@ def read_megatron_index(path: Path) -> tuple[np.ndarray, np.ndarray, np.dtype]:
 def reader_for(path, *, text_field=None, ids_field=None, pattern=None) -> Reader:
     """The reader of one input path, by its kind: a directory or other file is text,
     ``.jsonl``/``.json`` JSON lines, ``.parquet`` Parquet, ``.arrow``/``.feather`` Arrow,
-    ``.idx``/``.bin`` with a sibling of the other suffix a Megatron dataset."""
+    ``.idx``/``.bin`` a Megatron dataset (the other file must be beside it); suffixes match
+    in any case."""
     path = input_path(path)
-    suffix = path.suffix
+    suffix = path.suffix.lower()
     if path.is_dir():
         return TextFiles([path], pattern)
     if suffix in (".jsonl", ".json"):
         return JsonLines(path, text_field=text_field or "text", ids_field=ids_field)
     if suffix in (".parquet", ".arrow", ".feather"):
         return ArrowBatches(path, text_field=text_field, ids_field=ids_field)
-    if suffix in (".idx", ".bin") and path.with_suffix(".idx").is_file() and path.with_suffix(".bin").is_file():
+    if suffix in MEGATRON_PARTNERS:
         return Megatron(path)
     return TextFiles([path], pattern)
