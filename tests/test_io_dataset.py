@@ -1,5 +1,6 @@
 """A packed dataset on disk: its batches equal seqpack.pack's, under every policy, in one part or several."""
 
+import json
 import pickle
 
 import numpy as np
@@ -157,3 +158,60 @@ def test_storage_is_compact(tmp_path):
     assert manifest["token_dtype"] == "<u2" and files["tokens.bin"]["bytes"] == 2 * manifest["counts"]["tokens"]
     total = sum(record["bytes"] for record in files.values())
     assert total / manifest["counts"]["tokens"] < 2.5
+
+
+def two_part_copy(tmp_path, edit=None):
+    """A two-part dataset (two shards, two batches each), its manifest passed through ``edit``."""
+    from seqpack.io.shards import pack_sharded
+    pack_sharded([io.TextFiles([write_texts(tmp_path / "docs", corpus(40, seed=4))])], tmp_path / "packed",
+                 binding=BINDING, tokenizer=TOKENIZER, config=sp.PackConfig(64, 4), shards=2, long="cut")
+    path = tmp_path / "packed" / fmt.MANIFEST
+    manifest = json.loads(path.read_text())
+    assert len(manifest["parts"]) == 2 and all(part["batches"] >= 2 for part in manifest["parts"])
+    if edit is not None:
+        edit(manifest)
+        path.write_text(json.dumps(manifest))
+    return tmp_path / "packed"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m["parts"][1].update(first_example=0), "part part-00001 records first_example 0"),
+    (lambda m: m["parts"][1].update(first_batch=m["parts"][1]["first_batch"] + 1), "records first_batch"),
+    (lambda m: m["parts"][1].update(first_document=0), "records first_document 0"),
+    (lambda m: m["parts"][1].update(first_row=0), "records first_row 0"),
+    (lambda m: m["config"].update(rows_per_batch=3), "part part-00000 records batches .*; its files hold"),
+    (lambda m: m["counts"].update(documents=99), "counts records documents 99; the parts hold"),
+    (lambda m: m["counts"].update(tokens=1), "counts records tokens 1"),
+    (lambda m: m.pop("counts"), r"malformed manifest \(no 'counts' key\)"),
+    (lambda m: m.pop("long_documents"), r"malformed manifest \(no 'long_documents' key\)"),
+])
+def test_open_refuses_a_manifest_that_disagrees_with_itself_or_its_files(tmp_path, edit, message):
+    target = two_part_copy(tmp_path, edit)
+    with pytest.raises(sp.InvalidInputError, match=rf"manifest\.json: .*{message}"):
+        io.open_dataset(target)
+
+
+def test_parts_serve_their_own_batches_and_ordinals(tmp_path):
+    dataset = io.open_dataset(two_part_copy(tmp_path))
+    first = dataset.parts[0]
+    seen = [set(np.unique(batch.segments[batch.token_valid]).tolist()) for batch in dataset]
+    assert set().union(*seen) == set(range(dataset.occurrence_count))
+    assert all(a.isdisjoint(b) for i, a in enumerate(seen) for b in seen[i + 1:])
+    assert max(seen[first.batch_count - 1]) < first.example_count <= min(seen[first.batch_count])
+
+
+def test_a_token_outside_the_vocabulary_is_refused_when_its_batch_is_filled(tmp_path):
+    target = two_part_copy(tmp_path)
+    path = target / "part-00000" / "tokens.bin"
+    tokens = np.fromfile(path, dtype="<u2")
+    tokens[3] = 60000
+    tokens.tofile(path)
+    manifest = json.loads((target / fmt.MANIFEST).read_text())
+    manifest["parts"][0]["files"]["tokens.bin"]["sha256"] = io.encoding.file_sha256(path)
+    (target / fmt.MANIFEST).write_text(json.dumps(manifest))
+    dataset = io.open_dataset(target)
+    with pytest.raises(sp.InvalidInputError, match=r"tokens\.bin: batch 0 holds a token outside the vocabulary"):
+        dataset.batch(0)
+    dataset.batch(1).verify()  # the other batches still serve
+    with pytest.raises(sp.VerificationError, match=r"tokens\.bin: a token lies outside the vocabulary \[0, 258\)"):
+        io.verify_dataset(target)

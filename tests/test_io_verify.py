@@ -9,6 +9,7 @@ import pytest
 import seqpack as sp
 from seqpack import io
 from seqpack.io import format as fmt
+from seqpack.io.stats import dataset_stats
 
 TOKENIZER = sp.ByteTokenizer()
 BINDING = sp.BatchBinding.for_tokenizer(TOKENIZER, split="tests")
@@ -139,3 +140,84 @@ def test_a_malformed_manifest_is_one_clear_error(packed, tmp_path, damage):
         io.open_dataset(target)
     with pytest.raises((sp.InvalidInputError, sp.VerificationError), match=r"manifest\.json: (lists no part|malformed)"):
         io.verify_dataset(target)
+
+
+@pytest.fixture(scope="module")
+def two_parts(tmp_path_factory):
+    """Two shards of one JSONL file, two batches each (what ``seqpack pack --shards 2`` writes)."""
+    from seqpack.io.shards import pack_sharded
+    root = tmp_path_factory.mktemp("two-parts")
+    rng = np.random.default_rng(5)
+    lines = [json.dumps({"text": "".join(rng.choice(list("abcdefgh "), size=int(rng.integers(3, 26))))})
+             for _ in range(40)]
+    (root / "c.jsonl").write_text("\n".join(lines) + "\n")
+    pack_sharded([io.JsonLines(root / "c.jsonl")], root / "packed", binding=BINDING, tokenizer=TOKENIZER,
+                 config=sp.PackConfig(32, 8), shards=2)
+    return root / "packed"
+
+
+def edited(packed, tmp_path, key, value):
+    """A copy whose manifest has ``key`` (dotted; list indices as numbers) set to ``value``, or deleted."""
+    target = copy_of(packed, tmp_path)
+    manifest = json.loads((target / "manifest.json").read_text())
+    *path, last = [int(k) if k.isdigit() else k for k in key.split(".")]
+    holder = manifest
+    for k in path:
+        holder = holder[k]
+    if value is DELETE:
+        del holder[last]
+    else:
+        holder[last] = value
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
+DELETE = object()
+
+
+def test_two_parts_verify(two_parts):
+    manifest = json.loads((two_parts / "manifest.json").read_text())
+    assert len(manifest["parts"]) == 2 and all(part["batches"] == 2 for part in manifest["parts"])
+    assert io.verify_dataset(two_parts)["batches_verified"] == 4
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("parts.1.first_example", 0, "part part-00001 records first_example 0; the parts before it hold 20 examples"),
+    ("parts.1.first_batch", 4, "part part-00001 records first_batch 4; the parts before it hold 2 batches"),
+    ("parts.1.first_document", 0, "part part-00001 records first_document 0"),
+    ("parts.1.first_row", 0, "part part-00001 records first_row 0"),
+    ("config.rows_per_batch", 3, "part part-00000 records batches 2; its files hold 5"),
+    ("parts.0.tokens", 1, "part part-00000 records tokens 1; its files hold"),
+    ("parts.1.document_tokens", 1, "part part-00001 records document_tokens 1; its files hold"),
+    ("parts.1.permitted_edges", 1, "part part-00001 records permitted_edges 1; its files hold"),
+    ("counts.documents", 99, "counts records documents 99; the parts hold 40"),
+    ("counts.tokens", 1, "counts records tokens 1"),
+    ("counts.valid_targets", 1, "counts records valid_targets 1"),
+    ("counts.skipped_empty_documents", 1, "counts records skipped_empty_documents 1"),
+    ("report.cells", 5, "report records cells 5"),
+    ("report.real_target_fraction", 0.5, "report records real_target_fraction 0.5"),
+    ("report.policy", "best-fit-decreasing", "report records policy 'best-fit-decreasing'"),
+    ("shards.count", 1, "shards records count 1; the dataset has 2 parts"),
+    ("inputs", [], "a document names an input outside the manifest's 0 inputs"),
+    ("inputs.0.name", 5, r"inputs\[0\] needs a name"),
+    ("inputs.0.unit", "page", r"inputs\[0\] needs a name, a kind and a unit"),
+    ("partition", "bogus", "'bogus' is not a valid Partition"),
+    ("policy", "nope", "unknown placement policy 'nope'"),
+    ("long_documents", "maybe", "long_documents 'maybe' is not one of"),
+    ("token_dtype", "<i4", "token_dtype '<i4' is not the one a vocabulary of 258 is stored in"),
+])
+def test_every_count_and_field_of_the_manifest_is_checked(two_parts, tmp_path, key, value, message):
+    target = edited(two_parts, tmp_path, key, value)
+    with pytest.raises(sp.VerificationError, match=rf"(manifest\.json|documents\.npy): .*{message}"):
+        io.verify_dataset(target)
+
+
+@pytest.mark.parametrize("key", ["counts", "long_documents", "report", "parts.0.first_row", "counts.rows"])
+def test_a_missing_manifest_key_is_named(two_parts, tmp_path, key):
+    target = edited(two_parts, tmp_path, key, DELETE)
+    name = key.split(".")[-1]
+    with pytest.raises(sp.VerificationError, match=rf"manifest\.json: .*'{name}'"):
+        io.verify_dataset(target)
+    if key != "report":  # the report is recomputed on open; verify compares it
+        with pytest.raises(sp.InvalidInputError, match=rf"manifest\.json: malformed manifest \(no '{name}' key\)"):
+            dataset_stats(io.open_dataset(target))

@@ -6,9 +6,12 @@ O(examples) index arrays; ``batch(i)`` reads batch ``i``'s tokens (one contiguou
 batches equal those of ``seqpack.pack`` on the same examples under the same policy. The
 object follows :class:`PackedBatches` (what ``seqpack.plan`` returns follows it too), so
 anything that consumes a plan (a trainer loop, ``seqpack.torch.PackedIterableDataset``)
-takes a dataset on disk unchanged. Opening checks that every file has the size the
-manifest records and that every placement lies inside its row, so a damaged file can
-never make the fill write out of bounds; ``seqpack.io.verify_dataset`` checks the rest.
+takes a dataset on disk unchanged. Opening checks, without reading tokens, that every
+file has the size and shape the manifest records, that every placement lies inside its
+row, and that the manifest's counts agree with the files and each other (each part's
+firsts are the running sums of the parts before it), so a damaged file can never make
+the fill write out of bounds or serve the wrong batch; filling a batch refuses a token
+outside the vocabulary. ``seqpack.io.verify_dataset`` checks the rest.
 """
 
 from __future__ import annotations
@@ -24,15 +27,40 @@ from .._limits import check_threads
 from ..data.binding import BatchBinding, Partition
 from ..data.documents import BatchDocument
 from ..data.examples import SequenceExample
+from ..data.table import LONG_DOCUMENTS
 from ..data.tokenizer import ByteTokenizer, DecodeLimits, TokenizerIdentity
 from ..errors import InvalidInputError
 from ..layout.fields import FieldArrays, Placements
 from ..packing import budget
 from ..packing.config import PackConfig
 from ..packing.packed import PackedBatch
+from ..packing.placement import check_policy
 from ..packing.report import EfficiencyReport
 from . import format as fmt
 from .readers import Input, input_path
+
+
+#: The manifest's totals, each the sum of the parts' counts of that name.
+COUNTS = ("documents", "examples", "tokens", "document_tokens", "rows", "batches", "valid_targets",
+          "permitted_edges", "skipped_empty_documents")
+#: Each part's ``first_*`` field and the count it is the running sum of.
+FIRSTS = {"first_example": "examples", "first_document": "documents", "first_row": "rows", "first_batch": "batches"}
+#: How an input locates a document in it (see :class:`~seqpack.io.readers.Input`).
+UNITS = ("line", "row", "sequence", None)
+
+
+def malformed(path: Path, error: Exception) -> InvalidInputError:
+    """The one-line error for a manifest missing a key or holding a bad value."""
+    what = f"no {error.args[0]!r} key" if isinstance(error, KeyError) else str(error)
+    return InvalidInputError(f"{path / fmt.MANIFEST}: malformed manifest ({what})")
+
+
+def input_of(index: int, item: dict) -> Input:
+    """The manifest's ``inputs[index]``, its fields checked."""
+    name, kind, unit = item["name"], item["kind"], item["unit"]
+    if not (isinstance(name, str) and name and isinstance(kind, str) and kind and unit in UNITS):
+        raise InvalidInputError(f"inputs[{index}] needs a name, a kind and a unit in {UNITS}")
+    return Input(name, kind, unit)
 
 
 @runtime_checkable
@@ -112,6 +140,7 @@ class Part:
         self.examples = self._table("examples.npy", self.example_count)
         self.documents = self._table("documents.npy", int(record["documents"]))
         self._check_placements(config)
+        self._check_counts(record, config)
 
     def _table(self, name: str, rows: int) -> np.ndarray:
         path = self.directory / name
@@ -124,14 +153,16 @@ class Part:
         return array
 
     def _check_placements(self, config: PackConfig) -> None:
-        """What the fill kernel trusts: ordinals and rows in range, rows non-decreasing,
-        every placement inside its row, and the token file holding every example."""
+        """What the fill kernel trusts: ordinals in range, rows 0, 1... each used and in
+        order, every placement inside its row, and the token file holding every example."""
         ordinals, rows, starts = (np.ascontiguousarray(self.occurrences[:, k]) for k in range(3))
         where = f"{self.directory / 'occurrences.npy'}"
         if self.example_count and (ordinals.min() < 0 or ordinals.max() >= self.example_count):
             raise InvalidInputError(f"{where}: an example ordinal lies outside [0, {self.example_count})")
-        if self.example_count and (rows.min() < 0 or rows.max() >= self.row_count or np.any(np.diff(rows) < 0)):
-            raise InvalidInputError(f"{where}: rows are not non-decreasing inside [0, {self.row_count})")
+        steps = np.diff(rows)
+        if not self.example_count or rows[0] != 0 or rows[-1] != self.row_count - 1 \
+                or np.any((steps < 0) | (steps > 1)):
+            raise InvalidInputError(f"{where}: the placements do not fill rows 0 to {self.row_count - 1} in order")
         spans = self.examples[ordinals]
         sizes = spans[:, 2] - spans[:, 1]
         if np.any(sizes < 2) or np.any(starts < 0) or np.any(starts + sizes - 1 > config.capacity):
@@ -149,6 +180,17 @@ class Part:
         per_batch = config.rows_per_batch
         self.bounds = np.append(np.searchsorted(rows, np.arange(self.batch_count, dtype=np.int64) * per_batch),
                                 self.example_count)
+
+    def _check_counts(self, record: dict, config: PackConfig) -> None:
+        """The part's recorded counts are the ones its files give (no token is read)."""
+        lengths = self.lengths
+        derived = {"tokens": self.tokens.shape[0], "document_tokens": int(self.documents[:, 2].sum()),
+                   "batches": -(-self.row_count // config.rows_per_batch), "valid_targets": int(lengths.sum()),
+                   "permitted_edges": int((lengths * (lengths + 1) // 2).sum())}
+        for key, value in derived.items():
+            if record[key] != value:
+                raise InvalidInputError(f"{self.directory.parent / fmt.MANIFEST}: part {self.name} records {key} "
+                                        f"{record[key]!r}; its files hold {value}")
 
     @cached_property
     def placement_of(self) -> np.ndarray:
@@ -218,20 +260,31 @@ class PackedDataset:
             self.partition = Partition(manifest["partition"])
             self.config = PackConfig(**manifest["config"])
             self.policy = manifest["policy"]
+            check_policy(self.policy, self.config.capacity)
+            self.long = manifest["long_documents"]
+            if self.long not in LONG_DOCUMENTS:
+                raise InvalidInputError(f"long_documents {self.long!r} is not one of {LONG_DOCUMENTS}")
             self.token_dtype = np.dtype(manifest["token_dtype"])
-            self.inputs = [Input(item["name"], item["kind"], item["unit"]) for item in manifest["inputs"]]
+            if self.token_dtype != fmt.token_dtype(self.binding.vocabulary_size):
+                raise InvalidInputError(f"token_dtype {manifest['token_dtype']!r} is not the one a vocabulary of "
+                                        f"{self.binding.vocabulary_size} is stored in")
+            self.inputs = [input_of(i, item) for i, item in enumerate(manifest["inputs"])]
             records = list(manifest["parts"])
         except (KeyError, TypeError, ValueError) as error:  # InvalidInputError from the checks too
-            raise InvalidInputError(f"{self.path / fmt.MANIFEST}: malformed manifest ({error})") from None
+            raise malformed(self.path, error) from None
         try:
             self.parts = [Part(self.path / record["name"], record, self.config, self.token_dtype)
                           for record in records]
         except InvalidInputError:  # a file that disagrees with the manifest, named
             raise
         except (KeyError, TypeError, ValueError) as error:
-            raise InvalidInputError(f"{self.path / fmt.MANIFEST}: malformed manifest ({error!r})") from None
+            raise malformed(self.path, error) from None
         if not self.parts:
             raise InvalidInputError(f"{self.path / fmt.MANIFEST}: lists no part")
+        try:
+            self._check_counts(records, manifest["counts"])
+        except (KeyError, TypeError) as error:
+            raise malformed(self.path, error) from None
         self._first_batches = np.array([part.first_batch for part in self.parts], dtype=np.int64)
         self._first_examples = np.array([part.first_example for part in self.parts], dtype=np.int64)
         self.batch_count = sum(part.batch_count for part in self.parts)
@@ -246,6 +299,27 @@ class PackedDataset:
         #: Bytes held: the index arrays, one built batch and its int32 tokens.
         self.memory_peak = index_bytes + budget.batch_bytes(self.largest_batch_rows, largest,
                                                             self.config.capacity) + 4 * tokens
+
+    def _check_counts(self, records: list, counts: dict) -> None:
+        """Each part's firsts are the running sums of the parts before it, every total is
+        the parts' sum, and every document names one of the inputs."""
+        where = self.path / fmt.MANIFEST
+        running = dict.fromkeys(FIRSTS, 0)
+        for record in records:
+            for first, count in FIRSTS.items():
+                if record[first] != running[first]:
+                    raise InvalidInputError(f"{where}: part {record['name']} records {first} {record[first]!r}; "
+                                            f"the parts before it hold {running[first]} {count}")
+                running[first] += record[count]
+        for key in COUNTS:
+            total = sum(record[key] for record in records)
+            if counts[key] != total:
+                raise InvalidInputError(f"{where}: counts records {key} {counts[key]!r}; the parts hold {total}")
+        for part in self.parts:
+            sources = part.documents[:, 0]
+            if sources.size and (sources.min() < 0 or sources.max() >= len(self.inputs)):
+                raise InvalidInputError(f"{part.directory / 'documents.npy'}: a document names an input outside "
+                                        f"the manifest's {len(self.inputs)} inputs")
 
     def __getstate__(self) -> dict:
         return {"path": self.path, "threads": self.threads}
@@ -279,6 +353,9 @@ class PackedDataset:
         first, end = int(part.bounds[local]), int(part.bounds[local + 1])
         offsets = part.token_offsets[first: end + 1]
         tokens = part.tokens[offsets[0]: offsets[-1]].astype(np.int32)
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.binding.vocabulary_size):
+            raise InvalidInputError(f"{part.directory / 'tokens.bin'}: batch {number} holds a token outside the "
+                                    f"vocabulary [0, {self.binding.vocabulary_size})")
         ordinals = part.ordinals[first:end] + part.first_example
         begins, ends = offsets[:-1] - offsets[0], offsets[1:] - offsets[0]
         source = _BatchSource(self, tokens, ordinals, begins, ends)

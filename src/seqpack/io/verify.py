@@ -5,9 +5,11 @@ recomputes the SHA-256 of every file the manifest lists, then checks the part fi
 against each other and the manifest: examples are exactly the documents' whole ranges
 (or their windows, for a pack that cut long documents), the placement is exactly what
 the recorded policy gives for those lengths and tiles each row's prefix, tokens are in
-the vocabulary with BOS and EOS exactly where the documents' frames put them, and the
-counts and report match. Finally every batch is built and ``verify()``-ed. The first
-failure raises :class:`~seqpack.errors.VerificationError` naming the file.
+the vocabulary with BOS and EOS exactly where the documents' frames put them, and every
+count matches: each part's against its files, the firsts and totals against the parts
+(checked on open), the report against the one the parts give, the shard count against
+the parts. Finally every batch is built and ``verify()``-ed. The first failure raises
+:class:`~seqpack.errors.VerificationError` naming the file and the field.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from ..errors import InvalidInputError, VerificationError
 from ..packing.placement import place
 from . import format as fmt
-from .dataset import Part, PackedDataset
+from .dataset import Part, PackedDataset, malformed
 from .progress import Progress
 from .writer import examples_of
 
@@ -38,7 +40,7 @@ def check_checksums(path: Path, manifest: dict, progress: Progress) -> int:
                 raise VerificationError(f"{path / fmt.MANIFEST}: part {part['name']} lists no {sorted(missing)[0]}")
         expected = [(file, int(record["bytes"]), str(record["sha256"])) for file, record in listed]
     except (KeyError, TypeError, AttributeError, ValueError) as error:
-        raise VerificationError(f"{path / fmt.MANIFEST}: malformed manifest ({error!r})") from None
+        raise VerificationError(str(malformed(path, error))) from None
     total = sum(size for _, size, _ in expected)
     progress.phase("checksums", total, "B")
     for file, size, sha256 in expected:
@@ -62,16 +64,15 @@ def _fail(file: Path, message: str):
     raise VerificationError(f"{file}: {message}")
 
 
-def check_part(dataset: PackedDataset, part: Part, record: dict) -> None:
-    """The placement, example and token rules of one part, and its recorded counts."""
-    config, policy = dataset.config, dataset.policy
-    capacity = config.capacity
+def check_part(dataset: PackedDataset, part: Part) -> None:
+    """The placement, example and token rules of one part (its counts are checked on open)."""
+    capacity, policy = dataset.config.capacity, dataset.policy
     occurrences, examples = part.directory / "occurrences.npy", part.directory / "examples.npy"
     if not np.array_equal(np.sort(part.ordinals), np.arange(part.example_count)):
         _fail(occurrences, "the placements do not name every example exactly once")
     # Examples: exactly the documents' ranges the pack makes from their lengths.
     sizes = np.ascontiguousarray(part.documents[:, 2])
-    documents, ranges = examples_of(sizes, capacity, dataset.manifest["long_documents"])
+    documents, ranges = examples_of(sizes, capacity, dataset.long)
     if not (np.array_equal(documents, part.examples[:, 0]) and np.array_equal(ranges, part.examples[:, 1:])):
         _fail(examples, "the examples are not the documents' ranges for this capacity")
     # Placement: what the recorded policy gives, in row-then-column order, tiling each row's prefix.
@@ -117,13 +118,22 @@ def check_part(dataset: PackedDataset, part: Part, record: dict) -> None:
             first = np.asarray(tokens[part.token_offsets[at[same + 1]]])
             if not np.array_equal(last, first):
                 _fail(part.directory / "tokens.bin", "consecutive windows of a document do not share their token")
-    counts = {"examples": part.example_count, "documents": int(sizes.shape[0]), "tokens": int(tokens.shape[0]),
-              "document_tokens": int(sizes.sum()), "rows": part.row_count,
-              "batches": -(-part.row_count // config.rows_per_batch), "valid_targets": int(lengths.sum()),
-              "permitted_edges": int((lengths * (lengths + 1) // 2).sum())}
-    for key, value in counts.items():
-        if record.get(key) != value:
-            _fail(part.directory.parent / fmt.MANIFEST, f"part {part.name} records {key} {record.get(key)}; the files hold {value}")
+
+
+def check_report(dataset: PackedDataset) -> None:
+    """The manifest's report is the one the parts give; its shard count is the parts'."""
+    manifest, where = dataset.manifest, dataset.path / fmt.MANIFEST
+    recorded = manifest.get("report")
+    if not isinstance(recorded, dict):
+        _fail(where, "no 'report' object")
+    for key, value in dataset.report().as_dict().items():
+        if recorded.get(key) != value:
+            _fail(where, f"report records {key} {recorded.get(key)!r}; the parts give {value!r}")
+    shards = manifest.get("shards", {"count": len(dataset.parts)})
+    count = shards.get("count") if isinstance(shards, dict) else shards
+    # A shard of nothing but empty documents has no part, so there may be fewer parts.
+    if isinstance(count, bool) or not isinstance(count, int) or count < len(dataset.parts):
+        _fail(where, f"shards records count {count!r}; the dataset has {len(dataset.parts)} parts")
 
 
 def verify_dataset(path, *, progress: Progress | None = None, batches: bool = True) -> dict:
@@ -141,13 +151,9 @@ def verify_dataset(path, *, progress: Progress | None = None, batches: bool = Tr
             dataset = PackedDataset(path)
         except InvalidInputError as error:  # a file the manifest does not describe
             raise VerificationError(str(error)) from None
-        for part, record in zip(dataset.parts, manifest["parts"]):
-            check_part(dataset, part, record)
-        totals = {"examples": dataset.occurrence_count, "rows": dataset.row_count, "batches": dataset.batch_count,
-                  "valid_targets": int(dataset.batch_targets().sum())}
-        for key, value in totals.items():
-            if manifest["counts"].get(key) != value:
-                _fail(path / fmt.MANIFEST, f"counts record {key} {manifest['counts'].get(key)}; the parts hold {value}")
+        for part in dataset.parts:
+            check_part(dataset, part)
+        check_report(dataset)
         if batches:
             progress.phase("batches", dataset.batch_count, " batches")
             for number, batch in enumerate(dataset.batches(reuse_buffers=True)):
@@ -159,5 +165,5 @@ def verify_dataset(path, *, progress: Progress | None = None, batches: bool = Tr
     finally:
         progress.close()
     return {"path": str(path), "files": sum(len(p["files"]) for p in manifest["parts"]), "bytes": checked_bytes,
-            "parts": len(manifest["parts"]), "examples": totals["examples"], "batches": totals["batches"],
+            "parts": len(manifest["parts"]), "examples": dataset.occurrence_count, "batches": dataset.batch_count,
             "batches_verified": dataset.batch_count if batches else 0}
