@@ -181,6 +181,30 @@ def test_one_shard_holds_the_unsharded_dataset_bytes(tmp_path):
     assert {k: v for k, v in one.items() if k != "shards"} == whole
 
 
+def test_shards_of_only_empty_documents_have_no_part_and_are_counted(tmp_path):
+    """A shard whose documents are all empty is no error: it has no part, its empty
+    documents are counted, and the dataset holds what the unsharded one holds."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", ["some text", "more", "x" * 30, "tail", "end"] + [""] * 200)
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for number, text in enumerate(["ab", "cd"] + [""] * 6):
+        (texts / f"{number}.txt").write_text(text)
+    for name, reader, skipped in (("jsonl", io.JsonLines(corpus), 200), ("files", io.TextFiles(texts), 6)):
+        manifest = pack_sharded([reader], tmp_path / name, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
+                                shards=3, long="cut")
+        whole = io.pack_corpus([reader], tmp_path / f"{name}-whole", binding=BINDING, tokenizer=TOKENIZER,
+                               config=CONFIG, long="cut")
+        assert manifest["counts"] == whole["counts"] and whole["counts"]["skipped_empty_documents"] == skipped
+        assert len(manifest["parts"]) < 3
+        assert examples(io.open_dataset(tmp_path / name)) == examples(io.open_dataset(tmp_path / f"{name}-whole"))
+        assert io.verify_dataset(tmp_path / name)["files"] == 4 * len(manifest["parts"])
+    (texts / "0.txt").write_text("")
+    (texts / "1.txt").write_text("")
+    with pytest.raises(InvalidInputError, match="the inputs hold no document with content"):
+        pack_sharded([io.TextFiles(texts)], tmp_path / "none", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
+                     shards=3)
+
+
 def test_a_bad_line_names_shard_file_and_line_and_leaves_nothing(tmp_path):
     paths = jsonl_corpus(tmp_path / "in")
     lines = paths[3].read_text().splitlines(keepends=True)

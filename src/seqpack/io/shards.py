@@ -42,7 +42,8 @@ from .readers import (
     arrow_chunk,
     import_pyarrow,
 )
-from .writer import STAGED_TOKENS, Stage, check_arguments, describe_binding, manifest_of, stage_documents, write_part
+from .writer import (STAGED_TOKENS, Stage, check_arguments, describe_binding, manifest_of, no_content,
+                     stage_documents, write_part)
 
 #: What the manifest says about placement in a sharded dataset.
 PLACEMENT_SCOPE = "each shard (part) is placed on its own; rows and batches never span shards"
@@ -174,7 +175,7 @@ def plan_shards(readers: list[Reader], count: int | None) -> tuple[list[Input], 
         units.extend(units_of(reader, first))
         first += len(reader.inputs)
     if not units:
-        raise InvalidInputError("the inputs hold no document with content")
+        raise no_content()
     total = sum(max(unit.weight, 1) for unit in units)
     if count is None:
         count = max(1, -(-total // SHARD_BYTES))
@@ -207,7 +208,8 @@ def pack_shard(job: ShardJob, shard: Shard, staging: Path) -> tuple[dict, int]:
 
     The part is written under a fresh hidden name and renamed into place last, replacing
     whatever an earlier attempt at the same shard (a killed worker) may have left; the
-    record depends only on the shard and the job. An error names the shard.
+    record depends only on the shard and the job. A shard of nothing but empty documents
+    has no part: its record's ``name`` is None. An error names the shard.
     """
     name = fmt.part_name(shard.index)
     attempt = Path(staging) / f".{name}.attempt-{uuid.uuid4().hex[:12]}"
@@ -218,7 +220,10 @@ def pack_shard(job: ShardJob, shard: Shard, staging: Path) -> tuple[dict, int]:
         stage = Stage(attempt / STAGED_TOKENS, fmt.token_dtype(job.binding.vocabulary_size))
         try:
             staged = stage_documents(list(shard.units), encoder, stage, capacity=job.config.capacity, long=job.long,
-                                     progress=quiet)
+                                     progress=quiet, require_content=False)
+            if not staged.lengths.size:  # only empty documents: no part, their count kept
+                return {"name": None, "documents": 0, "tokens": 0,
+                        "skipped_empty_documents": staged.skipped_empty}, staged.input_bytes
             record = write_part(attempt / name, staged, job.config, job.policy, job.long, quiet)
         finally:
             stage.discard()
@@ -292,12 +297,17 @@ def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer
         finally:
             finished.close()  # a runner stops its running shards before the staging directory goes
             bar.close()
-        names = {record["name"] for record in records}
+        parts = [record for record in records if record["name"] is not None]
+        if not parts:
+            raise no_content()
+        # Shards of nothing but empty documents have no part; their count goes to the first part.
+        parts[0]["skipped_empty_documents"] += sum(r["skipped_empty_documents"] for r in records if r["name"] is None)
+        names = {record["name"] for record in parts}
         for entry in staging.iterdir():  # what killed attempts left
             if entry.name not in names:
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         manifest = manifest_of(
-            records, binding=describe_binding(binding, tokenizer), partition=partition, config=config, policy=policy,
+            parts, binding=describe_binding(binding, tokenizer), partition=partition, config=config, policy=policy,
             dtype=fmt.token_dtype(binding.vocabulary_size), long=long,
             inputs=[{"name": item.name, "kind": item.kind, "unit": item.unit} for item in inputs],
             extra={"input_bytes": input_bytes, "shards": {"count": len(planned), "placement": PLACEMENT_SCOPE}},

@@ -96,11 +96,12 @@ class Staged:
 
 
 def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, *, capacity: int, long: str,
-                    progress: Progress) -> Staged:
+                    progress: Progress, require_content: bool = True) -> Staged:
     """Read, tokenize and validate every document into ``stage``.
 
     With ``long="error"`` a document of more than ``capacity`` predictions is a
-    :class:`CapacityError` naming its file and line (or row).
+    :class:`CapacityError` naming its file and line (or row). No document with content
+    is an error unless ``require_content`` is false (a shard of a larger corpus).
     """
     lengths, inputs, locations = [], [], []
     skipped = input_bytes = 0
@@ -130,9 +131,14 @@ def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, 
         first_input += len(reader.inputs)
     join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
     result = Staged(stage.pieces(), join(lengths), join(inputs), join(locations), skipped, input_bytes)
-    if not result.lengths.size:
-        raise InvalidInputError("the inputs hold no document with content")
+    if require_content and not result.lengths.size:
+        raise no_content()
     return result
+
+
+def no_content() -> InvalidInputError:
+    """The error of a corpus whose every document is empty."""
+    return InvalidInputError("the inputs hold no document with content")
 
 
 def examples_of(lengths: np.ndarray, capacity: int, long: str) -> tuple[np.ndarray, np.ndarray]:
