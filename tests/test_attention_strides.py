@@ -150,6 +150,21 @@ def test_strided_buffers_that_overlap_are_rejected_and_disjoint_ones_accepted():
                                  dk=kv.transpose(0, 2, 1, 3), dv=kv[:, :, ::-1].transpose(0, 2, 1, 3)[:, ::-1])
 
 
+def test_outputs_may_not_alias_inputs_given_as_other_buffers():
+    """An input given as a memoryview or a torch tensor is checked by its memory too."""
+    q, k, v, dout, lengths, starts = case(seed=7, kv_heads=4)
+    v = v.copy()
+    with pytest.raises(InvalidInputError, match="out overlaps v in memory"):
+        range_attention_forward(q, k, memoryview(v), lengths, starts, out=v)
+    torch = pytest.importorskip("torch", reason="the torch case needs the torch extra: pip install 'seqpack[torch]'")
+    with pytest.raises(InvalidInputError, match="out overlaps v in memory"):
+        range_attention_forward(q, k, torch.from_numpy(v), lengths, starts, out=v)
+    out, lse = range_attention_forward(q, k, v, lengths, starts)
+    k = k.copy()
+    with pytest.raises(InvalidInputError, match="dq overlaps k in memory"):
+        range_attention_backward(q, torch.from_numpy(k), v, out, lse, dout, lengths, starts, dq=k)
+
+
 def test_buffers_that_overlap_themselves_or_reverse_are_rejected():
     q, k, v, dout, lengths, starts = case(seed=6)
     base = np.empty(q.shape)

@@ -223,6 +223,7 @@ def test_no_t_by_t_tensor_is_made():
     ("mask4d", "4-D attention mask"),
     ("left", "not right-padded"),
     ("softcap", "softcapping"),
+    ("weights", "computes no attention weights"),
 ])
 def test_what_seqpack_attention_cannot_compute_is_an_error(case, message):
     batch, _ = packed(lengths=(5, 3, 9, 12))
@@ -242,6 +243,9 @@ def test_what_seqpack_attention_cannot_compute_is_an_error(case, message):
         net = model("llama")
         fields = {"input_ids": fields["input_ids"], "attention_mask": torch.tensor([[0] + [1] * (batch.shape[1] - 1)]
                                                                                   * batch.shape[0])}
+    elif case == "weights":
+        net = model("llama")
+        fields["output_attentions"] = True
     else:
         net = model("llama")
         fields["softcap"] = 30.0

@@ -48,6 +48,7 @@ def test_a_memory_map_source(tmp_path):
     (lambda s: gather_ranges(s, [0], [2], out=np.zeros(1, np.int32)), "at least 2 tokens"),
     (lambda s: gather_ranges(s, [0], [2], out=np.zeros(2, np.uint16)), "int32 array"),
     (lambda s: gather_ranges(s, [0], [2], at=[-1]), "one non-negative place per range"),
+    (lambda s: gather_ranges(s, [5, 0], [10, 5], out=s), "out overlaps source in memory"),
 ])
 def test_bad_arguments(call, message):
     with pytest.raises(sp.InvalidInputError, match=message):

@@ -126,8 +126,10 @@ def test_the_accumulator_equals_one_big_batch_and_the_mean_of_means_does_not():
 
 def test_step_target_count_takes_every_form():
     batch = packed_plan(PREDICTIONS, 16, 2).batch(0)
-    forms = [batch, st.tensors(batch), st.tensors(batch)["shift_labels"], batch.target_count]
-    assert st.step_target_count(forms) == 4 * batch.target_count
+    count = batch.target_count
+    forms = [batch, st.tensors(batch), st.tensors(batch)["shift_labels"], count, np.int64(count), torch.tensor(count)]
+    assert st.step_target_count(forms) == 6 * count  # a 0-d tensor (Trainer's num_items_in_batch) is a count
+    assert st.LossAccumulator([torch.tensor(count)]).denominator == count
     with pytest.raises(sp.InvalidInputError, match="non-negative"):
         st.step_target_count([-1])
     with pytest.raises(sp.InvalidInputError, match="ddp=True needs an initialized torch.distributed"):

@@ -76,14 +76,31 @@ def integer_array(name: str, values, dtype=np.int64, ndim: int | None = None) ->
     return np.ascontiguousarray(array, dtype=dtype)
 
 
+def _memory_of(value) -> np.ndarray | None:
+    """``value``'s own memory as an array (an ndarray, a CPU torch tensor, a memoryview or
+    another buffer), or None when it has none a kernel could write into."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor, without importing torch
+        try:
+            return value.detach().numpy()
+        except (TypeError, RuntimeError):  # not on the CPU, or a dtype numpy lacks
+            return None
+    if isinstance(value, memoryview) or hasattr(value, "__array_interface__"):
+        return np.asarray(value)
+    return None
+
+
 def check_disjoint(outputs: dict, inputs: dict) -> None:
     """Every output buffer must share no memory with any input or any other output.
 
-    ``np.shares_memory`` decides wherever ``np.may_share_memory`` is true; a case too
-    hard to decide counts as overlapping.
+    Inputs count by their own memory (see ``_memory_of``: torch tensors and memoryviews
+    too, not only ndarrays). ``np.shares_memory`` decides wherever ``np.may_share_memory``
+    is true; a case too hard to decide counts as overlapping.
     """
     named_outputs = [(name, array) for name, array in outputs.items() if isinstance(array, np.ndarray)]
-    others = [(name, array) for name, array in inputs.items() if isinstance(array, np.ndarray)]
+    others = [(name, memory) for name, memory in ((n, _memory_of(a)) for n, a in inputs.items())
+              if memory is not None]
     for index, (name, output) in enumerate(named_outputs):
         for other_name, other in others + named_outputs[index + 1:]:
             if np.may_share_memory(output, other):

@@ -22,8 +22,9 @@ computed.
   ``[B, T, H, D]`` storage, and the gradients into ``[B, T, heads, D]`` storage, so the
   projections' reshapes never copy.
 * Clear errors instead of silent fallbacks: dropout > 0, a cache (``use_cache=True`` or
-  keys longer than the queries), a sliding window narrower than a segment, softcapping,
-  attention sinks, position biases, bidirectional attention and extra mask functions.
+  keys longer than the queries), a sliding window or attention chunk narrower than a
+  segment, softcapping, attention sinks, position biases, bidirectional attention, extra
+  mask functions and ``output_attentions=True``.
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
         raise InvalidInputError(f"seqpack attention has no dropout; the model asked for {dropout}")
     if kwargs.get("use_cache"):
         raise _cache_error("use_cache=True")
+    if kwargs.get("output_attentions"):
+        raise InvalidInputError("seqpack attention computes no attention weights; this call asked for them "
+                                "(output_attentions=True): use attn_implementation='eager' to see them")
     if key.shape[2] != query.shape[2]:
         raise _cache_error(f"{key.shape[2]} keys for {query.shape[2]} queries")
     if kwargs.get("is_causal") is False or not getattr(module, "is_causal", True):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._limits import integer_array
+from .._limits import check_disjoint, integer_array
 from ..errors import InvalidInputError
 from . import _gather
 
@@ -20,7 +20,7 @@ def gather_ranges(source: np.ndarray, begins, ends, dtype=np.int32, out: np.ndar
     int32 (a uint16 result must hold every gathered value: the caller knows its
     vocabulary). ``out``, when given, is a writable C-contiguous ``dtype`` array: exactly
     the gathered length, or with ``at`` long enough for every range at its place. Every
-    range must lie inside ``source``.
+    range must lie inside ``source``, and ``out`` must not overlap it.
     """
     dtype = np.dtype(dtype)
     if not isinstance(source, np.ndarray) or source.ndim != 1 or source.dtype not in TOKEN_DTYPES:
@@ -52,5 +52,7 @@ def gather_ranges(source: np.ndarray, begins, ends, dtype=np.int32, out: np.ndar
     elif not isinstance(out, np.ndarray) or out.dtype != dtype or out.ndim != 1 or out.shape[0] < need \
             or not out.flags.c_contiguous or not out.flags.writeable:
         raise InvalidInputError(f"out must be a writable C-contiguous {dtype} array of at least {need} tokens")
-    _gather.gather_ranges(np.ascontiguousarray(source), begins, ends, out, at)
+    source = np.ascontiguousarray(source)
+    check_disjoint({"out": out}, {"source": source})
+    _gather.gather_ranges(source, begins, ends, out, at)
     return out

@@ -93,8 +93,13 @@ def token_weighted_loss(logits: torch.Tensor, batch_or_targets, *, denominator=N
 
 
 def _count(item) -> int:
+    """Eligible targets of a batch, a ``tensors()`` dict or targets; a plain count (an int,
+    a numpy integer or a 0-d integer tensor such as Trainer's ``num_items_in_batch``) as is."""
     if isinstance(item, BatchLayout):
         return item.target_count
+    if isinstance(item, torch.Tensor) and item.dim() == 0 and not item.is_floating_point() \
+            and item.dtype != torch.bool:
+        item = int(item)
     if is_int(item):
         if item < 0:
             raise InvalidInputError(f"a target count must be non-negative, got {item}")
@@ -106,7 +111,7 @@ def step_target_count(batches: Iterable, group=None) -> int:
     """The eligible targets of one optimizer step, summed over every rank of ``group``.
 
     ``batches``: this rank's micro-batches of the step (batches, ``tensors()`` dicts,
-    targets, or plain counts). When ``torch.distributed`` is initialized the count is
+    targets, or plain counts: ints, numpy integers or 0-d integer tensors). When ``torch.distributed`` is initialized the count is
     all-reduced over ``group`` (None: the default group, as in ``torch.distributed``), so
     every rank divides by the same global count.
     """
