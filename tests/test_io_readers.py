@@ -205,6 +205,15 @@ def test_arrow_errors_name_the_row(tmp_path):
         pack(tmp_path, io.ArrowBatches(pa.table({"body": ["a"]})))
     with pytest.raises(sp.InvalidInputError, match=r"no column 'body'"):
         pack(tmp_path, io.ArrowBatches(pa.table({"text": ["a"]}), text_field="body"))
+    stream = tmp_path / "cut.arrow"  # an Arrow IPC stream cut off inside its second batch
+    table = pa.table({"text": [f"row {i}" for i in range(3000)]})
+    with pa.ipc.new_stream(str(stream), table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=1000):
+            writer.write_batch(batch)
+    data = stream.read_bytes()
+    stream.write_bytes(data[: len(data) * 3 // 5])
+    with pytest.raises(sp.InvalidInputError, match=r"cut\.arrow row \d+: cannot read as arrow"):
+        pack(tmp_path, io.ArrowBatches(stream))
 
 
 def test_megatron_errors(tmp_path):
@@ -282,6 +291,16 @@ def test_empty_text_files_are_documents_skipped_and_counted(tmp_path):
     packed = pack(tmp_path, io.TextFiles(directory))
     assert packed.manifest["counts"]["skipped_empty_documents"] == 2
     assert documents_of(packed) == expected_documents(["ab", "c"])
+
+
+def test_a_dangling_link_in_a_directory_is_named(tmp_path):
+    directory = tmp_path / "texts"
+    directory.mkdir()
+    (directory / "a.txt").write_text("a")
+    (directory / "gone.txt").symlink_to(tmp_path / "nowhere.txt")
+    with pytest.raises(sp.InvalidInputError, match=r"gone\.txt: not a regular file \(a dangling link"):
+        io.TextFiles(directory)
+    assert io.TextFiles(directory, "a*").paths == [directory / "a.txt"]
 
 
 def test_linked_directories_are_followed_and_a_cycle_is_named(tmp_path):

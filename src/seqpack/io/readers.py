@@ -140,7 +140,8 @@ def _walk_error(error: OSError):
 
 def _files_under(path: Path, pattern: str | None) -> list[Path]:
     """Regular files under a directory, sorted, hidden names skipped, matching ``pattern``.
-    Linked directories are followed; a link to a directory's own ancestor (a cycle) is an error."""
+    Linked directories are followed; a link to a directory's own ancestor (a cycle), or a
+    matching name that is not a regular file (a dangling link, a pipe), is an error."""
     found = []
     top = os.fspath(path)
     ancestors = {top: {_directory_key(top): top}}  # each directory to visit: the directories above it and itself
@@ -157,8 +158,10 @@ def _files_under(path: Path, pattern: str | None) -> list[Path]:
             if name.startswith(".") or (pattern and not Path(name).match(pattern)):
                 continue
             candidate = Path(root) / name
-            if candidate.is_file():
-                found.append(candidate)
+            if not candidate.is_file():
+                raise InvalidInputError(f"{candidate}: not a regular file (a dangling link, a pipe or a device); "
+                                        f"remove it or leave it out with --glob")
+            found.append(candidate)
     return found
 
 
@@ -442,14 +445,18 @@ class ArrowBatches:
         )
 
     def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
+        pa = import_pyarrow()
         names, batches = self._batches()
         where = self.inputs[0]
         column, ids = _column_field(names, self.text_field, self.ids_field, where.name)
         row = 0
-        for batch in batches:
-            if batch.num_rows:
-                yield arrow_chunk(batch.column(column), first_input, row, where, ids)
-            row += batch.num_rows
+        try:
+            for batch in batches:
+                if batch.num_rows:
+                    yield arrow_chunk(batch.column(column), first_input, row, where, ids)
+                row += batch.num_rows
+        except (pa.ArrowInvalid, OSError) as error:  # damage found while reading (a truncated file)
+            raise InvalidInputError(f"{where.where(row)}: cannot read as {where.kind}: {error}") from None
 
 
 MEGATRON_PARTNERS = {".idx": ".bin", ".bin": ".idx"}
