@@ -1,8 +1,10 @@
 # Tile products of the attention kernels (cimport only; no runtime module).
 #
 # ``C = alpha * A @ B`` or ``C += alpha * A @ B`` on tiles that sit in cache: A is read
-# through two strides (either orientation, so a transposed panel needs no copy), B and C
-# are row-major with a contiguous last axis. Register-blocked: 6 rows of C by 16 floats
+# through two strides (either orientation, so a transposed panel needs no copy), C is
+# row-major with a contiguous last axis, and B is read by strips of 16 floats (8 doubles)
+# of columns: row-major, or stored strip by strip (each strip a contiguous [k, 16] block,
+# so that the rows a block of C walks down share one memory page). Register-blocked: 6 rows of C by 16 floats
 # (8 doubles) stay in vector registers while the products over the inner axis accumulate,
 # so a tile costs no packing and no library call. Each element of C is one chain of fused
 # multiply-adds in inner-axis order, started from zero, then scaled by alpha and added to
@@ -27,7 +29,10 @@ cdef extern from *:
         const void *a;
         ptrdiff_t a_row, a_inner;      /* A[i, p] at a[i * a_row + p * a_inner] */
         const void *b;
-        ptrdiff_t ldb;                 /* B[p, j] at b[p * ldb + j] */
+        ptrdiff_t ldb, b_strip;        /* B[p, 16 s + j] at b[s * b_strip + p * ldb + j]
+                                          (8 s for doubles): b_strip 16 (8) when B is
+                                          row-major, k * 16 (k * 8) with ldb 16 (8) when
+                                          it is stored strip by strip */
         void *c;
         ptrdiff_t ldc;                 /* C[i, j] at c[i * ldc + j] */
         double alpha;
@@ -75,7 +80,7 @@ cdef extern from *:
                 seqpack_block_inner(g, i0, rows, &first, &last);                               \\
                 T sums[SEQPACK_MR][NR] = {{0}};                                                \\
                 for (ptrdiff_t p = first; p < last; p++) {                                     \\
-                    const T *bp = b + p * g->ldb + j0;                                         \\
+                    const T *bp = b + j0 / NR * g->b_strip + p * g->ldb;                       \\
                     for (ptrdiff_t r = 0; r < rows; r++) {                                     \\
                         T x = a[(i0 + r) * g->a_row + p * g->a_inner];                         \\
                         for (ptrdiff_t j = 0; j < width; j++)                                  \\
@@ -151,7 +156,7 @@ cdef extern from *:
             const T *a3 = a0 + (rows > 3 ? 3 : rows - 1) * g->a_row;                           \\
             const T *a4 = a0 + (rows > 4 ? 4 : rows - 1) * g->a_row;                           \\
             const T *a5 = a0 + (rows > 5 ? 5 : rows - 1) * g->a_row;                           \\
-            const T *bp = b + from * ldb + j0;                                                 \\
+            const T *bp = b + strip * g->b_strip + from * ldb;                                \\
             V c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;                      \\
             if (starts) {                                                                      \\
                 c00 = c01 = c10 = c11 = c20 = c21 = ZERO();                                    \\
@@ -167,7 +172,7 @@ cdef extern from *:
                 for (s = 0; s < steps; s++, o += ai, bp += ldb) {                              \\
                     V b0 = LOADU(bp), b1 = LOADU(bp + W), x;                                   \\
                     /* The next strip's B (a hint: never faults, even past the end). */        \\
-                    _mm_prefetch((const char *)(bp + 2 * W), _MM_HINT_T0);                     \\
+                    _mm_prefetch((const char *)(bp + g->b_strip), _MM_HINT_T0);               \\
                     SEQPACK_SIX_ROWS(BROADCAST, FMADD)                                         \\
                 }                                                                              \\
             } else {                                                                           \\
@@ -266,7 +271,7 @@ cdef extern from *:
         const void *a
         Py_ssize_t a_row, a_inner
         const void *b
-        Py_ssize_t ldb
+        Py_ssize_t ldb, b_strip
         void *c
         Py_ssize_t ldc
         double alpha

@@ -14,16 +14,17 @@ rescaling; it saves the per-query log-sum-exp, and the backward recomputes the
 probabilities from it and ``D = rowsum(dout * out)``.
 
 Tile products are seqpack's own register-blocked kernels (``_tile_products.pxd``): K and
-V are transposed once per segment so that the score products read rows of them, and the
-backward's products with transposed probabilities and dS read the panels through their
-strides (no transpose pass). One product covers a query tile's whole panel, and its
-causal shape skips the blocks above the diagonal. Arrays are strided with a contiguous
-last axis: the cell stride of a [T, d] block is the row stride of a product, so a
-``[B, H, T, D]`` view of ``[B, T, H, D]`` storage is read or written in place. Each work
-item writes only its own segment's output rows and sums in a fixed order, so results are
-bitwise identical for any thread count and CPU path. The exponentials use a vectorizable
-polynomial exp (below); the rest of the per-edge work is a few vector passes over each
-panel row.
+V are transposed once per segment so that the score products read rows of them, stored
+strip by strip (16 keys of every row together, 8 in float64) so that a product walks one
+memory page per strip rather than one per row; the backward's products with transposed
+probabilities and dS read the panels through their strides (no transpose pass). One
+product covers a query tile's whole panel, and its causal shape skips the blocks above
+the diagonal. Arrays are strided with a contiguous last axis: the cell stride of a
+[T, d] block is the row stride of a product, so a ``[B, H, T, D]`` view of ``[B, T, H,
+D]`` storage is read or written in place. Each work item writes only its own segment's
+output rows and sums in a fixed order, so results are bitwise identical for any thread
+count and CPU path. The exponentials use a vectorizable polynomial exp (below); the rest
+of the per-edge work is a few vector passes over each panel row.
 """
 
 cimport cython
@@ -591,16 +592,25 @@ def plan_layout(const Py_ssize_t[::1] valid_lengths not None,
     return status, plan.bad_row, plan.bad_column, plan.segments
 
 
+cdef inline Py_ssize_t by_strips(Py_ssize_t rows) noexcept nogil:
+    """The ``ldb`` that tells ``product`` its B is stored strip by strip, ``rows`` rows
+    per strip (see ``store_by_strips``)."""
+    return -rows
+
+
 cdef inline void product(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, real alpha,
                          const real *a, Py_ssize_t a_row, Py_ssize_t a_inner, const real *b,
                          Py_ssize_t ldb, real *c, Py_ssize_t ldc, bint accumulate, int shape,
                          Py_ssize_t diagonal) noexcept nogil:
     """``c[m, n] (+)= alpha * a[m, k] @ b[k, n]`` with ``a[i, p]`` at ``a[i * a_row + p *
-    a_inner]``; ``shape`` and ``diagonal`` as in ``_tile_products.pxd``."""
+    a_inner]`` and ``b`` row-major with row stride ``ldb``, or stored strip by strip when
+    ``ldb`` is ``by_strips(rows)``; ``shape`` and ``diagonal`` as in ``_tile_products.pxd``."""
     cdef seqpack_product g
+    cdef Py_ssize_t strip = strip_width(b)
     g.m, g.n, g.k = m, n, k
     g.a, g.a_row, g.a_inner = a, a_row, a_inner
-    g.b, g.ldb, g.c, g.ldc = b, ldb, c, ldc
+    g.b, g.c, g.ldc = b, c, ldc
+    g.ldb, g.b_strip = (strip, -ldb * strip) if ldb < 0 else (ldb, strip)
     g.alpha, g.accumulate, g.shape, g.diagonal = alpha, accumulate, shape, diagonal
     if real is float:
         seqpack_product_f(&g)
@@ -660,9 +670,10 @@ cdef inline real scalar_log(real x) noexcept nogil:
 
 
 cdef inline Py_ssize_t padded(Py_ssize_t length) noexcept nogil:
-    """Row stride of a panel or a transposed K or V: ``length`` rounded up to an odd number
-    of 16 elements, so that the rows a product walks down do not share cache sets (a
-    power-of-two stride would keep only a few of them in L1)."""
+    """Row stride of a panel: ``length`` rounded up to an odd number of 16 elements, so
+    that the rows a product walks down do not share cache sets (a power-of-two stride
+    would keep only a few of them in L1). Also room enough for one row of ``length``
+    elements stored strip by strip."""
     cdef Py_ssize_t lines = (length + 15) // 16
     return (lines + 1 - lines % 2) * 16
 
@@ -674,6 +685,39 @@ cdef inline void transpose(const real *src, Py_ssize_t rows, Py_ssize_t cols,
         seqpack_transpose_f(src, rows, cols, lds, dst, ldd)
     else:
         seqpack_transpose_d(src, rows, cols, lds, dst, ldd)
+
+
+cdef inline Py_ssize_t strip_width(const real *unused) noexcept nogil:
+    """Columns per strip of the tile products' B: 16 floats or 8 doubles (two AVX2 vectors)."""
+    if real is float:
+        return 16
+    else:
+        return 8
+
+
+cdef inline void transpose_by_strips(const real *src, Py_ssize_t rows, Py_ssize_t cols,
+                                     Py_ssize_t lds, real *dst) noexcept nogil:
+    """The transpose of a row-major ``src[rows, cols]`` stored strip by strip (``cols`` rows
+    per strip): each ``strip_width`` columns of the transpose (rows ``i0..`` of ``src``)
+    form one contiguous ``[cols, strip]`` block at ``dst + i0 * cols``, so a product walks
+    down one memory page per strip instead of one page per row."""
+    cdef Py_ssize_t strip = strip_width(src), i0 = 0
+    while i0 < rows:
+        transpose(src + i0 * lds, min(strip, rows - i0), cols, lds, dst + i0 * cols, strip)
+        i0 += strip
+
+
+cdef inline void store_by_strips(const real *src, Py_ssize_t rows, Py_ssize_t cols,
+                                 Py_ssize_t lds, real *dst) noexcept nogil:
+    """A row-major ``src[rows, cols]`` (row stride ``lds``) stored strip by strip (``rows``
+    rows per strip): columns ``j0..j0 + strip_width`` form one contiguous ``[rows,
+    strip]`` block at ``dst + j0 * rows``. Pure data movement: the bits are the source's."""
+    cdef Py_ssize_t strip = strip_width(src), j0 = 0, i, width
+    while j0 < cols:
+        width = min(strip, cols - j0)
+        for i in range(rows):
+            memcpy(dst + j0 * rows + i * strip, src + i * lds + j0, width * sizeof(real))
+        j0 += strip
 
 
 cdef enum:
@@ -783,17 +827,19 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
     cdef real *lse = <real *>g.lse
     cdef Py_ssize_t length = end - start, heads = g.heads
     cdef Py_ssize_t ld = padded(length), ldq = g.ldq, ldo = g.ldo
-    cdef real *kt = scratch                    # [d, ld]: K of the segment, transposed
+    cdef real *kt = scratch                    # [d, ld]: K of the segment, transposed by strips
     cdef real *p = kt + d * ld                 # [tile, ld]: a query tile's scores, then
                                                # probabilities, against keys start..
     cdef real *total = p + tile * ld           # [tile]: sum of exp per query
+    cdef real *vs = total + tile               # [d + 16, ld]: V of the segment by strips
     cdef Py_ssize_t a, h, qa, nq, keys, i, j, visible
     cdef const real *qh
     cdef real *oh
     cdef real *pi
     cdef real *oi
     cdef real top
-    transpose(k + start * g.ldk, length, d, g.ldk, kt, ld)
+    transpose_by_strips(k + start * g.ldk, length, d, g.ldk, kt)
+    store_by_strips(v + start * g.ldv, length, d, g.ldv, vs)
     for a in range((length + tile - 1) // tile):
         if (caller and interrupted(state)) or interrupt_requested(state):
             return
@@ -804,7 +850,7 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
             qh = q + h * g.q_head
             oh = out + h * g.out_head
             charge(clock, FORWARD_GEMM)
-            product(nq, keys, d, scale, qh + qa * ldq, ldq, 1, kt, ld, p, ld, False,
+            product(nq, keys, d, scale, qh + qa * ldq, ldq, 1, kt, by_strips(d), p, ld, False,
                     SEQPACK_LOWER_OUTPUT, qa - start)
             charge(clock, FORWARD_OTHER)
             for i in range(nq):
@@ -817,7 +863,7 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
                     pi[j] = 0
                 lse[h * g.lse_head + (qa + i) * g.lse_cell] = top + scalar_log(total[i])
             charge(clock, FORWARD_GEMM)
-            product(nq, d, keys, <real>1, p, ld, 1, v + start * g.ldv, g.ldv, oh + qa * ldo,
+            product(nq, d, keys, <real>1, p, ld, 1, vs, by_strips(length), oh + qa * ldo,
                     ldo, False, SEQPACK_LOWER_A, qa - start)
             charge(clock, FORWARD_OTHER)
             for i in range(nq):
@@ -847,19 +893,21 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
     cdef real *dv = <real *>g.dv
     cdef Py_ssize_t length = end - start, heads = g.heads
     cdef Py_ssize_t ld = padded(length), ldq = g.ldq, lddout = g.lddout
-    cdef real *kt = scratch                    # [d, ld]: K of the segment, transposed
-    cdef real *vt = kt + d * ld                # [d, ld]: V of the segment, transposed
+    cdef real *kt = scratch                    # [d, ld]: K of the segment, transposed by strips
+    cdef real *vt = kt + d * ld                # [d, ld]: V of the segment, transposed by strips
     cdef real *p = vt + d * ld                 # [tile, ld]: scores, then probabilities
     cdef real *ds = p + tile * ld              # [tile, ld]: dP, then dS
     cdef real *delta = ds + tile * ld          # [heads, tile]: rowsum(dout * out) per query
+    cdef real *ks = delta + heads * tile       # [d + 16, ld]: K of the segment by strips
     cdef Py_ssize_t a, h, qa, nq, i, j, visible, keys, before
     cdef const real *qh
     cdef const real *douth
     cdef const real *lseh
     cdef real *pi
     cdef real *dsi
-    transpose(k + start * g.ldk, length, d, g.ldk, kt, ld)
-    transpose(v + start * g.ldv, length, d, g.ldv, vt, ld)
+    transpose_by_strips(k + start * g.ldk, length, d, g.ldk, kt)
+    transpose_by_strips(v + start * g.ldv, length, d, g.ldv, vt)
+    store_by_strips(k + start * g.ldk, length, d, g.ldk, ks)
     for a in range((length + tile - 1) // tile):
         if (caller and interrupted(state)) or interrupt_requested(state):
             return
@@ -876,9 +924,9 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
             douth = dout + h * g.dout_head
             lseh = lse + h * g.lse_head
             charge(clock, DS_GEMM)
-            product(nq, keys, d, scale, qh + qa * ldq, ldq, 1, kt, ld, p, ld, False,
+            product(nq, keys, d, scale, qh + qa * ldq, ldq, 1, kt, by_strips(d), p, ld, False,
                     SEQPACK_LOWER_OUTPUT, before)
-            product(nq, keys, d, <real>1, douth + qa * lddout, lddout, 1, vt, ld, ds, ld, False,
+            product(nq, keys, d, <real>1, douth + qa * lddout, lddout, 1, vt, by_strips(d), ds, ld, False,
                     SEQPACK_LOWER_OUTPUT, before)
             charge(clock, DS_OTHER)
             for i in range(nq):
@@ -902,7 +950,7 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
             product(nq, d, nq, scale, ds + before, 1, ld, qh + qa * ldq, ldq, dk + qa * g.lddk,
                     g.lddk, h > 0, SEQPACK_UPPER_A, 0)
             charge(clock, DQ_GEMM)
-            product(nq, d, keys, scale, ds, ld, 1, k + start * g.ldk, g.ldk,
+            product(nq, d, keys, scale, ds, ld, 1, ks, by_strips(length),
                     dq + h * g.dq_head + qa * g.lddq, g.lddq, False, SEQPACK_LOWER_A, before)
             charge(clock, DS_OTHER)
 
@@ -995,10 +1043,11 @@ cdef int run(bint backward, const Operand *operands, Py_ssize_t kv_heads, Py_ssi
              Interrupt *state) noexcept nogil:
     """Plan the layout, zero the padding of the outputs, run every work item.
 
-    Per thread, the forward needs K of a segment transposed, a score panel (a query tile
-    against the segment's keys) and a sum per query; the backward K and V transposed, two
-    panels and rowsum(dout * out) per query of the group. The work is counted as 2 (forward) or 4
-    (backward) * d multiply-adds per permitted edge and query head.
+    Per thread, the forward needs K of a segment transposed and V by strips, a score panel
+    (a query tile against the segment's keys) and a sum per query; the backward K and V
+    transposed and K by strips, two panels and rowsum(dout * out) per query of the group.
+    The work is counted as 2 (forward) or 4 (backward) * d multiply-adds per permitted
+    edge and query head.
     """
     cdef Py_ssize_t tile = tile_edge(d), item, items, size, o
     cdef Py_ssize_t heads = kv_heads * group
@@ -1012,9 +1061,9 @@ cdef int run(bint backward, const Operand *operands, Py_ssize_t kv_heads, Py_ssi
     items = plan.segments * kv_heads
     threads = thread_count(threads, items, plan.edges * heads * d * (4 if backward else 2))
     if backward:
-        size = (2 * d + 2 * tile) * padded(plan.longest) + group * tile
+        size = (3 * d + 16 + 2 * tile) * padded(plan.longest) + group * tile
     else:
-        size = (d + tile) * padded(plan.longest) + tile
+        size = (2 * d + 16 + tile) * padded(plan.longest) + tile
     scratch = <real *>malloc(threads * size * sizeof(real))
     if timed:
         seconds = <double *>calloc(threads * BUCKETS, sizeof(double))
