@@ -128,6 +128,7 @@ def test_every_subcommand_has_help(command):
     (("pack", "docs", "--out", "x", "--ids-field", "ids"), 2, "--ids-field has no effect here: no INPUT is JSONL"),
     (("pack", "docs/00.txt", "--out", "x", "--glob", "*.py"), 2, "--glob has no effect here: no INPUT is a directory"),
     (("pack", "docs", "--out", "x", "--framed"), 2, "--framed has no effect here"),
+    (("pack", "--sample", "--out", "x", "--glob", "*.py"), 2, "--glob has no effect here"),
     (("pack", "docs", "--out", "x", "--split", "nope.json"), 1, "nope.json: cannot read: No such file"),
     (("pack", "docs/00.txt", "docs/00.txt", "--out", "x"), 1, "docs/00.txt is an input twice"),
     (("pack", "docs", "docs/03.txt", "--out", "x"), 1, "docs/03.txt is an input twice"),

@@ -173,7 +173,7 @@ def _pack(args) -> int:
     else:
         readers = [io.reader_for(path, text_field=args.text_field, ids_field=args.ids_field, pattern=args.glob)
                    for path in args.inputs]
-        _check_input_flags(args, readers)
+    _check_input_flags(args, readers)
     config = PackConfig(args.capacity, args.rows_per_batch)
     common = dict(tokenizer=tokenizer, config=config, policy=args.policy, partition=data.Partition(args.partition),
                   long="cut" if args.cut_long or args.sample else "error", framed=args.framed, force=args.force)
@@ -224,7 +224,8 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 def _pack_os_error(error: OSError, out: Path) -> str:
     """The one-line message of an OSError while packing: a write error names the output,
-    a read error the input file (a reader error without a file name is shown as is)."""
+    a read error the file read (an error that names no file and is not a full or
+    read-only disk is shown as is)."""
     target = out.resolve()
     if error.errno in _WRITE_ERRNOS:
         return f"{error.filename or out}: cannot write: {error.strerror or error}"
@@ -233,8 +234,6 @@ def _pack_os_error(error: OSError, out: Path) -> str:
         written = path == target or target in path.parents or any(
             part.name.startswith(f".{out.name}.seqpack-") for part in (path, *path.parents))
         return f"{error.filename}: cannot {'write' if written else 'read'}: {error.strerror or error}"
-    if error.errno is not None:
-        return f"{out}: cannot write: {error.strerror or error}"
     return str(error)
 
 
