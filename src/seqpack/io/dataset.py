@@ -40,11 +40,6 @@ from . import format as fmt
 from .readers import Input, input_path
 
 
-#: The manifest's totals, each the sum of the parts' counts of that name.
-COUNTS = ("documents", "examples", "tokens", "document_tokens", "rows", "batches", "valid_targets",
-          "permitted_edges", "skipped_empty_documents")
-#: Each part's ``first_*`` field and the count it is the running sum of.
-FIRSTS = {"first_example": "examples", "first_document": "documents", "first_row": "rows", "first_batch": "batches"}
 #: How an input locates a document in it (see :class:`~seqpack.io.readers.Input`).
 UNITS = ("line", "row", "sequence", None)
 
@@ -304,14 +299,14 @@ class PackedDataset:
         """Each part's firsts are the running sums of the parts before it, every total is
         the parts' sum, and every document names one of the inputs."""
         where = self.path / fmt.MANIFEST
-        running = dict.fromkeys(FIRSTS, 0)
+        running = dict.fromkeys(fmt.FIRSTS, 0)
         for record in records:
-            for first, count in FIRSTS.items():
+            for first, count in fmt.FIRSTS.items():
                 if record[first] != running[first]:
                     raise InvalidInputError(f"{where}: part {record['name']} records {first} {record[first]!r}; "
                                             f"the parts before it hold {running[first]} {count}")
                 running[first] += record[count]
-        for key in COUNTS:
+        for key in fmt.COUNTS:
             total = sum(record[key] for record in records)
             if counts[key] != total:
                 raise InvalidInputError(f"{where}: counts records {key} {counts[key]!r}; the parts hold {total}")

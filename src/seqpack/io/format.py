@@ -50,6 +50,11 @@ FORMAT = "seqpack-packed-dataset"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PART_FILES = ("tokens.bin", "occurrences.npy", "examples.npy", "documents.npy")
+#: The manifest's totals, each the sum of the parts' counts of that name.
+COUNTS = ("documents", "examples", "tokens", "document_tokens", "rows", "batches", "valid_targets",
+          "permitted_edges", "skipped_empty_documents")
+#: Each part's ``first_*`` field and the count it is the running sum of.
+FIRSTS = {"first_example": "examples", "first_document": "documents", "first_row": "rows", "first_batch": "batches"}
 #: Vocabularies up to this size store uint16 tokens.
 UINT16_VOCABULARY = 1 << 16
 

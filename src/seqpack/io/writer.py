@@ -248,17 +248,12 @@ def manifest_of(parts: list[dict], *, binding: dict, partition: Partition, confi
     """The manifest of ``parts`` (records from :func:`write_part`, in order, each with
     its ``name``): assigns each part its first global example, document, row and batch,
     and sums the counts and the report."""
-    firsts = {"example": 0, "document": 0, "row": 0, "batch": 0}
+    running = dict.fromkeys(fmt.FIRSTS, 0)
     for part in parts:
-        for key in firsts:
-            part[f"first_{key}"] = firsts[key]
-        firsts["example"] += part["examples"]
-        firsts["document"] += part["documents"]
-        firsts["row"] += part["rows"]
-        firsts["batch"] += part["batches"]
-    counts = {key: sum(part[key] for part in parts) for key in (
-        "documents", "examples", "tokens", "document_tokens", "rows", "batches", "valid_targets",
-        "permitted_edges", "skipped_empty_documents")}
+        for first, count in fmt.FIRSTS.items():
+            part[first] = running[first]
+            running[first] += part[count]
+    counts = {key: sum(part[key] for part in parts) for key in fmt.COUNTS}
     cells = counts["rows"] * config.capacity
     report = {
         "policy": policy, "capacity": config.capacity, "rows": counts["rows"], "batches": counts["batches"],
