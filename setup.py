@@ -34,7 +34,15 @@ DIRECTIVES = {
 
 
 class OptionalOpenMPBuild(build_ext):
-    """Compile with OpenMP where the compiler supports it, else warn and drop it."""
+    """Compile with OpenMP where the compiler supports it, else warn and drop it.
+
+    The modules compile in parallel, one per CPU, unless ``-j``/``--parallel`` says otherwise.
+    """
+
+    def finalize_options(self):
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
 
     def build_extensions(self):
         # A switch between debug and optimized builds must recompile: the old

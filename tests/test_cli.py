@@ -110,6 +110,7 @@ def test_demo_packed_json():
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_bench_attention_json_on_the_fixture_shape():
     result = run("bench", "attention", "--workload", "c", "--dtype", "float64", "--repeats", "1", "--json")
     assert result.returncode == 0, result.stderr
@@ -126,6 +127,7 @@ def test_bench_attention_json_on_the_fixture_shape():
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_bench_train_json():
     pytest.importorskip("transformers", reason="seqpack bench train needs the hf extra: pip install 'seqpack[hf]'")
     result = run("bench", "train", "--repeats", "1", "--layers", "1", "--json", timeout=900)

@@ -175,6 +175,7 @@ def test_cli_on_a_full_disk_prints_one_line_and_exits_1():
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_bench_help_and_every_selected_dtype():
     help_text = run_cli("bench", "--help")
     assert help_text.returncode == 0 and "attention" in help_text.stdout
