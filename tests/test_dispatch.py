@@ -57,6 +57,33 @@ def test_every_cpu_path_gives_the_same_bits(every_path, dtype, width, longest, h
             assert np.array_equal(mine, baseline), f"{path} differs from baseline"
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_cpu_path_gives_the_same_bits_at_the_exp_limits(every_path, dtype):
+    """Scores far below the exp's cut-off (exact zeros), infinite and NaN inputs: every
+    path gives the same bits, and NaN in the same places (a NaN's sign and payload depend
+    on the order of an instruction's operands, so they may differ between paths)."""
+    rng = np.random.default_rng(2)
+    q, k, v, dout = (rng.standard_normal((2, 2, 150, 24)).astype(dtype) for _ in range(4))
+    q *= 40                                          # scores spread over thousands
+    k[0, 0, 7, 3], k[0, 1, 30, 0] = np.inf, -np.inf  # infinite scores, NaN after the shift
+    q[1, 0, 60, 5] = np.nan
+    lengths, starts = layout(rows=2, width=150, longest=120, seed=3)
+    results = {}
+    with np.errstate(invalid="ignore"):
+        for path in every_path:
+            _attention.use_cpu_path(_attention.CPU_PATHS.index(path))
+            out, lse = seqpack.range_attention_forward(q, k, v, lengths, starts, threads=2)
+            grads = seqpack.range_attention_backward(q, k, v, out, lse, dout, lengths, starts, threads=2)
+            results[path] = [out, lse, *grads]
+    assert np.isnan(results["baseline"][0]).any()
+    for path, arrays in results.items():
+        for mine, baseline in zip(arrays, results["baseline"]):
+            nan = np.isnan(baseline)
+            assert np.array_equal(np.isnan(mine), nan), f"{path} has NaN elsewhere than baseline"
+            assert np.array_equal(mine[~nan].view(np.uint8), baseline[~nan].view(np.uint8)), (
+                f"{path} differs from baseline")
+
+
 def test_a_path_this_cpu_cannot_run_is_refused(every_path):
     for number, name in enumerate(_attention.CPU_PATHS):
         if name not in every_path:

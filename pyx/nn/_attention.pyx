@@ -73,7 +73,7 @@ cdef extern from *:
        so musl builds too); the wheel stays portable. The module is built with
        -ffp-contract=off, so the only fused multiply-adds are the explicit C99 fma calls,
        which every path rounds the same way (the baseline through libm): every path gives
-       the same bits. */
+       the same bits (a NaN's sign and payload aside). */
     #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
     #define SEQPACK_X86_PATHS 1
     #define SEQPACK_AVX512 __attribute__((target("avx512f,fma")))
@@ -125,20 +125,61 @@ cdef extern from *:
         static void NAME(T *restrict row, ptrdiff_t n, T shift,                               \
                          T *restrict ds, T di)
     #if SEQPACK_X86_PATHS
-    #define SEQPACK_EXP_SHIFT(T, I, SUFFIX, ...)                                               \
+    #include <immintrin.h>
+    /* The AVX2 path's vectors: the loop's steps above on whole registers, written out
+       because gcc vectorizes the two clamps into nine compares and blends. ``x < LO ? LO :
+       x`` is MAXPS(LO, x) and ``xc > HI ? HI : xc`` is MINPS(HI, xc), NaN and signed zeros
+       included, and every other step is the same IEEE operation, so the bits are the C
+       loop's; the constants are folded in the loop's order. The tail (fewer than one
+       register) is left to the C loop: row, ds and n are advanced past the vectors. */
+    #define SEQPACK_EXP_VECTORS(T, V, W, S, SI, EPI, EPI_SET1, FMA, DEGREE, LAST, LO, HI, MAGIC, MANTISSA, BIAS, LN2_HI, LN2_LO) \
+    {                                                                                         \
+        T folded[DEGREE + 1], c = (T)(LAST);                                                  \
+        folded[DEGREE] = c;                                                                   \
+        for (int k = DEGREE; k > 0; k--) { c = c * (T)k; folded[k - 1] = c; }                 \
+        const V lo = _mm256_set1_##S((T)(LO)), hi = _mm256_set1_##S((T)(HI));                \
+        const V magic = _mm256_set1_##S((T)(MAGIC)), log2e = _mm256_set1_##S((T)1.4426950408889634074); \
+        const V ln2_hi = _mm256_set1_##S((T)(LN2_HI)), ln2_lo = _mm256_set1_##S((T)(LN2_LO)); \
+        const V by = _mm256_set1_##S(shift), dv = _mm256_set1_##S(di);                       \
+        const __m256i bias = EPI_SET1(BIAS), magic_i = _mm256_cast##SI##_si256(magic); \
+        ptrdiff_t j = 0;                                                                      \
+        for (; j + W <= n; j += W) {                                                          \
+            V x = _mm256_sub_##S(_mm256_loadu_##S(row + j), by);                              \
+            V xc = _mm256_min_##S(hi, _mm256_max_##S(lo, x));                                 \
+            V t = _mm256_fmadd_##S(xc, log2e, magic), nf = _mm256_sub_##S(t, magic);          \
+            __m256i e = _mm256_sub_##EPI(_mm256_cast##SI##_si256(t), magic_i);                \
+            V r = _mm256_fnmadd_##S(nf, ln2_hi, xc);                                          \
+            r = _mm256_fnmadd_##S(nf, ln2_lo, r);                                             \
+            V p = _mm256_set1_##S(folded[DEGREE]);                                            \
+            for (int k = DEGREE; k > 0; k--) p = _mm256_fmadd_##S(p, r, _mm256_set1_##S(folded[k - 1])); \
+            V s = _mm256_castsi256_##SI(_mm256_slli_##EPI(_mm256_add_##EPI(e, bias), MANTISSA)); \
+            V y = _mm256_andnot_##S(_mm256_cmp_##S(x, lo, _CMP_LT_OQ), _mm256_mul_##S(p, s)); \
+            _mm256_storeu_##S(row + j, y);                                                    \
+            if (ds != NULL)                                                                   \
+                _mm256_storeu_##S(ds + j, _mm256_mul_##S(y, _mm256_sub_##S(_mm256_loadu_##S(ds + j), dv))); \
+        }                                                                                     \
+        row += j, n -= j;                                                                     \
+        if (ds != NULL) ds += j;                                                              \
+    }
+    #define SEQPACK_EXP_VECTORS_F(...) SEQPACK_EXP_VECTORS(float, __m256, 8, ps, ps, epi32, _mm256_set1_epi32, __VA_ARGS__)
+    #define SEQPACK_EXP_VECTORS_D(...) SEQPACK_EXP_VECTORS(double, __m256d, 4, pd, pd, epi64, _mm256_set1_epi64x, __VA_ARGS__)
+    #define SEQPACK_EXP_SHIFT(T, I, SUFFIX, VECTORS, ...)                                      \
         SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_baseline) SEQPACK_EXP_BODY(T, I, __VA_ARGS__) \
         SEQPACK_AVX2 SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_avx2)                     \
-            SEQPACK_EXP_BODY(T, I, __VA_ARGS__)                                                \
+        {                                                                                     \
+            VECTORS(__VA_ARGS__)                                                              \
+            SEQPACK_EXP_BODY(T, I, __VA_ARGS__)                                               \
+        }                                                                                     \
         SEQPACK_AVX512 SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_avx512)                 \
             SEQPACK_EXP_BODY(T, I, __VA_ARGS__)
     #else
-    #define SEQPACK_EXP_SHIFT(T, I, SUFFIX, ...)                                               \
+    #define SEQPACK_EXP_SHIFT(T, I, SUFFIX, VECTORS, ...)                                      \
         SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_baseline) SEQPACK_EXP_BODY(T, I, __VA_ARGS__)
     #endif
-    SEQPACK_EXP_SHIFT(float, int32_t, f, fmaf, 7, 1.0 / 5040.0, -87.0, 88.0, 12582912.0, 23, 127,
-                      0.693359375, -2.12194440e-4)
-    SEQPACK_EXP_SHIFT(double, int64_t, d, fma, 12, 1.0 / 479001600.0, -708.0, 709.0,
-                      6755399441055744.0, 52, 1023,
+    SEQPACK_EXP_SHIFT(float, int32_t, f, SEQPACK_EXP_VECTORS_F, fmaf, 7, 1.0 / 5040.0, -87.0, 88.0,
+                      12582912.0, 23, 127, 0.693359375, -2.12194440e-4)
+    SEQPACK_EXP_SHIFT(double, int64_t, d, SEQPACK_EXP_VECTORS_D, fma, 12, 1.0 / 479001600.0, -708.0,
+                      709.0, 6755399441055744.0, 52, 1023,
                       6.93147180369123816490e-01, 1.90821492927058770002e-10)
 
     /* dst[j, i] = src[i, j] for a row-major src[rows, cols]: K or V of a segment turned
@@ -450,7 +491,8 @@ MAX_HEAD_DIM = TILE_WORK // 64
 
 #: The CPU paths by number: the exp loops compiled for baseline x86-64, AVX2 or AVX-512,
 #: and the tile products, K/V transposes and row sums, dots and maxima portable (baseline) or
-#: AVX2 (the others). Every path gives the same bits; the best one this CPU runs is chosen at import.
+#: AVX2 (the others). Every path gives the same bits (NaN in the same places, its payload
+#: aside); the best one this CPU runs is chosen at import.
 CPU_PATHS = ("baseline", "avx2", "avx512")
 
 
