@@ -757,8 +757,12 @@ cdef inline void store_by_strips(const real *src, Py_ssize_t rows, Py_ssize_t co
     cdef Py_ssize_t strip = strip_width(src), j0 = 0, i, width
     while j0 < cols:
         width = min(strip, cols - j0)
-        for i in range(rows):
-            memcpy(dst + j0 * rows + i * strip, src + i * lds + j0, width * sizeof(real))
+        if width == strip:   # a constant size: the copy is inlined, not a call per row
+            for i in range(rows):
+                memcpy(dst + j0 * rows + i * strip, src + i * lds + j0, strip * sizeof(real))
+        else:
+            for i in range(rows):
+                memcpy(dst + j0 * rows + i * strip, src + i * lds + j0, width * sizeof(real))
         j0 += strip
 
 
