@@ -86,7 +86,10 @@ def test_errors_and_their_exact_twins():
     assert empty.item() == 0 and (logits.grad == 0).all()
     with pytest.raises(sp.InvalidInputError, match="denominator is 0"):
         st.token_weighted_loss(logits, batch, denominator=0)
-    st.token_weighted_loss(logits, batch, denominator=1)
+    st.token_weighted_loss(logits, batch, denominator=batch.target_count)
+    with pytest.raises(sp.InvalidInputError, match=f"denominator is {batch.target_count - 1} but this call alone "
+                       f"has {batch.target_count} eligible targets"):  # it cannot be this step's count
+        st.token_weighted_loss(logits, batch, denominator=batch.target_count - 1)
     targets = st.tensors(batch)["shift_labels"].clone()
     targets[0, 0] = VOCABULARY
     with pytest.raises(sp.InvalidInputError, match=r"cell 0 \(row-major\) has target 266, outside the vocabulary"):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._limits import integer_array
 from ..errors import InvalidInputError
 from ..nn.attention import range_attention_backward, range_attention_forward
 
@@ -36,12 +37,10 @@ def int_array(name: str, values, shape: tuple | None = None) -> np.ndarray:
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
             raise InvalidInputError(f"{name} must hold integers, got {values.dtype}")
         values = values.detach().cpu().numpy()
-    array = np.asarray(values)
-    if array.dtype.kind not in "iu":
-        raise InvalidInputError(f"{name} must hold integers, got dtype {array.dtype}")
+    array = integer_array(name, values).reshape(np.shape(values))  # a 0-d input stays 0-d
     if shape is not None and array.shape != shape:
         raise InvalidInputError(f"{name} has shape {tuple(array.shape)}; expected {shape}")
-    return array.astype(np.int64, copy=False)
+    return array
 
 
 def starts_from_positions(position_ids: np.ndarray, valid_lengths: np.ndarray) -> np.ndarray:
@@ -130,9 +129,9 @@ def range_attention(q, k, v, *, segment_starts=None, valid_lengths=None, positio
     The layout: ``segment_starts`` ``[B, T]`` (each query's first permitted key column)
     or ``position_ids`` ``[B, T]`` (local positions; starts are ``column - position``,
     checked), exactly one of them; ``valid_lengths`` ``[B]`` (None: every cell valid).
-    Any integer dtype, as tensors or arrays. ``scale`` multiplies the scores (None:
-    ``1 / sqrt(D)``). ``H`` must be a multiple of ``H_kv``. Returns ``[B, H, T, D]`` in
-    q's dtype; differentiable in q, k and v (once).
+    Any integer dtype, as tensors or arrays. ``scale`` (a finite real number, not a bool)
+    multiplies the scores (None: ``1 / sqrt(D)``). ``H`` must be a multiple of ``H_kv``.
+    Returns ``[B, H, T, D]`` in q's dtype; differentiable in q, k and v (once).
     """
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not isinstance(tensor, torch.Tensor):
@@ -145,7 +144,5 @@ def range_attention(q, k, v, *, segment_starts=None, valid_lengths=None, positio
             raise InvalidInputError(f"{name} must be [B, heads, T, D], got shape {tuple(tensor.shape)}")
     if not q.dtype == k.dtype == v.dtype:
         raise InvalidInputError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if scale is not None:
-        scale = float(scale)
     lengths, starts = _layout(q, segment_starts, valid_lengths, position_ids)
     return RangeAttention.apply(q, k, v, lengths, starts, scale)

@@ -133,6 +133,7 @@ class PackedIterableDataset(IterableDataset):
 
     def rank_batches(self, epoch: int) -> np.ndarray:
         """This rank's batch numbers of ``epoch``, in order."""
+        epoch = check_int("epoch", epoch, 0)
         count = len(self._batches)
         order = (np.random.default_rng((self.seed, epoch)).permutation(count) if self.shuffle
                  else np.arange(count, dtype=np.int64))
@@ -149,9 +150,10 @@ class PackedIterableDataset(IterableDataset):
         self._position = start
         numbers = self.rank_batches(self.epoch)
         # Worker w yields positions start + w, start + w + W, ...; after each, its state is
-        # the base of its next one, so a state saved in a worker resumes that worker.
+        # the base of its next one (at most the epoch's end), so a state saved in a worker
+        # resumes that worker.
         for position in range(start + worker, len(numbers), workers):
-            self._position = position - worker + workers
+            self._position = min(position - worker + workers, len(numbers))
             yield tensors(self._batches.get(int(numbers[position])))
 
     def _settings(self) -> dict:
@@ -164,12 +166,15 @@ class PackedIterableDataset(IterableDataset):
         return {"epoch": self.epoch, "position": position, **self._settings()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from ``state``: the next pass over its epoch starts at its position."""
+        """Resume from ``state``: the next pass over its epoch starts at its position (at
+        most ``len(self)``: the epoch's end)."""
+        if not isinstance(state, dict) or not {"epoch", "position"} <= state.keys():
+            raise InvalidInputError("the state must be a dict from state_dict(), with an epoch and a position")
         for name, ours in self._settings().items():
             if state.get(name) != ours:
                 raise InvalidInputError(f"the state was saved with {name} {state.get(name)!r}; this dataset has {ours!r}")
         epoch = check_int("epoch", state["epoch"], 0)
-        position = check_int("position", state["position"], 0)
+        position = check_int("position", state["position"], 0, len(self))
         self.epoch, self._position, self._resume = epoch, position, (epoch, position)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .._limits import check_int
 from ..layout import exports
 from .tensors import check_batch
 
@@ -52,11 +53,12 @@ def document_block_mask(batch, *, block_size: int = 128, device=None):
     :func:`document_ids` ``doc``: a valid query sees the earlier-or-equal keys of its own
     document, exactly ``allowed_key``. Padding queries see earlier padding only (they
     need some key; their outputs are not valid results). The mask broadcasts over heads.
-    Forward only on the CPU.
+    ``block_size`` is a positive int. Forward only on the CPU.
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
     batch = check_batch(batch)
+    block_size = check_int("block_size", block_size, 1)
     doc = document_ids(batch, device)
     rows, width = batch.shape
 

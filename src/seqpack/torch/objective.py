@@ -22,19 +22,27 @@ from ..layout.batch import BatchLayout
 from .tensors import IGNORE_INDEX, shared_tensor
 
 
+def _integer_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor) and not (
+        value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
+
+
 def _targets(batch_or_targets) -> torch.Tensor:
     """Integer targets with ``IGNORE_INDEX`` at every cell that is not loss-eligible."""
     if isinstance(batch_or_targets, BatchLayout):
         batch = batch_or_targets
         return torch.where(shared_tensor(batch.loss_mask), shared_tensor(batch.targets), IGNORE_INDEX)
     if isinstance(batch_or_targets, dict):
-        return batch_or_targets["shift_labels"]
-    if isinstance(batch_or_targets, torch.Tensor) and not batch_or_targets.is_floating_point() \
-            and batch_or_targets.dtype != torch.bool:
+        labels = batch_or_targets.get("shift_labels")
+        if not _integer_tensor(labels):
+            found = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
+            raise InvalidInputError(f"the dict's shift_labels must be an integer tensor, not {found}")
+        return labels
+    if _integer_tensor(batch_or_targets):
         return batch_or_targets
+    found = batch_or_targets.dtype if isinstance(batch_or_targets, torch.Tensor) else type(batch_or_targets).__name__
     raise InvalidInputError(
-        "expected a batch, its tensors() dict or integer targets with -100 where not eligible, "
-        f"not {type(batch_or_targets).__name__}"
+        f"expected a batch, its tensors() dict or integer targets with -100 where not eligible, not {found}"
     )
 
 
@@ -44,6 +52,9 @@ def loss_sum(logits: torch.Tensor, batch_or_targets) -> tuple[torch.Tensor, int]
     ``logits`` ``[..., V]`` with leading dimensions those of the targets; bfloat16 and
     float16 logits are read in float32.
     """
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        found = logits.dtype if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise InvalidInputError(f"logits must be a floating-point tensor, not {found}")
     targets = _targets(batch_or_targets)
     if logits.dim() < 1 or tuple(logits.shape[:-1]) != tuple(targets.shape):
         raise InvalidInputError(
@@ -59,14 +70,14 @@ def loss_sum(logits: torch.Tensor, batch_or_targets) -> tuple[torch.Tensor, int]
             f"cell {int(cells[bad])} (row-major) has target {int(gold[bad])}, outside the "
             f"vocabulary [0, {classes})"
         )
-    rows = logits.reshape(-1, classes).index_select(0, cells)
+    rows = logits.reshape(flat.numel(), classes).index_select(0, cells)
     if rows.dtype in (torch.bfloat16, torch.float16):
         rows = rows.float()
     return F.cross_entropy(rows, gold, reduction="sum"), int(cells.numel())
 
 
 def _denominator(value) -> int:
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+    if _integer_tensor(value) and value.numel() == 1:
         value = int(value.item())
     if not is_int(value):
         raise InvalidInputError(f"denominator must be an int (a target count), not {type(value).__name__}")
@@ -81,15 +92,22 @@ def token_weighted_loss(logits: torch.Tensor, batch_or_targets, *, denominator=N
     ``batch_or_targets``: a padded or packed batch, its :func:`~seqpack.torch.tensors`
     dict (its ``shift_labels``), or integer targets with ``-100`` at excluded cells.
     ``denominator`` (None: this call's eligible count, which must be positive) is the
-    step's count when the step spans micro-batches or ranks (:func:`step_target_count`);
-    a micro-batch without eligible targets then contributes a zero loss with a graph.
+    step's count when the step spans micro-batches or ranks (:func:`step_target_count`),
+    so at least this call's count; a micro-batch without eligible targets then
+    contributes a zero loss with a graph.
     """
     total, count = loss_sum(logits, batch_or_targets)
     if denominator is None:
         if count == 0:
             raise InvalidInputError("zero loss-eligible targets: the token-weighted mean is undefined")
         return total / count
-    return total / _denominator(denominator)
+    denominator = _denominator(denominator)
+    if count > denominator:
+        raise InvalidInputError(
+            f"denominator is {denominator} but this call alone has {count} eligible targets: "
+            "the step's count must include them"
+        )
+    return total / denominator
 
 
 def _count(item) -> int:
@@ -97,8 +115,7 @@ def _count(item) -> int:
     a numpy integer or a 0-d integer tensor such as Trainer's ``num_items_in_batch``) as is."""
     if isinstance(item, BatchLayout):
         return item.target_count
-    if isinstance(item, torch.Tensor) and item.dim() == 0 and not item.is_floating_point() \
-            and item.dtype != torch.bool:
+    if _integer_tensor(item) and item.dim() == 0:
         item = int(item)
     if is_int(item):
         if item < 0:
@@ -134,7 +151,8 @@ class LossAccumulator:
     ``group``); calling it on each micro-batch's ``(logits, batch_or_targets)`` returns
     that micro-batch's loss sum divided by the step's count, ready for ``backward()``:
     the gradients accumulated over the step are those of one token-weighted batch over
-    the union. ``ddp=True`` when the gradients are then averaged over the group's ranks
+    the union (micro-batches holding more eligible targets than counted are an error).
+    ``ddp=True`` when the gradients are then averaged over the group's ranks
     (``DistributedDataParallel`` does): each loss is multiplied by the group's size so
     the average is still the union's gradient. ``loss_sum`` and ``count`` are what this
     rank has seen; ``mean`` is its share of the step's loss (all-reduce-sum it over the
@@ -151,6 +169,11 @@ class LossAccumulator:
 
     def __call__(self, logits: torch.Tensor, batch_or_targets) -> torch.Tensor:
         total, count = loss_sum(logits, batch_or_targets)
+        if self.count + count > self.denominator:
+            raise InvalidInputError(
+                f"the step was counted as {self.denominator} eligible targets but its micro-batches so "
+                f"far hold {self.count + count}: give LossAccumulator every micro-batch of the step"
+            )
         self.loss_sum += float(total.detach())
         self.count += count
         loss = total / self.denominator
