@@ -23,8 +23,10 @@ computed.
   projections' reshapes never copy.
 * Clear errors instead of silent fallbacks: dropout > 0, a cache (``use_cache=True`` or
   keys longer than the queries), a sliding window or attention chunk narrower than a
-  segment, softcapping, attention sinks, position biases, bidirectional attention, extra
-  mask functions and ``output_attentions=True``.
+  segment, softcapping, attention sinks, position biases, sparse key or block selections,
+  bidirectional attention or bidirectional blocks (``block_sequence_ids``), extra mask
+  functions, ``output_attentions=True``, and segment, position and padding keywords that
+  disagree with each other.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ _UNSUPPORTED = {
     "s_aux": "attention sinks",
     "sinks": "attention sinks",
     "position_bias": "an additive position bias",
+    "indices": "sparse attention over selected keys",
+    "block_indices": "block-sparse attention over selected blocks",
 }
 
 
@@ -86,10 +90,56 @@ def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
         raise InvalidInputError(
             "seqpack attention cannot apply extra mask functions (or_mask_function / and_mask_function)"
         )
+    if _bidirectional_blocks(mask_function):
+        raise InvalidInputError(
+            "seqpack attention is causal; this model's mask lets blocks of tokens attend to each other "
+            "bidirectionally (block_sequence_ids, e.g. from token_type_ids)"
+        )
     if int(q_offset) or int(kv_offset) or kv_length != q_length:
         raise _cache_error(f"keys span {kv_length} cells for {q_length} queries")
     padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask
     return padding if local_size is None else LocalMask(padding, int(local_size))
+
+
+def _bidirectional_blocks(mask_function) -> bool:
+    """Whether transformers composed ``mask_function`` with a blockwise overlay (its
+    ``block_sequence_ids``) holding a block, which no ``use_vmap`` flag announces."""
+    try:
+        from transformers.masking_utils import blockwise_overlay
+
+        overlay = blockwise_overlay(None).__code__
+    except (ImportError, AttributeError, TypeError):  # a transformers without block overlays
+        return False
+    pending, seen = [mask_function], set()
+    while pending:
+        function = pending.pop()
+        if id(function) in seen:
+            continue
+        seen.add(id(function))
+        contents = []
+        for cell in getattr(function, "__closure__", None) or ():
+            try:
+                contents.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        if getattr(function, "__code__", None) is overlay:
+            ids = [c for c in contents if isinstance(c, torch.Tensor)]
+            if not ids or any(_has_block(t) for t in ids):
+                return True
+            continue
+        for value in contents:
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                if callable(item) and not isinstance(item, torch.Tensor):
+                    pending.append(item)
+    return False
+
+
+def _has_block(ids: torch.Tensor) -> bool:
+    """Whether some row of ``block_sequence_ids`` has a block (an id >= 0) of two or more tokens."""
+    if ids.dim() != 2:
+        return True
+    ordered = ids.sort(dim=-1).values
+    return bool(((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any())
 
 
 def _cache_error(detail: str) -> InvalidInputError:
@@ -171,14 +221,18 @@ def _boundaries_from_offsets(cu: np.ndarray, rows: int, width: int) -> tuple[np.
 def layout(rows: int, width: int, attention_mask, kwargs: dict) -> tuple[np.ndarray, np.ndarray]:
     """``(valid_lengths [rows], segment_starts [rows, width])`` from the forward's keywords (see the module)."""
     columns = np.arange(width, dtype=np.int64)
-    covered = None
+    covered, source = None, None
+    if kwargs.get("cu_seq_lens_q") is None and kwargs.get("cu_seq_lens_k") is not None:
+        raise InvalidInputError("cu_seq_lens_k was given without cu_seq_lens_q: pass both (the same offsets)")
     if kwargs.get("cu_seq_lens_q") is not None:
+        source = "cu_seq_lens_q"
         cu_q = int_array("cu_seq_lens_q", kwargs["cu_seq_lens_q"])
         cu_k = kwargs.get("cu_seq_lens_k")
         if cu_k is not None and not np.array_equal(cu_q, int_array("cu_seq_lens_k", cu_k)):
             raise InvalidInputError("cu_seq_lens_k differs from cu_seq_lens_q: self-attention needs the same segments")
         marks, covered = _boundaries_from_offsets(cu_q, rows, width)
     elif kwargs.get("seq_idx") is not None:
+        source = "seq_idx"
         index = _per_cell("seq_idx", kwargs["seq_idx"], rows, width)
         marks = np.ones((rows, width), dtype=bool)
         marks[:, 1:] = index[:, 1:] != index[:, :-1]
@@ -191,11 +245,43 @@ def layout(rows: int, width: int, attention_mask, kwargs: dict) -> tuple[np.ndar
     if width:
         marks[:, 0] = True
     lengths = _valid_lengths(rows, width, attention_mask, kwargs.get("valid_lengths"), covered)
+    valid = columns[None, :] < lengths[:, None]
+    if covered is not None:
+        outside = valid & (np.arange(rows, dtype=np.int64)[:, None] * width + columns[None, :] >= covered)
+        if outside.any():
+            row, column = (int(i) for i in np.argwhere(outside)[0])
+            raise InvalidInputError(
+                f"cell {column} of row {row} is valid (valid_lengths or attention_mask) but in no sequence of "
+                f"cu_seq_lens_q, which ends at cell {covered} of the flattened rows"
+            )
+    if source is not None and kwargs.get("position_ids") is not None:
+        # positions that restart inside one sequence: the segments and the model's positions disagree
+        positions = _per_cell("position_ids", kwargs["position_ids"], rows, width)
+        broken = valid[:, 1:] & ~marks[:, 1:] & (positions[:, 1:] != positions[:, :-1] + 1)
+        if broken.any():
+            row, column = (int(i) for i in np.argwhere(broken)[0])
+            raise InvalidInputError(
+                f"position_ids[{row}, {column + 1}] = {positions[row, column + 1]} does not continue "
+                f"{positions[row, column]} inside one sequence of {source}: the segments and positions disagree"
+            )
     starts = np.maximum.accumulate(np.where(marks, columns, 0), axis=1) if width else marks.astype(np.int64)
     return lengths, starts
 
 
 def _valid_lengths(rows: int, width: int, attention_mask, given, covered) -> np.ndarray:
+    unpadded = None
+    if attention_mask is not None:
+        mask = attention_mask.detach().cpu().numpy().astype(bool)
+        if mask.shape != (rows, width):
+            raise InvalidInputError(f"attention_mask has shape {mask.shape}; expected ({rows}, {width})")
+        unpadded = mask.sum(axis=1, dtype=np.int64)
+        prefix = np.arange(width)[None, :] < unpadded[:, None]
+        if not np.array_equal(mask, prefix):
+            row = int(np.argmax((mask != prefix).any(axis=1)))
+            raise InvalidInputError(
+                f"attention_mask row {row} is not right-padded (ones, then zeros): seqpack attention "
+                f"skips a suffix of padding"
+            )
     if given is not None:
         lengths = int_array("valid_lengths", given)
         if lengths.shape != (rows,):
@@ -203,18 +289,14 @@ def _valid_lengths(rows: int, width: int, attention_mask, given, covered) -> np.
         if lengths.size and (lengths.min() < 0 or lengths.max() > width):
             row = int(np.argmax((lengths < 0) | (lengths > width)))
             raise InvalidInputError(f"valid_lengths[{row}] = {lengths[row]} is outside [0, {width}]")
-    elif attention_mask is not None:
-        mask = attention_mask.detach().cpu().numpy().astype(bool)
-        if mask.shape != (rows, width):
-            raise InvalidInputError(f"attention_mask has shape {mask.shape}; expected ({rows}, {width})")
-        lengths = mask.sum(axis=1, dtype=np.int64)
-        prefix = np.arange(width)[None, :] < lengths[:, None]
-        if not np.array_equal(mask, prefix):
-            row = int(np.argmax((mask != prefix).any(axis=1)))
+        if unpadded is not None and not np.array_equal(lengths, unpadded):
+            row = int(np.argmax(lengths != unpadded))
             raise InvalidInputError(
-                f"attention_mask row {row} is not right-padded (ones, then zeros): seqpack attention "
-                f"skips a suffix of padding"
+                f"valid_lengths[{row}] = {lengths[row]} but attention_mask row {row} has {unpadded[row]} "
+                f"valid cells: the two padding descriptions disagree"
             )
+    elif unpadded is not None:
+        lengths = unpadded
     elif covered is not None:
         lengths = np.clip(covered - np.arange(rows, dtype=np.int64) * width, 0, width)
     else:

@@ -28,9 +28,11 @@ import torch
 from ..data.binding import BatchBinding, Partition
 from ..data.table import ExampleTable
 from ..errors import CapacityError, InvalidInputError
+from ..layout.batch import BatchLayout
 from ..layout.exports import cumulative_lengths
 from ..packing.config import PackConfig
 from ..packing.planning import pack
+from ..torch.attention import int_array
 from ..torch.objective import step_target_count
 from ..torch.tensors import IGNORE_INDEX, check_batch, tensors
 
@@ -109,9 +111,12 @@ def _eligible(item) -> int:
     """Eligible targets of one micro-batch, by Trainer's rule."""
     if isinstance(item, dict):
         if "shift_labels" in item:
-            return int((item["shift_labels"] != IGNORE_INDEX).sum())
+            return int(np.count_nonzero(int_array("shift_labels", item["shift_labels"]) != IGNORE_INDEX))
         if "labels" in item:
-            return int((item["labels"][..., 1:] != IGNORE_INDEX).sum())
+            labels = int_array("labels", item["labels"])
+            if labels.ndim == 0:
+                raise InvalidInputError("labels must be a sequence of targets, got a single value")
+            return int(np.count_nonzero(labels[..., 1:] != IGNORE_INDEX))
         raise InvalidInputError(f"a batch dict needs shift_labels or labels; got keys {sorted(item)}")
     return check_batch(item).target_count
 
@@ -122,10 +127,15 @@ def num_items_in_batch(batches: Iterable, group=None) -> int:
     Trainer's rule: the eligible targets of every micro-batch of the accumulation window
     (``shift_labels`` != -100 when present, else ``labels[..., 1:]`` != -100), summed
     over the ranks of ``group`` when ``torch.distributed`` is initialized. ``batches``:
-    seqpack batches or dicts from :func:`flat`, :func:`rows` or any collator. Passing it
+    a list (or iterable) of seqpack batches or dicts from :func:`flat`, :func:`rows` or any
+    collator, whose labels are integers (tensors, arrays or lists). Passing it
     to ``ForCausalLMLoss`` (or the model) makes each micro-batch's loss its sum over
     the window's count, the token-weighted loss of :mod:`seqpack.torch`.
     """
+    if isinstance(batches, (dict, BatchLayout)):
+        raise InvalidInputError(
+            f"batches is one micro-batch ({type(batches).__name__}); pass the list of the step's micro-batches"
+        )
     return step_target_count([_eligible(item) for item in batches], group)
 
 
@@ -193,7 +203,13 @@ class PackingCollator:
         for index, feature in enumerate(features):
             if "input_ids" not in feature:
                 raise InvalidInputError(f"feature {index} has no input_ids; its keys are {sorted(feature)}")
-            documents.append(np.asarray(feature["input_ids"]))
+            document = np.asarray(feature["input_ids"])
+            if document.ndim != 1 or (document.size and document.dtype.kind not in "iu"):
+                raise InvalidInputError(
+                    f"feature {index}: input_ids must be a 1-D sequence of integer token ids, got "
+                    f"shape {document.shape} and dtype {document.dtype}"
+                )
+            documents.append(document)
             _check_feature(index, feature, documents[-1])
         offsets = np.zeros(len(documents) + 1, dtype=np.int64)
         np.cumsum([document.size for document in documents], out=offsets[1:])
