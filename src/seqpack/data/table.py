@@ -292,6 +292,8 @@ def _check_ranges(spans, example_docs, doc_offsets, ids):
 
 
 def _check_ids(ids, count: int) -> tuple[str, ...]:
+    if isinstance(ids, (str, bytes)):  # a single name would become one id per character
+        raise InvalidInputError(f"ids must be a sequence of names, not a single {type(ids).__name__}")
     ids = tuple(ids)
     if len(ids) != count:
         raise InvalidInputError(f"{len(ids)} ids for {count} examples")

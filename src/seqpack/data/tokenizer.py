@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._limits import check_int, is_int
+from .._limits import INT64_MAX, check_int, is_int
 from ..errors import DecodeLimitError, InvalidInputError, TokenizerError
 
 BOS_ID = 0
@@ -59,8 +59,9 @@ class DecodeLimits:
     max_bytes: int
 
     def __post_init__(self):
-        object.__setattr__(self, "max_tokens", check_int("max_tokens", self.max_tokens))
-        object.__setattr__(self, "max_bytes", check_int("max_bytes", self.max_bytes))
+        # The validation kernels count in int64.
+        object.__setattr__(self, "max_tokens", check_int("max_tokens", self.max_tokens, maximum=INT64_MAX))
+        object.__setattr__(self, "max_bytes", check_int("max_bytes", self.max_bytes, maximum=INT64_MAX))
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,9 @@ class ByteTokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a content token stands for (empty for BOS and EOS)."""
+        if not is_int(token_id):
+            raise TokenizerError(f"a token ID must be an int, not {type(token_id).__name__}")
+        token_id = int(token_id)
         if not 0 <= token_id < self.vocabulary_size:
             raise TokenizerError(
                 f"token {token_id} is outside the vocabulary [0, {self.vocabulary_size})"

@@ -169,15 +169,23 @@ def _kv_shape(kv_shape, q_shape):
     return kv_shape
 
 
-def _scale(scale, head_dim: int) -> float:
-    """The score scale as a Python float: ``1/sqrt(head_dim)`` for None, else finite."""
+def _scale(scale, head_dim: int, dtype) -> float:
+    """The score scale as a Python float: ``1/sqrt(head_dim)`` for None, else finite, also
+    once rounded to ``dtype`` (the kernels multiply in it)."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
         raise InvalidInputError(f"scale must be a real number or None, got {type(scale).__name__}")
-    value = float(scale)
+    try:
+        value = float(scale)
+    except OverflowError:
+        raise InvalidInputError("scale is too large for a float") from None
     if not math.isfinite(value):
         raise InvalidInputError(f"scale must be finite, got {value}")
+    with np.errstate(over="ignore"):
+        rounded = dtype.type(value)
+    if not np.isfinite(rounded):
+        raise InvalidInputError(f"scale {value} overflows {dtype} (the dtype of q)")
     return value
 
 
@@ -265,7 +273,7 @@ def range_attention_forward(q, k, v, valid_lengths, segment_starts, *, threads=N
     given = {"q": q, "k": k, "v": v, "valid_lengths": valid_lengths, "segment_starts": segment_starts}
     q, k, v = _floats(("q", "k", "v"), (q, k, v))
     rows, heads, width, head_dim = q.shape
-    scale = _scale(scale, head_dim)
+    scale = _scale(scale, head_dim, q.dtype)
     lengths, starts = _layout_arrays(valid_lengths, segment_starts, rows, width)
     out, lse = _outputs({"out": (out, q.shape), "lse": (lse, q.shape[:3])}, q.dtype, given)
     if out.size == 0:
@@ -297,7 +305,7 @@ def range_attention_backward(q, k, v, out, lse, dout, valid_lengths, segment_sta
         ("q", "k", "v", "out", "lse", "dout"), (q, k, v, out, lse, dout)
     )
     rows, heads, width, head_dim = q.shape
-    scale = _scale(scale, head_dim)
+    scale = _scale(scale, head_dim, q.dtype)
     lengths, starts = _layout_arrays(valid_lengths, segment_starts, rows, width)
     dq, dk, dv = _outputs(
         {"dq": (dq, q.shape), "dk": (dk, k.shape), "dv": (dv, k.shape)}, q.dtype, given
@@ -342,9 +350,38 @@ def causal_attention_with_ranges(q: Tensor, k: Tensor, v: Tensor, lengths, start
     ``lengths[r]`` give a zero mixture. Scores are ``q @ k^T / sqrt(d)``.
     """
     q, k, v = as_tensor(q), as_tensor(k), as_tensor(v)
-    lengths, starts = _per_grid(q, lengths, starts)
+    lengths, starts = _per_row(q, lengths, starts)
+    _check_keys_values(q, k, v)
+    # Inactive cells become exact zeros first (a selection, as select_cells): 0 * NaN is
+    # NaN, so padding q/k/v would otherwise reach valid results through the products.
+    rows, width = q.shape[0], q.shape[-2]
+    keep = (np.arange(width) < lengths[:, None]).reshape((rows,) + (1,) * (q.value.ndim - 3) + (width, 1))
+    q, k, v = (_keep_cells(x, keep) for x in (q, k, v))
+    shared = int(np.prod(q.shape[1:-2], dtype=np.int64))
+    lengths, starts = np.repeat(lengths, shared), np.repeat(starts, shared, axis=0)
     scores = scale(batched_matmul(q, swap_last_axes(k)), 1.0 / math.sqrt(q.shape[-1]))
     return batched_matmul(range_softmax(scores, lengths, starts), v)
+
+
+def _check_keys_values(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """``k`` and ``v`` must have q's rows and T (and k q's d); a head axis may be 1 (shared)."""
+    for name, x in (("k", k), ("v", v)):
+        shape = x.shape
+        if (len(shape) != len(q.shape) or shape[0] != q.shape[0] or shape[-2] != q.shape[-2]
+                or (name == "k" and shape[-1] != q.shape[-1])
+                or any(a not in (b, 1) for a, b in zip(shape[1:-2], q.shape[1:-2]))):
+            raise InvalidInputError(
+                f"{name} has shape {shape}; expected [rows, (heads,) T, d] matching q {q.shape}"
+            )
+
+
+def _keep_cells(x: Tensor, keep: np.ndarray) -> Tensor:
+    """``x`` where ``keep`` (broadcast) is true, exact zeros elsewhere, zero gradient there."""
+
+    def backward(grad):
+        x.accumulate(np.where(keep, grad, 0.0))
+
+    return record(np.where(keep, x.value, 0.0), (x,), backward)
 
 
 def causal_attention_with_lengths(q: Tensor, k: Tensor, v: Tensor, lengths) -> Tensor:
@@ -384,9 +421,3 @@ def _per_row(q: Tensor, lengths, starts) -> tuple[np.ndarray, np.ndarray]:
         raise InvalidInputError(f"attention inputs must be [rows, (heads,) T, d] with d > 0, got {q.shape}")
     return causal_layout(q.shape[0], q.shape[-2], lengths, starts)
 
-
-def _per_grid(q: Tensor, lengths, starts) -> tuple[np.ndarray, np.ndarray]:
-    """Repeat a per-row layout over the middle (head) axes, one entry per score grid."""
-    lengths, starts = _per_row(q, lengths, starts)
-    shared = int(np.prod(q.shape[1:-2], dtype=np.int64))
-    return np.repeat(lengths, shared), np.repeat(starts, shared, axis=0)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._limits import INT32_MAX, check_int
+from .._limits import INT32_MAX, check_int, integer_array
 from ..errors import CapacityError, InvalidInputError
 from ..packing.packed import PackedBatch
 from ..packing.padding import PaddedBatch
@@ -98,6 +98,7 @@ class Decoder:
     def __init__(self, config: DecoderConfig, seed: int, attention: str = "fused"):
         if attention not in ATTENTION_MODES:
             raise InvalidInputError(f"attention must be one of {ATTENTION_MODES}, not {attention!r}")
+        seed = check_int("seed", seed, minimum=0)
         self.config = config
         self.attention = attention
         rng = np.random.default_rng(seed)
@@ -141,7 +142,7 @@ class Decoder:
         rows, width = x.shape[:2]
         lengths, starts = causal_layout(rows, width, valid_lengths, segment_starts)
         active = np.arange(width) < lengths[:, None]  # [rows, T]
-        positions = np.asarray(positions)
+        positions = self._check_positions(positions, active)
         p = self._parameters
         x = F.select_cells(x, active)
         for i in range(self.config.layers):
@@ -151,6 +152,14 @@ class Decoder:
             x = F.add(x, self._swiglu(i, normed))
         normed = F.rmsnorm(x, p["final_norm"], RMS_EPS)
         return F.matmul(normed, F.transpose(p["embedding"]))
+
+    @staticmethod
+    def _check_positions(positions, active: np.ndarray) -> np.ndarray:
+        """Integer positions of the cells' shape ``[rows, T]`` (never floats, bools or broadcast)."""
+        positions = integer_array("positions", positions, np.int64)
+        if positions.shape != active.shape:
+            raise InvalidInputError(f"positions has shape {positions.shape}; expected {active.shape}")
+        return positions
 
     def _attention(self, i, x, positions, active, lengths, starts) -> Tensor:
         p, heads = self._parameters, self.config.heads

@@ -48,12 +48,29 @@ class MaskedLoss:
         return self.gradients()
 
 
-def _eligible(targets, loss_mask, classes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Flat eligible cells, their row indices (intp) and their gold classes (int32)."""
-    cells = np.flatnonzero(np.asarray(loss_mask, dtype=bool))
+def _eligible(targets, loss_mask, classes: int, cells_shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flat eligible cells, their row indices (intp) and their gold classes (int32).
+
+    ``loss_mask`` (bool, or integers 0 and 1) and ``targets`` (integers) must have the
+    logits' cell shape ``cells_shape``."""
+    mask = np.asarray(loss_mask)
+    targets = np.asarray(targets)
+    for name, array in (("loss_mask", mask), ("targets", targets)):
+        if array.shape != tuple(cells_shape):
+            raise InvalidInputError(
+                f"{name} has shape {array.shape}; the logits have cells {tuple(cells_shape)}"
+            )
+    if mask.dtype.kind in "iu" and mask.size and (mask.min() < 0 or mask.max() > 1):
+        raise InvalidInputError(f"loss_mask holds {int(mask.max()) if mask.max() > 1 else int(mask.min())}; "
+                                f"a mask holds only 0 and 1")
+    if mask.dtype.kind not in "biu":
+        raise InvalidInputError(f"loss_mask must be bool, got dtype {mask.dtype}")
+    if targets.dtype.kind not in "iu":
+        raise InvalidInputError(f"targets must be integers, got dtype {targets.dtype}")
+    cells = np.flatnonzero(mask)
     if cells.size == 0:
         raise InvalidInputError("the batch has zero loss-eligible targets; the mean loss is undefined")
-    gold = np.asarray(targets).reshape(-1)[cells]
+    gold = targets.reshape(-1)[cells]
     outside = (gold < 0) | (gold >= classes)
     if outside.any():
         bad = int(np.argmax(outside))
@@ -66,12 +83,14 @@ def _eligible(targets, loss_mask, classes: int) -> tuple[np.ndarray, np.ndarray,
 
 def _real_logits(logits) -> np.ndarray:
     """Logits as a C-contiguous float32 or float64 array (float16 widened to float32, integers
-    to float64); complex, bool and non-numeric logits are rejected."""
+    to float64); complex, bool, non-numeric and wider-than-float64 logits are rejected."""
     array = np.asarray(logits)
-    if array.dtype.kind == "f":
-        dtype = np.float64 if array.dtype == np.float64 else np.float32
+    if array.dtype.kind == "f" and array.dtype.itemsize <= 8:  # either byte order
+        dtype = np.float64 if array.dtype.itemsize == 8 else np.float32
     elif array.dtype.kind in "iu":
         dtype = np.float64
+    elif array.dtype.kind == "f":
+        raise InvalidInputError(f"logits wider than float64 would lose precision silently, got dtype {array.dtype}")
     else:
         raise InvalidInputError(f"logits must be real numbers, got dtype {array.dtype}")
     if array.ndim < 1 or array.shape[-1] < 1:
@@ -91,7 +110,7 @@ def masked_nll(logits, targets: np.ndarray, loss_mask: np.ndarray,
         return _masked_nll_on_tape(logits, targets, loss_mask, parameters or {"logits": logits})
     array = _real_logits(logits)
     classes = array.shape[-1]
-    cells, rows, gold = _eligible(targets, loss_mask, classes)
+    cells, rows, gold = _eligible(targets, loss_mask, classes, array.shape[:-1])
     flat = array.reshape(-1, classes)  # [cells, V], a view
     logsumexp, losses = np.empty(rows.shape[0]), np.empty(rows.shape[0])
     total = _loss.indexed_nll_forward(flat, rows, gold, logsumexp, losses)
@@ -107,7 +126,7 @@ def masked_nll(logits, targets: np.ndarray, loss_mask: np.ndarray,
 
 def _masked_nll_on_tape(logits: Tensor, targets, loss_mask, parameters) -> MaskedLoss:
     classes = logits.shape[-1]
-    cells, rows, gold = _eligible(targets, loss_mask, classes)
+    cells, rows, gold = _eligible(targets, loss_mask, classes, logits.shape[:-1])
     flat = np.ascontiguousarray(logits.value).reshape(-1, classes)  # [cells, V]
     logsumexp, losses = np.empty(rows.shape[0]), np.empty(rows.shape[0])
     total = _loss.indexed_nll_forward(flat, rows, gold, logsumexp, losses)
