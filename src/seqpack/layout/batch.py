@@ -253,6 +253,12 @@ class BatchLayout:
         )
         if code != _fill.Violation.OK:
             raise VerificationError(_violation_message(code, row, column, self), row, column if column >= 0 else None)
+        # Every real target is supervised: a valid cell outside loss_mask would shrink the
+        # loss denominator (the row check above leaves loss_mask free inside the prefix).
+        unsupervised = np.flatnonzero(self.token_valid & ~self.loss_mask)
+        if unsupervised.size:
+            row, column = divmod(int(unsupervised[0]), width)
+            raise VerificationError(_violation_message(_fill.Violation.VALID_FLAG, row, column, self), row, column)
         records = self._records
         segments = np.sort(records["segment"])
         if segments.size > 1 and np.any(segments[1:] == segments[:-1]):

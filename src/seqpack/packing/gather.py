@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._limits import check_disjoint, integer_array
+from .._limits import INT64_MAX, check_disjoint, integer_array
 from ..errors import InvalidInputError
 from . import _gather
 
@@ -38,6 +38,7 @@ def gather_ranges(source: np.ndarray, begins, ends, dtype=np.int32, out: np.ndar
         raise InvalidInputError(
             f"range {i} [{begins[i]}, {ends[i]}) is not inside the source of {source.shape[0]} tokens"
         )
+    at_given = at
     if at is None:
         at = np.zeros(begins.shape[0], dtype=np.int64)
         np.cumsum(lengths[:-1], out=at[1:])
@@ -46,9 +47,15 @@ def gather_ranges(source: np.ndarray, begins, ends, dtype=np.int32, out: np.ndar
         at = integer_array("at", at, np.int64, 1)
         if at.shape != begins.shape or (at.size and at.min() < 0):
             raise InvalidInputError("at must hold one non-negative place per range")
+        past = np.flatnonzero(at > INT64_MAX - lengths)  # at + lengths would wrap
+        if past.size:
+            i = int(past[0])
+            raise InvalidInputError(f"range {i} at place {at[i]} would end past {INT64_MAX}")
+        _check_places_disjoint(at, lengths)
         need = int((at + lengths).max()) if at.size else 0
     if out is None:
-        out = np.empty(need, dtype=dtype)
+        # With places, cells between ranges belong to none: zeros, never uninitialized memory.
+        out = np.empty(need, dtype=dtype) if at_given is None else np.zeros(need, dtype=dtype)
     elif not isinstance(out, np.ndarray) or out.dtype != dtype or out.ndim != 1 or out.shape[0] < need \
             or not out.flags.c_contiguous or not out.flags.writeable:
         raise InvalidInputError(f"out must be a writable C-contiguous {dtype} array of at least {need} tokens")
@@ -56,3 +63,20 @@ def gather_ranges(source: np.ndarray, begins, ends, dtype=np.int32, out: np.ndar
     check_disjoint({"out": out}, {"source": source})
     _gather.gather_ranges(source, begins, ends, out, at)
     return out
+
+
+def _check_places_disjoint(at: np.ndarray, lengths: np.ndarray) -> None:
+    """No two non-empty ranges may be placed over the same cells of ``out``."""
+    ranges = np.flatnonzero(lengths > 0)
+    if ranges.size < 2:
+        return
+    places = at[ranges]
+    if np.any(places[1:] < places[:-1]):
+        ranges = ranges[np.argsort(places, kind="stable")]
+        places = at[ranges]
+    clash = np.flatnonzero(places[:-1] + lengths[ranges[:-1]] > places[1:])
+    if clash.size:
+        i, j = int(ranges[clash[0]]), int(ranges[clash[0] + 1])
+        raise InvalidInputError(
+            f"range {i} at place {at[i]} ({lengths[i]} tokens) overlaps range {j} at place {at[j]} in out"
+        )

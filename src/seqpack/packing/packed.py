@@ -8,7 +8,7 @@ import numpy as np
 
 from ..layout.batch import BatchLayout
 from ..layout.fields import FieldArrays, Placements
-from .epoch import Epoch
+from .epoch import Epoch, check_index
 
 
 class PackedBatch(BatchLayout):
@@ -49,6 +49,7 @@ class EpochBatches(Sequence):
     def __getitem__(self, index):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
+        check_index(index)
         number = range(len(self))[index]  # IndexError (or TypeError) like a list's
         batch = self._made[number]
         if batch is None:

@@ -81,17 +81,21 @@ class PackingPlan:
     def __len__(self) -> int:
         return self.batch_count
 
-    def batch_rows(self, number: int) -> int:
-        """Rows of batch ``number``: ``rows_per_batch`` except for a smaller final batch."""
-        per_batch = self.config.rows_per_batch
-        return min(per_batch, self.row_count - number * per_batch)
-
-    def batch(self, number: int) -> PackedBatch:
-        """Build batch ``number`` (rows local to it, ordinals and segments global)."""
+    def _number(self, number) -> int:
+        """``number`` as a Python int in ``[0, batch_count)``, else InvalidInputError naming it."""
         if isinstance(number, bool) or not isinstance(number, (int, np.integer)) \
                 or not 0 <= number < self.batch_count:
             raise InvalidInputError(f"batch {number!r} is outside this plan's {self.batch_count} batches")
-        return self._batch(int(number), None)
+        return int(number)
+
+    def batch_rows(self, number: int) -> int:
+        """Rows of batch ``number``: ``rows_per_batch`` except for a smaller final batch."""
+        per_batch = self.config.rows_per_batch
+        return min(per_batch, self.row_count - self._number(number) * per_batch)
+
+    def batch(self, number: int) -> PackedBatch:
+        """Build batch ``number`` (rows local to it, ordinals and segments global)."""
+        return self._batch(self._number(number), None)
 
     def _batch(self, number: int, buffers) -> PackedBatch:
         first, end = int(self._bounds[number]), int(self._bounds[number + 1])
