@@ -97,3 +97,13 @@ def test_gather_ranges_gaps_are_zero_not_uninitialized():
         assert out.shape == (4002,)
         assert out[:2].tolist() == [1, 2] and out[4000:].tolist() == [6, 7]
         assert not out[2:4000].any()
+
+
+def test_a_plan_is_indexed_like_a_dataset(table, binding):
+    """``plan[i]`` is ``plan.batch(i)`` (the protocol a dataset on disk shares), checked alike."""
+    plan = sp.plan(table, sp.PackConfig(5, 2), partition=TRAIN, binding=binding)
+    for number in range(len(plan)):
+        assert np.array_equal(plan[number].inputs, plan.batch(number).inputs)
+    for bad in (len(plan), -1, True):
+        with pytest.raises(InvalidInputError):
+            plan[bad]

@@ -97,6 +97,10 @@ class PackingPlan:
         """Build batch ``number`` (rows local to it, ordinals and segments global)."""
         return self._batch(self._number(number), None)
 
+    def __getitem__(self, number: int) -> PackedBatch:
+        """``plan[i]`` is ``plan.batch(i)``, as on a dataset opened from disk."""
+        return self.batch(number)
+
     def _batch(self, number: int, buffers) -> PackedBatch:
         first, end = int(self._bounds[number]), int(self._bounds[number + 1])
         local = np.arange(first, end) if self._order is None else self._order[first:end]
