@@ -100,10 +100,20 @@ def test_gather_ranges_gaps_are_zero_not_uninitialized():
 
 
 def test_a_plan_is_indexed_like_a_dataset(table, binding):
-    """``plan[i]`` is ``plan.batch(i)`` (the protocol a dataset on disk shares), checked alike."""
+    """``plan[i]`` indexes like a dataset on disk: batch(i), negative numbers, slices."""
     plan = sp.plan(table, sp.PackConfig(5, 2), partition=TRAIN, binding=binding)
     for number in range(len(plan)):
         assert np.array_equal(plan[number].inputs, plan.batch(number).inputs)
-    for bad in (len(plan), -1, True):
+    assert np.array_equal(plan[-1].inputs, plan.batch(len(plan) - 1).inputs)
+    assert [b.target_count for b in plan[1:5]] == [plan.batch(i).target_count for i in range(1, len(plan))]
+    for bad in (len(plan), -len(plan) - 1, True):
         with pytest.raises(InvalidInputError):
             plan[bad]
+
+
+def test_reuse_buffers_must_be_a_bool(table, binding):
+    """The string "False" is truthy: it would hand out shared buffers the caller did not ask for."""
+    plan = sp.plan(table, sp.PackConfig(5, 2), partition=TRAIN, binding=binding)
+    with pytest.raises(InvalidInputError, match="reuse_buffers must be a bool"):
+        next(plan.batches(reuse_buffers="False"))
+    assert len(list(plan.batches(reuse_buffers=np.bool_(True)))) == len(plan)

@@ -44,6 +44,13 @@ def check_int(name: str, value: object, minimum: int = 1, maximum: int | None = 
     return value
 
 
+def check_bool(name: str, value: object) -> bool:
+    """``value`` as a Python bool (a bool or numpy bool only), else :class:`InvalidInputError`."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidInputError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
 def check_optional_int(name: str, value: object, minimum: int = 1, maximum: int | None = None) -> int | None:
     """``None``, or ``value`` checked as by :func:`check_int`."""
     return None if value is None else check_int(name, value, minimum, maximum)

@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .._limits import check_threads
+from .._limits import check_bool, check_threads
 from ..data.binding import BatchBinding, Partition
 from ..data.documents import BatchDocument
 from ..data.examples import SequenceExample
@@ -35,6 +35,7 @@ from ..packing import budget
 from ..packing.config import PackConfig
 from ..packing.packed import PackedBatch
 from ..packing.placement import check_policy
+from ..packing.planning import batch_at
 from ..packing.report import EfficiencyReport
 from . import format as fmt
 from .readers import Input, input_path
@@ -363,16 +364,13 @@ class PackedDataset:
                                   buffers)
 
     def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self.batch(i) for i in range(*index.indices(len(self)))]
-        if isinstance(index, (int, np.integer)) and not isinstance(index, bool) and index < 0:
-            index += len(self)
-        return self.batch(index)
+        return batch_at(self, index)
 
     def batches(self, reuse_buffers: bool = False) -> Iterator[PackedBatch]:
         """Every batch in order; with ``reuse_buffers=True`` all share one set of field
         arrays, each valid only until the next is requested."""
-        buffers = FieldArrays.allocate(self.largest_batch_rows, self.config.capacity) if reuse_buffers else None
+        reuse = check_bool("reuse_buffers", reuse_buffers)
+        buffers = FieldArrays.allocate(self.largest_batch_rows, self.config.capacity) if reuse else None
         for number in range(self.batch_count):
             yield self.batch(number, buffers)
 

@@ -17,7 +17,7 @@ from typing import Union
 
 import numpy as np
 
-from .._limits import check_threads
+from .._limits import check_bool, check_threads, is_int
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
 from ..data.table import ExampleTable
@@ -31,6 +31,16 @@ from .placement import check_policy, placed
 from .report import EfficiencyReport
 
 Examples = Union[Sequence[SequenceExample], ExampleTable]
+
+
+def batch_at(batches, index):
+    """``batches[index]`` for anything with ``len`` and ``batch(i)``: one batch (a negative
+    number counts from the end), or a list of them for a slice."""
+    if isinstance(index, slice):
+        return [batches.batch(i) for i in range(*index.indices(len(batches)))]
+    if is_int(index) and index < 0:
+        index += len(batches)
+    return batches.batch(index)
 
 
 class PackingPlan:
@@ -97,9 +107,9 @@ class PackingPlan:
         """Build batch ``number`` (rows local to it, ordinals and segments global)."""
         return self._batch(self._number(number), None)
 
-    def __getitem__(self, number: int) -> PackedBatch:
-        """``plan[i]`` is ``plan.batch(i)``, as on a dataset opened from disk."""
-        return self.batch(number)
+    def __getitem__(self, index):
+        """``plan[i]``: batch ``i`` (negative counts from the end); a slice gives a list."""
+        return batch_at(self, index)
 
     def _batch(self, number: int, buffers) -> PackedBatch:
         first, end = int(self._bounds[number]), int(self._bounds[number + 1])
@@ -117,7 +127,8 @@ class PackingPlan:
         the largest batch): each batch is valid only until the next one is requested,
         and no batch pays for fresh memory.
         """
-        buffers = FieldArrays.allocate(self.largest_batch_rows, self.config.capacity) if reuse_buffers else None
+        reuse = check_bool("reuse_buffers", reuse_buffers)
+        buffers = FieldArrays.allocate(self.largest_batch_rows, self.config.capacity) if reuse else None
         for number in range(self.batch_count):
             yield self._batch(number, buffers)
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from .._limits import check_int, is_int
+from .._limits import check_bool, check_int, is_int
 from ..errors import InvalidInputError
 from ..io.dataset import PackedBatches
 from ..packing.epoch import Epoch
@@ -107,9 +107,7 @@ class PackedIterableDataset(IterableDataset):
     def __init__(self, plan, *, shuffle: bool = True, seed: int = 0, rank: int | None = None,
                  world_size: int | None = None):
         self._batches = _Batches(plan)
-        if not isinstance(shuffle, bool):
-            raise InvalidInputError(f"shuffle must be a bool, got {type(shuffle).__name__}")
-        self.shuffle = shuffle
+        self.shuffle = check_bool("shuffle", shuffle)
         self.seed = check_int("seed", seed, 0)
         self.rank, self.world_size = _rank_and_size(rank, world_size)
         if len(self._batches) < self.world_size:
