@@ -93,8 +93,7 @@ class PackingPlan:
 
     def _number(self, number) -> int:
         """``number`` as a Python int in ``[0, batch_count)``, else InvalidInputError naming it."""
-        if isinstance(number, bool) or not isinstance(number, (int, np.integer)) \
-                or not 0 <= number < self.batch_count:
+        if not is_int(number) or not 0 <= number < self.batch_count:
             raise InvalidInputError(f"batch {number!r} is outside this plan's {self.batch_count} batches")
         return int(number)
 
