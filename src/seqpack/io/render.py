@@ -16,6 +16,7 @@ from itertools import zip_longest
 
 import numpy as np
 
+from .._limits import is_int
 from ..errors import InvalidInputError
 from ..layout.batch import BatchLayout
 
@@ -31,10 +32,17 @@ def shown_window(batch: BatchLayout, rows, columns) -> tuple[list[int], range]:
     """The rows (all by default) and the column window (all by default) to draw, checked."""
     count, width = batch.shape
     rows = list(range(count)) if rows is None else list(rows)
+    if not rows:
+        raise InvalidInputError("rows is empty: nothing to draw")
     for row in rows:
+        if not is_int(row):
+            raise InvalidInputError(f"a row must be an int, got {type(row).__name__}")
         if not 0 <= row < count:
             raise InvalidInputError(f"row {row} is outside this batch's rows [0, {count})")
+    rows = [int(row) for row in rows]
     columns = range(width) if columns is None else columns
+    if not isinstance(columns, range) or columns.step != 1:
+        raise InvalidInputError(f"columns must be a range of consecutive columns, not {columns!r}")
     if columns.start < 0 or columns.stop > width or len(columns) == 0:
         raise InvalidInputError(f"columns [{columns.start}, {columns.stop}) are not inside [0, {width})")
     return rows, columns

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._limits import check_int
+from .._limits import check_int, is_int
 from ..data.binding import BatchBinding, Partition
 from ..errors import InvalidInputError, SeqpackError
 from ..packing.config import PackConfig
@@ -140,6 +140,12 @@ def units_of(reader: Reader, first_input: int) -> list[Unit]:
     return [Unit(reader, first_input, weight)]
 
 
+def _exact_dtype(total: int, count: int):
+    """int64 when products of byte offsets (up to twice ``total``) and shard numbers (up to
+    ``count``) fit in it, else Python ints (object arrays): never a silent wraparound."""
+    return np.int64 if 2 * total * count < 2 ** 63 else object
+
+
 def _split_large_jsonl(units: list[Unit], count: int, total: int) -> list[Unit]:
     """``units`` with every whole JSONL file of at least a shard's bytes (``total / count``)
     cut into line ranges at the shard boundaries inside it (``k * total / count``, rounded
@@ -149,7 +155,8 @@ def _split_large_jsonl(units: list[Unit], count: int, total: int) -> list[Unit]:
         weight = max(unit.weight, 1)
         reader = unit.reader
         if isinstance(reader, JsonLines) and reader.start == 0 and reader.stop is None and weight * count >= total:
-            shard = np.arange(begin * count // total + 1, (begin + weight) * count // total + 1, dtype=np.int64)
+            shard = np.arange(begin * count // total + 1, (begin + weight) * count // total + 1,
+                              dtype=_exact_dtype(total, count))
             cuts = -(-shard * total // count) - begin
             cuts = cuts[(cuts > 0) & (cuts < weight)].tolist()
         else:
@@ -179,8 +186,9 @@ def plan_shards(readers: list[Reader], count: int | None) -> tuple[list[Input], 
     total = sum(max(unit.weight, 1) for unit in units)
     if count is None:
         count = max(1, -(-total // SHARD_BYTES))
+    count = min(count, total)  # more shards than input bytes plan alike: every unit (line) alone
     units = _split_large_jsonl(units, count, total)
-    weights = np.array([max(unit.weight, 1) for unit in units], dtype=np.int64)
+    weights = np.array([max(unit.weight, 1) for unit in units], dtype=_exact_dtype(total, count))
     ends = np.cumsum(weights)
     middles = 2 * (ends - weights) + weights  # twice each unit's middle byte
     owners = np.minimum(middles * count // (2 * int(ends[-1])), count - 1)
@@ -291,12 +299,20 @@ def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer
         finished = (run or run_serially)(job, planned, staging)
         try:
             for index, (record, nbytes) in finished:
+                known = is_int(index) and 0 <= index < len(planned)
+                if not known or records[index] is not None:  # counted twice, the manifest's counts would be wrong
+                    raise SeqpackError(f"the runner reported shard {index!r} of {len(planned)} "
+                                       + ("twice" if known else "(no such shard)"))
                 records[index] = record
                 input_bytes += nbytes
                 bar.shard_done(record, nbytes)
         finally:
             finished.close()  # a runner stops its running shards before the staging directory goes
             bar.close()
+        unfinished = [shard.label for shard, record in zip(planned, records) if record is None]
+        if unfinished:
+            raise SeqpackError(f"the runner never reported {unfinished[0]}"
+                               + (f" (and {len(unfinished) - 1} more shards)" if len(unfinished) > 1 else ""))
         parts = [record for record in records if record["name"] is not None]
         if not parts:
             raise no_content()

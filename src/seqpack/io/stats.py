@@ -88,8 +88,10 @@ def _histogram_panel(x: float, y: float, width: float, height: float, title: str
              f'<line x1="{x}" y1="{y + height}" x2="{x + width}" y2="{y + height}" class="axis"/>']
     for index, count in enumerate(counts):
         h = height * float(np.log1p(count)) / scale
+        # np.histogram's last bin holds its right edge (full rows, examples of the capacity)
+        close = "]" if index == len(counts) - 1 else ")"
         parts.append(f'<rect class="bar" x="{x + index * bar:.2f}" y="{y + height - h:.2f}" width="{bar - 1:.2f}" '
-                     f'height="{h:.2f}" fill="{colour}"><title>[{edges[index]:.3g}, {edges[index + 1]:.3g}): '
+                     f'height="{h:.2f}" fill="{colour}"><title>[{edges[index]:.15g}, {edges[index + 1]:.15g}{close}: '
                      f'{count}</title></rect>')
     parts.append(f'<text x="{x}" y="{y + height + 16}" class="tick">{escape(labels[0])}</text>')
     parts.append(f'<text x="{x + width}" y="{y + height + 16}" class="tick" text-anchor="end">{escape(labels[1])}</text>')

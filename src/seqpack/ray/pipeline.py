@@ -131,6 +131,9 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
     threads = check_int("threads", threads)
     max_retries = check_int("max_retries", max_retries, minimum=0)
     workers = None if workers is None else check_int("workers", workers)
+    if isinstance(inputs, (str, bytes, os.PathLike)):  # not read as one input per character
+        raise InvalidInputError(f"inputs must be a list of readers or paths, not one path ({inputs!r}): "
+                                f"give [{inputs!r}]")
     ray = import_ray()
     if tokenizer is None:
         tokenizer = ByteTokenizer()
