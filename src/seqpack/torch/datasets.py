@@ -101,7 +101,9 @@ class PackedIterableDataset(IterableDataset):
     workers, or inside a worker as ``StatefulDataLoader`` asks; with a plain
     ``DataLoader`` and workers give ``consumed=``, the batches of the epoch the trainer
     took). ``load_state_dict()`` makes the next pass over that epoch start with the next
-    batch; ``set_epoch`` to another epoch drops it.
+    batch; ``set_epoch`` to another epoch drops it. With a plain ``DataLoader`` and
+    workers the passes run in copies of this object, so the loaded state stays here and
+    every pass over that epoch resumes until ``set_epoch`` moves on.
     """
 
     def __init__(self, plan, *, shuffle: bool = True, seed: int = 0, rank: int | None = None,
