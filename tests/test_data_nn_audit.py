@@ -190,3 +190,16 @@ def test_a_single_string_is_not_a_list_of_ids():
         ExampleTable.from_arrays(tokens, offsets, BINDING, ids="ab")
     with pytest.raises(InvalidInputError, match="not a single str"):
         ExampleTable.from_texts(["x", "y"], BINDING, capacity=4, ids="ab")
+
+
+def test_reference_attention_refuses_a_non_finite_valid_cell():
+    """A NaN in one segment's v would reach the other segment through the dense P @ V."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 6, 4)) for _ in range(3))
+    starts = np.array([[0, 0, 0, 3, 3, 3]])
+    v[0, 1, 2] = np.nan
+    with pytest.raises(InvalidInputError, match=r"v holds nan at row 0, cell 1"):
+        A.causal_attention_with_ranges(q, k, v, np.array([6]), starts)
+    v[0, 1, 2] = np.inf
+    with pytest.raises(InvalidInputError, match=r"v holds inf at row 0, cell 1"):
+        A.causal_attention_with_ranges(q, k, v, np.array([6]), starts)

@@ -348,15 +348,25 @@ def causal_attention_with_ranges(q: Tensor, k: Tensor, v: Tensor, lengths, start
     ``lengths`` ``[rows]`` and ``starts`` ``[rows, T]`` are shared by every head: valid
     query ``t`` of row ``r`` attends to keys ``[starts[r, t], t]``; queries at or past
     ``lengths[r]`` give a zero mixture. Scores are ``q @ k^T / sqrt(d)``.
+
+    The products are dense over each row, and ``0 * NaN`` is NaN: padding is zeroed first,
+    and a non-finite q, k or v in a valid cell is an error (it would reach the other
+    segments of its row; the fused kernels never read across segments).
     """
     q, k, v = as_tensor(q), as_tensor(k), as_tensor(v)
     lengths, starts = _per_row(q, lengths, starts)
     _check_keys_values(q, k, v)
-    # Inactive cells become exact zeros first (a selection, as select_cells): 0 * NaN is
-    # NaN, so padding q/k/v would otherwise reach valid results through the products.
     rows, width = q.shape[0], q.shape[-2]
     keep = (np.arange(width) < lengths[:, None]).reshape((rows,) + (1,) * (q.value.ndim - 3) + (width, 1))
     q, k, v = (_keep_cells(x, keep) for x in (q, k, v))
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        bad = np.argwhere(~np.isfinite(x.value))
+        if bad.size:
+            raise InvalidInputError(
+                f"{name} holds {x.value[tuple(bad[0])]} at row {bad[0][0]}, cell {bad[0][-2]}: the reference "
+                "attention needs finite values in valid cells (its dense products would carry it into "
+                "other segments)"
+            )
     shared = int(np.prod(q.shape[1:-2], dtype=np.int64))
     lengths, starts = np.repeat(lengths, shared), np.repeat(starts, shared, axis=0)
     scores = scale(batched_matmul(q, swap_last_axes(k)), 1.0 / math.sqrt(q.shape[-1]))
