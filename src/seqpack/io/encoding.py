@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._limits import INT32_MAX, kernel_threads
+from .._limits import INT32_MAX, check_bool, kernel_threads
 from ..data import _validate
 from ..data.binding import BatchBinding
 from ..data.tokenizer import TokenizerIdentity
@@ -119,6 +119,8 @@ class TokenizerFile:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) \
                 or not 0 <= int(value) < self.vocabulary_size:
             raise InvalidInputError(f"{self.path}: --{name} {value!r} is not an ID in [0, {self.vocabulary_size})")
+        if self.tokenizer.id_to_token(int(value)) is None:  # a gap in the file's IDs
+            raise InvalidInputError(f"{self.path}: --{name} {int(value)} is not the ID of any token in the vocabulary")
         return int(value)
 
     def __reduce__(self):
@@ -183,7 +185,7 @@ class ChunkEncoder:
         self.binding = binding
         self.tokenizer = tokenizer
         self.inputs = inputs
-        self.framed = framed
+        self.framed = check_bool("framed", framed)
         self.threads = kernel_threads(threads)
 
     def where(self, chunk: DocumentChunk, index: int) -> str:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._limits import check_bool
 from ..errors import InvalidInputError
 
 FORMAT = "seqpack-packed-dataset"
@@ -153,6 +154,7 @@ def check_output(out: Path, force: bool, inputs=()) -> None:
     must exist. ``inputs`` (:class:`~seqpack.io.readers.Input` records) must name each
     file once and none inside ``out``.
     """
+    force = check_bool("force", force)  # a truthy "no" must not replace a dataset
     if out.exists() or out.is_symlink():
         if not force:
             raise InvalidInputError(f"{out} already exists (--force replaces it)")

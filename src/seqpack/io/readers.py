@@ -198,6 +198,13 @@ class TextFiles:
                 first, texts, size = index + 1, [], 0
 
 
+def check_fields(name: str, text_field: str | None, ids_field: str | None) -> None:
+    """A text field and an IDs field together are an error: one of them would be ignored."""
+    if text_field is not None and ids_field is not None:
+        raise InvalidInputError(f"{name}: give a text field ({text_field!r}) or an IDs field ({ids_field!r}), "
+                                f"not both")
+
+
 def _line_boundary(handle, offset: int, stop: int) -> int:
     """The first line start at or after ``offset`` (``stop`` if none is before it)."""
     if offset <= 0:
@@ -228,9 +235,21 @@ def _count_newlines(handle, start: int, stop: int, block_bytes: int) -> int:
     return count
 
 
+def _json_kind(value) -> str:
+    """The JSON name of a parsed value's type (array, string, number...)."""
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "null" if value is None else "number"
+
+
 class JsonLines:
-    """A JSONL file: one JSON object a line, the document in ``text_field`` (a string) or
-    ``ids_field`` (a list of token IDs). Blank lines are skipped; lines count from 1.
+    """A JSONL file: one JSON object a line, the document in ``text_field`` (a string;
+    ``"text"`` when neither field is given) or ``ids_field`` (a list of token IDs), not
+    both. Blank lines are skipped; lines count from 1.
 
     A piece of the file is the lines in bytes ``[start, stop)`` (``stop=None``: to the
     end), where ``start`` is a line boundary and ``first_line`` is the number of the line
@@ -239,12 +258,13 @@ class JsonLines:
     #: Bytes read at a time when looking for line boundaries and counting lines.
     SCAN_BYTES = 16 << 20
 
-    def __init__(self, path, *, text_field: str = "text", ids_field: str | None = None, start: int = 0,
+    def __init__(self, path, *, text_field: str | None = None, ids_field: str | None = None, start: int = 0,
                  stop: int | None = None, first_line: int = 1):
         self.path = input_path(path)
         if not self.path.is_file():
             raise InvalidInputError(f"{path}: no such file")
-        self.field = ids_field or text_field
+        check_fields(str(path), text_field, ids_field)
+        self.field = ids_field if ids_field is not None else text_field if text_field is not None else "text"
         self.pretokenized = ids_field is not None
         self.start = check_int("start", start, minimum=0)
         self.stop = check_optional_int("stop", stop, minimum=self.start)
@@ -290,7 +310,10 @@ class JsonLines:
                     record = json.loads(line)
                 except ValueError as error:
                     raise InvalidInputError(f"{where.where(number)}: not valid JSON: {error}") from None
-                if not isinstance(record, dict) or self.field not in record:
+                if not isinstance(record, dict):
+                    raise InvalidInputError(f"{where.where(number)}: a JSON {_json_kind(record)}, not an object "
+                                            f"with field {self.field!r}")
+                if self.field not in record:
                     raise InvalidInputError(f"{where.where(number)}: no field {self.field!r}")
                 value = record[self.field]
                 if self.pretokenized:
@@ -333,6 +356,7 @@ class JsonLines:
 def _column_field(schema_names, text_field: str | None, ids_field: str | None, name: str) -> tuple[str, bool]:
     """The column to read and whether it holds IDs: ``ids_field`` if given, else
     ``text_field`` (default ``"text"``), else ``"input_ids"`` when that is the column there is."""
+    check_fields(name, text_field, ids_field)
     if ids_field is not None:
         chosen, ids = ids_field, True
     elif text_field is not None:
@@ -414,6 +438,7 @@ class ArrowBatches:
             self.inputs = [Input(str(path), kind, "row")]
         else:
             self.inputs = [Input(name or type(source).__name__, "table", "row")]
+        check_fields(self.inputs[0].name, text_field, ids_field)
 
     def _batches(self):
         """``(column names, iterator of record batches or tables)``."""
@@ -555,7 +580,7 @@ def reader_for(path, *, text_field=None, ids_field=None, pattern=None) -> Reader
     if path.is_dir():
         return TextFiles([path], pattern)
     if suffix in (".jsonl", ".json"):
-        return JsonLines(path, text_field=text_field or "text", ids_field=ids_field)
+        return JsonLines(path, text_field=text_field, ids_field=ids_field)
     if suffix in (".parquet", ".arrow", ".feather"):
         return ArrowBatches(path, text_field=text_field, ids_field=ids_field)
     if suffix in MEGATRON_PARTNERS:

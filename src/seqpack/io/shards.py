@@ -42,8 +42,8 @@ from .readers import (
     arrow_chunk,
     import_pyarrow,
 )
-from .writer import (STAGED_TOKENS, Stage, check_arguments, describe_binding, manifest_of, no_content,
-                     stage_documents, write_part)
+from .writer import (STAGED_TOKENS, Stage, check_arguments, check_readers, describe_binding, manifest_of,
+                     no_content, stage_documents, write_part)
 
 #: What the manifest says about placement in a sharded dataset.
 PLACEMENT_SCOPE = "each shard (part) is placed on its own; rows and batches never span shards"
@@ -290,6 +290,7 @@ def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer
     """
     out = Path(out)
     check_arguments(binding, tokenizer, config, policy, partition, long)
+    readers = check_readers(readers)
     inputs, planned = plan_shards(readers, shards)
     job = ShardJob(binding, tokenizer, inputs, config, policy, long, framed, threads)
     records: list = [None] * len(planned)

@@ -13,6 +13,7 @@ naming its file and line unless ``long="cut"``; nothing is ever truncated. See
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..data.binding import BatchBinding, Partition
 from ..data.table import LONG_DOCUMENTS
+from ..data.tokenizer import ByteTokenizer
 from ..data.windows import window_ranges
 from ..errors import CapacityError, InvalidInputError
 from ..layout.sources import check_example_count
@@ -29,7 +31,7 @@ from ..packing.gather import gather_ranges
 from ..packing.placement import check_policy, place
 from ..packing.report import EfficiencyReport
 from . import format as fmt
-from .encoding import ChunkEncoder
+from .encoding import ChunkEncoder, TokenizerFile
 from .progress import Progress
 from .readers import Reader
 
@@ -232,7 +234,7 @@ def _write_tokens(path: Path, pieces: list, begins, ends, order, progress: Progr
 
 def describe_binding(binding: BatchBinding, tokenizer) -> dict:
     """The binding as the manifest records it (enough to rebuild it on load)."""
-    if tokenizer is binding.tokenizer:  # the byte tokenizer
+    if isinstance(tokenizer, ByteTokenizer):  # the binding's, or an equal one
         described = {"kind": "byte", "merges": [list(m) for m in tokenizer.merges]}
     else:
         described = tokenizer.describe()
@@ -275,6 +277,11 @@ def manifest_of(parts: list[dict], *, binding: dict, partition: Partition, confi
 def check_arguments(binding: BatchBinding, tokenizer, config: PackConfig, policy: str, partition: Partition,
                     long: str) -> None:
     """The checks :func:`pack_corpus` (and the sharded packers) make before reading anything."""
+    if not isinstance(binding, BatchBinding):
+        raise InvalidInputError(f"binding must be a BatchBinding, not {type(binding).__name__}")
+    if not isinstance(tokenizer, (ByteTokenizer, TokenizerFile)):
+        raise InvalidInputError(
+            f"tokenizer must be a seqpack.ByteTokenizer or a seqpack.io.TokenizerFile, not {type(tokenizer).__name__}")
     if long not in LONG_DOCUMENTS:
         raise InvalidInputError(f"long must be one of {LONG_DOCUMENTS}, not {long!r}")
     if not isinstance(config, PackConfig):
@@ -284,6 +291,23 @@ def check_arguments(binding: BatchBinding, tokenizer, config: PackConfig, policy
         raise InvalidInputError(f"partition must be a Partition, not {partition!r}")
     if tokenizer is not binding.tokenizer and getattr(tokenizer, "identity", None) != binding.tokenizer_identity:
         raise InvalidInputError("the tokenizer's identity differs from the binding's")
+
+
+def check_readers(readers) -> list:
+    """``readers`` as a list, each checked to be a reader (one reader or path alone is an error)."""
+    if isinstance(readers, (str, bytes, os.PathLike)) or hasattr(readers, "chunks"):
+        raise InvalidInputError(f"readers must be a list of readers, not one {type(readers).__name__}: "
+                                f"give [reader], or [seqpack.io.reader_for(path)] for a path")
+    try:
+        readers = list(readers)
+    except TypeError:
+        raise InvalidInputError(f"readers must be a list of readers, not {type(readers).__name__}") from None
+    for index, reader in enumerate(readers):
+        if not (callable(getattr(reader, "chunks", None)) and isinstance(getattr(reader, "inputs", None), list)):
+            raise InvalidInputError(
+                f"readers[{index}] is a {type(reader).__name__}, not a reader (TextFiles, JsonLines, ArrowBatches, "
+                f"Megatron, or seqpack.io.reader_for(path) for a path)")
+    return readers
 
 
 def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer, config: PackConfig,
@@ -300,8 +324,13 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
     An existing ``out`` is refused unless ``force``. The dataset appears at ``out`` only
     once complete (see :mod:`seqpack.io.format`).
     """
+    if not isinstance(out, (str, os.PathLike)):
+        raise InvalidInputError(f"out must be a path (str or os.PathLike), not {type(out).__name__}")
     out = Path(out)
     check_arguments(binding, tokenizer, config, policy, partition, long)
+    readers = check_readers(readers)
+    if progress is not None and not isinstance(progress, Progress):
+        raise InvalidInputError(f"progress must be a Progress or None, not {type(progress).__name__}")
     progress = progress or Progress(enabled=False)
     inputs = [item for reader in readers for item in reader.inputs]
     encoder = ChunkEncoder(binding, tokenizer, inputs, framed=framed, threads=threads)
