@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import numpy as np
@@ -26,3 +27,9 @@ def numerical_gradient(objective: Callable[[], float], array: np.ndarray, step: 
         flat[index] = saved
         gradient.reshape(-1)[index] = (upper - lower) / (2 * step)
     return gradient
+
+
+def write_jsonl(path, texts):
+    """A JSONL file of ``{"text": ...}`` lines at ``path``; returns the path."""
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    return path

@@ -2,7 +2,6 @@
 ``show`` rendering: each test here failed (a silent wrong answer or a non-seqpack error)
 before its fix."""
 
-import json
 import re
 from pathlib import Path
 
@@ -16,14 +15,11 @@ from seqpack.io.render import batch_svg, batch_text
 from seqpack.io.shards import pack_sharded, plan_shards, run_serially
 from seqpack.io.stats import dataset_stats, stats_svg
 
+from helpers import write_jsonl
+
 TOKENIZER = sp.ByteTokenizer()
 BINDING = sp.BatchBinding.for_tokenizer(TOKENIZER, split="corpus")
 CONFIG = sp.PackConfig(32, 3)
-
-
-def write_jsonl(path, texts):
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
-    return path
 
 
 @pytest.fixture

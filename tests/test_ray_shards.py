@@ -16,15 +16,12 @@ from seqpack.errors import InvalidInputError
 from seqpack.io import format as fmt
 from seqpack.io.shards import ShardJob, ShardProgress, Unit, pack_shard, pack_sharded, plan_shards
 
+from helpers import write_jsonl
+
 FIELDS = ("inputs", "targets", "positions", "segments", "token_valid", "target_valid", "loss_mask", "valid_lengths")
 TOKENIZER = sp.ByteTokenizer()
 BINDING = sp.BatchBinding.for_tokenizer(TOKENIZER, split="tests")
 CONFIG = sp.PackConfig(64, 4)
-
-
-def write_jsonl(path, texts):
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
-    return path
 
 
 def jsonl_corpus(directory, files=6, per_file=25, seed=0):
