@@ -117,3 +117,14 @@ def test_reuse_buffers_must_be_a_bool(table, binding):
     with pytest.raises(InvalidInputError, match="reuse_buffers must be a bool"):
         next(plan.batches(reuse_buffers="False"))
     assert len(list(plan.batches(reuse_buffers=np.bool_(True)))) == len(plan)
+
+
+def test_a_stream_names_a_bad_example_by_its_place_in_the_stream(table, binding):
+    """The third example of a stream is index 2, not its place in its own one-item list."""
+    other = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="elsewhere")
+    stranger = sp.ExampleTable.from_texts(["xyz"], other, capacity=16).example(0)
+    items = [table.example(0), table.example(1), stranger]
+    with pytest.raises(sp.BindingError, match=r"\(index 2\) was built under a different binding"):
+        list(sp.stream(items, sp.PackConfig(16, 2), partition=TRAIN, binding=binding))
+    with pytest.raises(InvalidInputError, match="example 1 is a str"):
+        list(sp.stream([table.example(0), "text"], sp.PackConfig(16, 2), partition=TRAIN, binding=binding))

@@ -77,14 +77,17 @@ class ExampleList:
         return tokens, begins, ends
 
 
-def check_examples(examples: Sequence[SequenceExample], partition: Partition, binding: BatchBinding) -> np.ndarray:
-    """Validate a list of examples against the partition and binding; return their prediction lengths."""
+def check_examples(examples: Sequence[SequenceExample], partition: Partition, binding: BatchBinding,
+                   first_index: int = 0) -> np.ndarray:
+    """Validate a list of examples against the partition and binding; return their prediction
+    lengths. Errors name an example by ``first_index`` plus its place in the list (a stream's
+    count so far)."""
     check_expectations(partition, binding)
     if isinstance(examples, (str, bytes)) or not isinstance(examples, Sequence):
         raise InvalidInputError("examples must be a list or tuple of SequenceExample, or an ExampleTable")
     if len(examples) == 0:
         raise InvalidInputError("a batch needs at least one example")
-    for index, example in enumerate(examples):
+    for index, example in enumerate(examples, start=first_index):
         if not isinstance(example, SequenceExample):
             raise InvalidInputError(
                 f"example {index} is a {type(example).__name__}, not a SequenceExample"
@@ -94,16 +97,18 @@ def check_examples(examples: Sequence[SequenceExample], partition: Partition, bi
     return np.fromiter((len(example) for example in examples), dtype=np.int64, count=len(examples))
 
 
-def source_of(examples, partition: Partition, binding: BatchBinding) -> tuple[ExampleSource, np.ndarray]:
+def source_of(examples, partition: Partition, binding: BatchBinding,
+              first_index: int = 0) -> tuple[ExampleSource, np.ndarray]:
     """The :class:`ExampleSource` of a list of examples or a table, checked against the
-    expected partition and binding, with its examples' prediction lengths (int64)."""
+    expected partition and binding (errors count examples from ``first_index``), with its
+    examples' prediction lengths (int64)."""
     if isinstance(examples, ExampleTable):
         check_expectations(partition, binding)
         check_owner("the example table", examples.binding, examples.partition, binding, partition)
         if len(examples) == 0:
             raise InvalidInputError("a batch needs at least one example")
         return examples, examples.lengths
-    lengths = check_examples(examples, partition, binding)
+    lengths = check_examples(examples, partition, binding, first_index)
     return ExampleList(examples), lengths
 
 

@@ -105,7 +105,7 @@ def _packed_stream(items, config: PackConfig, partition, binding) -> Iterator[Pa
             source, lengths = source_of(item.chunk(0, len(item)), partition, binding)
             source.first_ordinal = ordinal
         else:
-            source, lengths = source_of([item], partition, binding)
+            source, lengths = source_of([item], partition, binding, first_index=ordinal)
             source.first_ordinal = ordinal
         check_example_count(ordinal + len(lengths))
         reject_longer(source, lengths, capacity, "capacity")
