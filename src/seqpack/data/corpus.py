@@ -10,6 +10,7 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
+from .._limits import check_optional_int
 from ..errors import InvalidInputError
 from .binding import BatchBinding, Partition
 from .table import ExampleTable
@@ -33,6 +34,7 @@ def stdlib_table(binding: BatchBinding, *, capacity: int, partition: Partition =
     """
     if not isinstance(binding, BatchBinding) or binding.tokenizer is None:
         raise InvalidInputError("stdlib_table needs a binding with a ByteTokenizer to encode the files")
+    limit = check_optional_int("limit", limit)  # a negative or bool limit would slice silently
     paths = stdlib_sources()[:limit]
     root = Path(sysconfig.get_paths()["stdlib"])
     return ExampleTable.from_texts([path.read_bytes() for path in paths], binding, capacity=capacity,

@@ -16,6 +16,8 @@ outside the vocabulary. ``seqpack.io.verify_dataset`` checks the rest.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
@@ -39,6 +41,7 @@ from ..packing.planning import batch_at
 from ..packing.report import EfficiencyReport
 from . import format as fmt
 from .readers import Input, input_path
+from .writer import examples_of
 
 
 #: How an input locates a document in it (see :class:`~seqpack.io.readers.Input`).
@@ -113,7 +116,7 @@ def binding_of(described: dict) -> tuple[BatchBinding, ByteTokenizer | None]:
 class Part:
     """One part's files, memory-mapped, with the index arrays its batches need."""
 
-    def __init__(self, directory: Path, record: dict, config: PackConfig, dtype: np.dtype):
+    def __init__(self, directory: Path, record: dict, config: PackConfig, dtype: np.dtype, long: str):
         self.directory = directory
         self.name = record["name"]
         self.first_example = int(record["first_example"])
@@ -138,6 +141,7 @@ class Part:
         self.examples = self._table("examples.npy", self.example_count)
         self.documents = self._table("documents.npy", int(record["documents"]))
         self._check_placements(config)
+        self._check_examples(config, long)
         self._check_counts(record, config)
 
     def _table(self, name: str, rows: int) -> np.ndarray:
@@ -157,6 +161,8 @@ class Part:
         where = f"{self.directory / 'occurrences.npy'}"
         if self.example_count and (ordinals.min() < 0 or ordinals.max() >= self.example_count):
             raise InvalidInputError(f"{where}: an example ordinal lies outside [0, {self.example_count})")
+        if np.any(np.bincount(ordinals, minlength=self.example_count) != 1):
+            raise InvalidInputError(f"{where}: the placements do not name every example exactly once")
         steps = np.diff(rows)
         if not self.example_count or rows[0] != 0 or rows[-1] != self.row_count - 1 \
                 or np.any((steps < 0) | (steps > 1)):
@@ -166,6 +172,13 @@ class Part:
         if np.any(sizes < 2) or np.any(starts < 0) or np.any(starts + sizes - 1 > config.capacity):
             bad = int(np.flatnonzero((sizes < 2) | (starts < 0) | (starts + sizes - 1 > config.capacity))[0])
             raise InvalidInputError(f"{where}: placement {bad} does not lie inside a row of {config.capacity} columns")
+        # Each row's examples tile its prefix, in column order (a gap or an overlap fills a wrong batch).
+        follows = np.zeros(self.example_count, dtype=np.int64)
+        follows[1:] = starts[:-1] + sizes[:-1] - 1
+        expected = np.where(np.append(True, steps != 0), 0, follows)
+        if not np.array_equal(starts, expected):
+            bad = int(np.flatnonzero(starts != expected)[0])
+            raise InvalidInputError(f"{where}: placement {bad} leaves a gap or overlaps in row {int(rows[bad])}")
         offsets = np.zeros(self.example_count + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
         if offsets[-1] != self.tokens.shape[0]:
@@ -178,6 +191,14 @@ class Part:
         per_batch = config.rows_per_batch
         self.bounds = np.append(np.searchsorted(rows, np.arange(self.batch_count, dtype=np.int64) * per_batch),
                                 self.example_count)
+
+    def _check_examples(self, config: PackConfig, long: str) -> None:
+        """The examples are the documents' ranges the pack makes (what ``example`` and
+        ``example_id`` rely on to rebuild and name a document)."""
+        documents, ranges = examples_of(np.ascontiguousarray(self.documents[:, 2]), config.capacity, long)
+        if not (np.array_equal(documents, self.examples[:, 0]) and np.array_equal(ranges, self.examples[:, 1:])):
+            raise InvalidInputError(f"{self.directory / 'examples.npy'}: the examples are not the documents' "
+                                    f"ranges for capacity {config.capacity}")
 
     def _check_counts(self, record: dict, config: PackConfig) -> None:
         """The part's recorded counts are the ones its files give (no token is read)."""
@@ -253,6 +274,8 @@ class PackedDataset:
         self.threads = check_threads(threads)
         manifest = fmt.read_manifest(self.path)
         self.manifest = manifest
+        #: The manifest's digest: a pickled dataset reopens only the dataset it was.
+        self.manifest_sha256 = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
         try:
             self.binding, self.tokenizer = binding_of(manifest["binding"])
             self.partition = Partition(manifest["partition"])
@@ -271,7 +294,7 @@ class PackedDataset:
         except (KeyError, TypeError, ValueError) as error:  # InvalidInputError from the checks too
             raise malformed(self.path, error) from None
         try:
-            self.parts = [Part(self.path / record["name"], record, self.config, self.token_dtype)
+            self.parts = [Part(self.path / record["name"], record, self.config, self.token_dtype, self.long)
                           for record in records]
         except InvalidInputError:  # a file that disagrees with the manifest, named
             raise
@@ -320,10 +343,13 @@ class PackedDataset:
                                         f"the manifest's {len(self.inputs)} inputs")
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "threads": self.threads}
+        return {"path": self.path, "threads": self.threads, "manifest_sha256": self.manifest_sha256}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["path"], threads=state["threads"])
+        if self.manifest_sha256 != state["manifest_sha256"]:
+            raise InvalidInputError(f"{self.path}: the dataset was replaced after it was pickled "
+                                    f"(its manifest differs)")
 
     def __repr__(self) -> str:
         return (f"PackedDataset({str(self.path)!r}, batches={self.batch_count}, examples={self.occurrence_count}, "

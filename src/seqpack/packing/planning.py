@@ -12,6 +12,7 @@ all give identical batches.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Union
 
@@ -39,6 +40,9 @@ def batch_at(batches, index):
     if isinstance(index, slice):
         return [batches.batch(i) for i in range(*index.indices(len(batches)))]
     if is_int(index) and index < 0:
+        index = operator.index(index)  # a Python int: a numpy int8 would overflow below
+        if index < -len(batches):
+            raise InvalidInputError(f"batch {index} is outside the {len(batches)} batches")
         index += len(batches)
     return batches.batch(index)
 
