@@ -7,8 +7,9 @@ batches equal those of ``seqpack.pack`` on the same examples under the same poli
 object follows :class:`PackedBatches` (what ``seqpack.plan`` returns follows it too), so
 anything that consumes a plan (a trainer loop, ``seqpack.torch.PackedIterableDataset``)
 takes a dataset on disk unchanged. Opening checks, without reading tokens, that every
-file has the size and shape the manifest records, that every placement lies inside its
-row, and that the manifest's counts agree with the files and each other (each part's
+file has the size and shape the manifest records, that the placements tile each row
+and place every example once, that the examples are the documents' ranges, and that the
+manifest's counts agree with the files and each other (each part's
 firsts are the running sums of the parts before it), so a damaged file can never make
 the fill write out of bounds or serve the wrong batch; filling a batch refuses a token
 outside the vocabulary. ``seqpack.io.verify_dataset`` checks the rest.
