@@ -97,7 +97,7 @@ def _add_dataset_commands(commands) -> None:
                     "permission matrix: of a packed dataset DIR (a directory wins), or of the chapter fixture "
                     "'padded' or 'packed'.")
     show.add_argument("target", metavar="DIR|padded|packed")
-    show.add_argument("--batch", type=int, default=0, help="batch of DIR (default 0)")
+    show.add_argument("--batch", type=int, help="batch of DIR (default 0)")
     show.add_argument("--row", type=int, help="only this row (default: every row of a fixture, row 0 of DIR)")
     show.add_argument("--columns", metavar="START:STOP",
                       help=f"column window (default: all of a fixture, the first {SHOWN_COLUMNS} of DIR)")
@@ -105,10 +105,21 @@ def _add_dataset_commands(commands) -> None:
     show.set_defaults(run=_show)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that lets a failed write of help or version text to stdout raise (argparse
+    ignores it), so that ``main`` reports it like any other failed write."""
+
+    def _print_message(self, message, file=None):
+        if message and file is sys.stdout:
+            file.write(message)
+        else:
+            super()._print_message(message, file)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .bench import attention, train
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="seqpack",
         description="Pad and pack variable-length causal-LM examples without joining their contexts.",
     )
@@ -295,11 +306,14 @@ def _show(args) -> int:
         from .io import open_dataset
 
         dataset = open_dataset(args.target)
-        batch = dataset.batch(args.batch)
-        title = f"{args.target}: batch {args.batch}"
+        index = 0 if args.batch is None else args.batch
+        batch = dataset.batch(index)
+        title = f"{args.target}: batch {index}"
         rows = [0 if args.row is None else args.row]
         columns = _columns(args.columns, batch.shape[1], SHOWN_COLUMNS)
     elif args.target in TRACES:
+        if args.batch is not None:
+            raise UsageError(f"--batch has no effect here: the {args.target} fixture is one batch")
         from .chapters.fixtures import chapter_batch
         from .data import BatchBinding
 
@@ -346,12 +360,19 @@ def _run(argv: list[str] | None) -> int:
         json.dump(TRACES[args.trace](), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
+    if args.command == "bench" and args.threads is not None:  # a huge count fails deep in a thread pool
+        from ._limits import MAX_THREADS, check_int
+
+        check_int("--threads", args.threads, 1, MAX_THREADS)
     return args.run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        status = _run(argv)
+        try:
+            status = _run(argv)
+        except SystemExit as done:  # argparse: --help, --version and usage errors
+            status = 0 if done.code is None else done.code
         sys.stdout.flush()
         return status
     except UsageError as error:

@@ -6,6 +6,7 @@ from the library's own objects, so they show what a user would get.
 
 from __future__ import annotations
 
+from .._limits import check_int
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
 from ..data.windows import CausalWindowConfig, MiniBatchConfig, MiniBatchEpoch
@@ -96,7 +97,7 @@ def padded_trace() -> dict:
 def edge_inventory(batch: BatchLayout, tile_width: int | None = None) -> list[list[int]]:
     """Every permitted ``[row, query, key]``, visited in query order or in square tiles."""
     rows, width = batch.shape
-    tile = tile_width or width
+    tile = width if tile_width is None else check_int("tile_width", tile_width)
     edges = []
     for row in range(rows):
         for query_start in range(0, width, tile):

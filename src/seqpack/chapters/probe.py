@@ -24,8 +24,11 @@ def constructed_logits(batch, gold_probabilities: np.ndarray) -> np.ndarray:
     """
     classes = batch.binding.vocabulary_size
     eligible = np.asarray(batch.loss_mask, dtype=bool)
-    q = np.asarray(gold_probabilities, dtype=np.float64)[eligible]
-    if np.any((q <= 0) | (q >= 1)):
+    gold = np.asarray(gold_probabilities, dtype=np.float64)
+    if gold.shape != eligible.shape:
+        raise InvalidInputError(f"constructed gold probabilities have shape {gold.shape}; the batch is {eligible.shape}")
+    q = gold[eligible]
+    if not np.all((q > 0) & (q < 1)):  # NaN fails too
         raise InvalidInputError("constructed gold probabilities must lie strictly between 0 and 1")
     logits = np.zeros(tuple(batch.shape) + (classes,))
     rows, columns = np.nonzero(eligible)
@@ -72,6 +75,8 @@ def gold_probabilities(batch) -> np.ndarray:
     """``[rows, T]`` constructed gold probabilities of the chapter batch (NaN off-target)."""
     gold = np.full(batch.shape, np.nan)
     for occurrence, example in zip(batch.occurrences, batch.examples):
+        if example.id not in _GOLD_BY_ID:
+            raise InvalidInputError(f"example {example.id!r} is not a chapter fixture example")
         gold[occurrence.row, occurrence.columns.start : occurrence.columns.stop] = _GOLD_BY_ID[example.id]
     return gold
 
