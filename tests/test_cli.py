@@ -174,7 +174,7 @@ def test_the_training_bounds_differ_only_in_key_and_value_gradients():
 
 def test_bench_train_argument_errors():
     result = run("bench", "train", "--repeats", "0")
-    assert result.returncode == 1 and "--repeats must be at least 1" in result.stderr
+    assert result.returncode == 2 and "--repeats must be at least 1" in result.stderr  # a usage error, as pack's
 
 
 def test_bench_needs_a_suite():

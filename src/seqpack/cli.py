@@ -360,10 +360,15 @@ def _run(argv: list[str] | None) -> int:
         json.dump(TRACES[args.trace](), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    if args.command == "bench" and args.threads is not None:  # a huge count fails deep in a thread pool
-        from ._limits import MAX_THREADS, check_int
+    if args.command == "bench":  # flag values are usage errors, as pack's; a huge thread count fails deep in a pool
+        from ._limits import MAX_THREADS
 
-        check_int("--threads", args.threads, 1, MAX_THREADS)
+        for flag in ("repeats", "threads", "layers"):
+            value = getattr(args, flag, None)
+            if value is not None and value < 1:
+                raise UsageError(f"--{flag} must be at least 1")
+        if getattr(args, "threads", None) is not None and args.threads > MAX_THREADS:
+            raise UsageError(f"--threads is {args.threads}; the maximum is {MAX_THREADS}")
     return args.run(args)
 
 
