@@ -156,8 +156,9 @@ class Part:
         return array
 
     def _check_placements(self, config: PackConfig) -> None:
-        """What the fill kernel trusts: ordinals in range, rows 0, 1... each used and in
-        order, every placement inside its row, and the token file holding every example."""
+        """What the fill kernel trusts: every example placed once, rows 0, 1... each used
+        and in order, every placement inside its row, each row's examples tiling its
+        prefix, and the token file holding every example."""
         ordinals, rows, starts = (np.ascontiguousarray(self.occurrences[:, k]) for k in range(3))
         where = f"{self.directory / 'occurrences.npy'}"
         if self.example_count and (ordinals.min() < 0 or ordinals.max() >= self.example_count):

@@ -24,6 +24,7 @@ from torch.autograd.function import once_differentiable
 from .._limits import integer_array
 from ..errors import InvalidInputError
 from ..nn.attention import range_attention_backward, range_attention_forward
+from .tensors import is_integer_tensor
 
 #: Dtypes the kernels compute in, and dtypes computed in float32 and cast back.
 NATIVE = (torch.float32, torch.float64)
@@ -34,7 +35,7 @@ def int_array(name: str, values, shape: tuple | None = None) -> np.ndarray:
     """An integer layout argument (tensor, array or nested list) as a numpy int64 array,
     of ``shape`` when given."""
     if isinstance(values, torch.Tensor):
-        if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+        if not is_integer_tensor(values):
             raise InvalidInputError(f"{name} must hold integers, got {values.dtype}")
         values = values.detach().cpu().numpy()
     array = integer_array(name, values).reshape(np.shape(values))  # a 0-d input stays 0-d

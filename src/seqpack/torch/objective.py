@@ -19,12 +19,7 @@ import torch.nn.functional as F
 from .._limits import is_int
 from ..errors import InvalidInputError
 from ..layout.batch import BatchLayout
-from .tensors import IGNORE_INDEX, shared_tensor
-
-
-def _integer_tensor(value) -> bool:
-    return isinstance(value, torch.Tensor) and not (
-        value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
+from .tensors import IGNORE_INDEX, is_integer_tensor, shared_tensor
 
 
 def _targets(batch_or_targets) -> torch.Tensor:
@@ -34,11 +29,11 @@ def _targets(batch_or_targets) -> torch.Tensor:
         return torch.where(shared_tensor(batch.loss_mask), shared_tensor(batch.targets), IGNORE_INDEX)
     if isinstance(batch_or_targets, dict):
         labels = batch_or_targets.get("shift_labels")
-        if not _integer_tensor(labels):
+        if not is_integer_tensor(labels):
             found = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
             raise InvalidInputError(f"the dict's shift_labels must be an integer tensor, not {found}")
         return labels
-    if _integer_tensor(batch_or_targets):
+    if is_integer_tensor(batch_or_targets):
         return batch_or_targets
     found = batch_or_targets.dtype if isinstance(batch_or_targets, torch.Tensor) else type(batch_or_targets).__name__
     raise InvalidInputError(
@@ -77,7 +72,7 @@ def loss_sum(logits: torch.Tensor, batch_or_targets) -> tuple[torch.Tensor, int]
 
 
 def _denominator(value) -> int:
-    if _integer_tensor(value) and value.numel() == 1:
+    if is_integer_tensor(value) and value.numel() == 1:
         value = int(value.item())
     if not is_int(value):
         raise InvalidInputError(f"denominator must be an int (a target count), not {type(value).__name__}")
@@ -115,7 +110,7 @@ def _count(item) -> int:
     a numpy integer or a 0-d integer tensor such as Trainer's ``num_items_in_batch``) as is."""
     if isinstance(item, BatchLayout):
         return item.target_count
-    if _integer_tensor(item) and item.dim() == 0:
+    if is_integer_tensor(item) and item.dim() == 0:
         item = int(item)
     if is_int(item):
         if item < 0:

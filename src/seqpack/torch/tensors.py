@@ -27,6 +27,12 @@ PAD_INPUT_ID = 0
 SHARED_FIELDS = (*CELL_FIELDS, *FLAG_FIELDS, "valid_lengths", "segment_starts")
 
 
+def is_integer_tensor(value) -> bool:
+    """Whether ``value`` is a tensor of an integer dtype (not bool, floating or complex)."""
+    return isinstance(value, torch.Tensor) and not (
+        value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
+
+
 def shared_tensor(array: np.ndarray) -> torch.Tensor:
     """A CPU tensor over ``array``'s memory, read-only arrays included, without a warning.
 
