@@ -187,6 +187,10 @@ class ChunkEncoder:
         self.inputs = inputs
         self.framed = check_bool("framed", framed)
         self.threads = kernel_threads(threads)
+        # With two threads or more, one reads the next chunk ahead (see ``read_ahead``) and
+        # the validation kernel takes the rest: at most ``threads`` cores are busy.
+        self.read_ahead = self.threads > 1
+        self.validation_threads = self.threads - 1 if self.read_ahead else 1
 
     def where(self, chunk: DocumentChunk, index: int) -> str:
         return self.inputs[int(chunk.inputs[index])].where(int(chunk.locations[index]))
@@ -255,7 +259,7 @@ class ChunkEncoder:
         document, _ = _validate.first_bad_document(
             tokens, offsets, pieces, binding.vocabulary_size, binding.bos_id, binding.eos_id,
             binding.limits.max_tokens, binding.limits.max_bytes, checked,
-            self.threads if tokens.shape[0] >= 1 << 20 else 1,
+            self.validation_threads if tokens.shape[0] >= 1 << 20 else 1,
         )
         if document < 0:
             return Encoded(checked, offsets, inputs, locations, skipped)

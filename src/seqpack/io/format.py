@@ -69,8 +69,11 @@ def part_name(index: int) -> str:
     return f"part-{index:05d}"
 
 
-#: Writes at least this large are hashed on a second thread while they are written.
+#: Writes at least this large are hashed on a second thread while they are written, and
+#: start writing back to the disk (on a third) while the caller prepares the next one.
 PARALLEL_HASH_BYTES = 1 << 20
+#: ``os.fdatasync`` where the platform has it.
+DATA_SYNC = getattr(os, "fdatasync", os.fsync)
 
 
 class HashingFile:
@@ -78,42 +81,60 @@ class HashingFile:
     ``close()`` flushes and fsyncs it and returns its manifest record.
 
     Large writes are hashed on a helper thread during the write (both release the GIL);
-    ``write`` returns only when both are done, so the caller may reuse its buffer.
+    ``write`` returns only when both are done, so the caller may reuse its buffer. After a
+    large write, a second helper syncs what is written so far while the caller prepares
+    the next write (one sync in flight), so the disk works while the caller does and the
+    final fsync has little left to do. A failed sync raises from the next ``write`` or
+    from ``close``.
     """
 
     def __init__(self, path: Path):
         self.path = path
         self._handle = open(path, "wb")
         self._digest = hashlib.sha256()
-        self._hasher = None
+        self._helpers = None     # (hasher, syncer) once a large write comes
+        self._syncing = None     # the sync in flight
         self.size = 0
 
     def write(self, data) -> None:
         view = memoryview(data).cast("B")
         if view.nbytes >= PARALLEL_HASH_BYTES:
-            if self._hasher is None:
-                self._hasher = ThreadPoolExecutor(max_workers=1)
-            hashing = self._hasher.submit(self._digest.update, view)
+            if self._helpers is None:
+                self._helpers = (ThreadPoolExecutor(max_workers=1), ThreadPoolExecutor(max_workers=1))
+            hasher, syncer = self._helpers
+            hashing = hasher.submit(self._digest.update, view)
             try:
                 self._handle.write(view)
             finally:
                 hashing.result()
+            self._wait_for_sync()
+            self._handle.flush()
+            self._syncing = syncer.submit(DATA_SYNC, self._handle.fileno())
         else:
             self._handle.write(view)
             self._digest.update(view)
         self.size += view.nbytes
 
+    def _wait_for_sync(self) -> None:
+        syncing, self._syncing = self._syncing, None
+        if syncing is not None:
+            syncing.result()
+
     def close(self) -> dict:
+        self._wait_for_sync()
         self._handle.flush()
         os.fsync(self._handle.fileno())
         self.abandon()
         return {"bytes": self.size, "sha256": self._digest.hexdigest()}
 
     def abandon(self) -> None:
-        """Close without syncing (the partial file is removed with its directory)."""
+        """Close without syncing (the partial file is removed with its directory); a sync
+        in flight is waited for, its outcome ignored."""
+        if self._helpers is not None:
+            for helper in self._helpers:
+                helper.shutdown()
+        self._syncing = None
         self._handle.close()
-        if self._hasher is not None:
-            self._hasher.shutdown()
 
 
 def write_array(path: Path, array: np.ndarray) -> dict:

@@ -15,6 +15,7 @@ import copy
 import json
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -125,6 +126,29 @@ class Reader(Protocol):
     inputs: list[Input]
 
     def chunks(self, first_input: int) -> Iterator[DocumentChunk]: ...
+
+
+def read_ahead(chunks: Iterator[DocumentChunk], enabled: bool = True) -> Iterator[DocumentChunk]:
+    """The chunks of ``chunks``; when ``enabled``, each next one is read on a helper thread
+    while the caller works on the one it has (reading that releases the GIL, such as
+    Parquet decoding or file reads, then overlaps tokenizing and validation). Order,
+    chunks and errors are unchanged; at most one chunk is read ahead. Closing this
+    generator stops the helper and closes ``chunks``.
+    """
+    try:
+        if not enabled:
+            yield from chunks
+            return
+        end = object()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqpack-read-ahead") as pool:
+            pending = pool.submit(next, chunks, end)
+            while (chunk := pending.result()) is not end:
+                pending = pool.submit(next, chunks, end)
+                yield chunk
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
 
 
 def _directory_key(path: str) -> tuple[int, int]:

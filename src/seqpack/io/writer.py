@@ -14,6 +14,7 @@ naming its file and line unless ``long="cut"``; nothing is ever truncated. See
 from __future__ import annotations
 
 import os
+from contextlib import closing
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -31,9 +32,9 @@ from ..packing.gather import gather_ranges
 from ..packing.placement import check_policy, place
 from ..packing.report import EfficiencyReport
 from . import format as fmt
-from .encoding import ChunkEncoder, TokenizerFile
+from .encoding import ChunkEncoder, Encoded, TokenizerFile
 from .progress import Progress
-from .readers import Reader
+from .readers import Reader, read_ahead
 
 #: Tokens gathered per block while writing ``tokens.bin`` in placement order.
 WRITE_BLOCK_TOKENS = 1 << 24
@@ -109,33 +110,40 @@ def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, 
     skipped = input_bytes = 0
     first_input = 0
     for reader in readers:
-        for chunk in reader.chunks(first_input):
-            encoded = encoder.encode(chunk)
-            document_lengths = np.diff(encoded.offsets)
-            if long == "error" and document_lengths.size:
-                too_long = np.flatnonzero(document_lengths - 1 > capacity)
-                if too_long.size:
-                    index = int(too_long[0])
-                    where = encoder.inputs[int(encoded.inputs[index])].where(int(encoded.locations[index]))
-                    predictions = int(document_lengths[index] - 1)
-                    raise CapacityError(
-                        f"{where}: the document has {predictions} predictions; capacity is {capacity} "
-                        f"(--cut-long cuts long documents into overlapping windows)",
-                        cells=predictions, maximum=capacity,
-                    )
-            stage.add(encoded.tokens)
-            lengths.append(document_lengths)
-            inputs.append(encoded.inputs)
-            locations.append(encoded.locations)
-            skipped += encoded.skipped
-            input_bytes += chunk.nbytes
-            progress.reading(len(document_lengths), int(encoded.tokens.shape[0]), chunk.nbytes)
+        with closing(read_ahead(reader.chunks(first_input), enabled=encoder.read_ahead)) as chunks:
+            for chunk in chunks:
+                encoded = encoder.encode(chunk)
+                document_lengths = np.diff(encoded.offsets)
+                if long == "error":
+                    check_lengths(encoder, encoded, document_lengths, capacity)
+                stage.add(encoded.tokens)
+                lengths.append(document_lengths)
+                inputs.append(encoded.inputs)
+                locations.append(encoded.locations)
+                skipped += encoded.skipped
+                input_bytes += chunk.nbytes
+                progress.reading(len(document_lengths), int(encoded.tokens.shape[0]), chunk.nbytes)
         first_input += len(reader.inputs)
     join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
     result = Staged(stage.pieces(), join(lengths), join(inputs), join(locations), skipped, input_bytes)
     if require_content and not result.lengths.size:
         raise no_content()
     return result
+
+
+def check_lengths(encoder: ChunkEncoder, encoded: Encoded, document_lengths: np.ndarray, capacity: int) -> None:
+    """A :class:`CapacityError` naming the first document of ``encoded`` with more than
+    ``capacity`` predictions, with the flag that cuts long documents instead."""
+    too_long = np.flatnonzero(document_lengths - 1 > capacity)
+    if too_long.size:
+        index = int(too_long[0])
+        where = encoder.inputs[int(encoded.inputs[index])].where(int(encoded.locations[index]))
+        predictions = int(document_lengths[index] - 1)
+        raise CapacityError(
+            f"{where}: the document has {predictions} predictions; capacity is {capacity} "
+            f"(--cut-long cuts long documents into overlapping windows)",
+            cells=predictions, maximum=capacity,
+        )
 
 
 def no_content() -> InvalidInputError:
