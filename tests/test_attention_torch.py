@@ -5,7 +5,7 @@ import pytest
 
 from seqpack.nn.attention import range_attention_backward, range_attention_forward
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="the SDPA oracle needs the torch extra: pip install 'seqpack[torch]'")
 
 pytestmark = pytest.mark.kernel
 
@@ -42,6 +42,10 @@ def test_matches_sdpa_with_a_dense_mask_in_float64(width):
     )
     expected.backward(torch.from_numpy(dout))
     valid = active[:, None, :, None]
+    assert lengths[1] == 0 and not active[1].any()  # the all-padding row really occurs
     np.testing.assert_allclose(out * valid, expected.detach().numpy() * valid, rtol=1e-9, atol=1e-10)
+    # Inactive queries (SDPA's only see themselves) are defined: exactly zero output and lse.
+    np.testing.assert_array_equal(out * ~valid, 0.0)
+    np.testing.assert_array_equal(lse * ~active[:, None, :], 0.0)
     for grad, tensor in zip(grads, (tq, tk, tv)):
         np.testing.assert_allclose(grad, tensor.grad.numpy() * valid, rtol=1e-9, atol=1e-10)

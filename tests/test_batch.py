@@ -60,7 +60,7 @@ def test_ch04_allowed_keys(ch04):
 
 
 def test_fields_are_read_only(ch04):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         ch04.inputs[0, 0] = 5
     ch04.verify()
 

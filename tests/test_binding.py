@@ -144,8 +144,8 @@ def test_for_tokenizer_binds_a_split_by_receipt_file_or_name(tmp_path):
     for bad in ("", None, 3):
         with pytest.raises(InvalidInputError, match="split must be"):
             BatchBinding.for_tokenizer(tokenizer, split=bad)
+    (tmp_path / "broken.json").write_text("{")
     with pytest.raises(InvalidInputError, match="not valid JSON"):
-        (tmp_path / "broken.json").write_text("{")
         BatchBinding.for_tokenizer(tokenizer, split=tmp_path / "broken.json")
 
 

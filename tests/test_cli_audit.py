@@ -80,7 +80,7 @@ def test_loss_probe_refuses_a_wrong_shape():
     from seqpack.chapters import loss_probe
     from seqpack.errors import InvalidInputError
 
-    with pytest.raises(InvalidInputError, match="shape"):
+    with pytest.raises(InvalidInputError, match=r"gold probabilities have shape \(1, 3\); the batch is \(2, 6\)"):
         loss_probe(chapter_batch(), np.full((1, 3), 0.5))
 
 

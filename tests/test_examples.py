@@ -81,5 +81,6 @@ def test_decode_limits_apply(long_document):
     tight = sp.BatchBinding(sp.ByteTokenizer.fixture().identity, fixture.split_receipt_digest, sp.DecodeLimits(5, 3), sp.ByteTokenizer.fixture())
     sp.SequenceExample.from_document("ok", long_document, tight)
     tighter = sp.BatchBinding(sp.ByteTokenizer.fixture().identity, fixture.split_receipt_digest, sp.DecodeLimits(4, 3), sp.ByteTokenizer.fixture())
-    with pytest.raises(sp.DecodeLimitError):
+    with pytest.raises(sp.DecodeLimitError, match="document has 5 tokens; the limit is 4") as caught:
         sp.SequenceExample.from_document("no", long_document, tighter)
+    assert caught.value.position == 4

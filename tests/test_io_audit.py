@@ -96,7 +96,7 @@ def test_a_text_field_and_an_ids_field_together_are_refused(tmp_path):
         io.JsonLines(lines, text_field="text", ids_field="ids")
     with pytest.raises(sp.InvalidInputError, match="not both"):
         io.reader_for(lines, text_field="text", ids_field="ids")
-    pa = pytest.importorskip("pyarrow")
+    pa = pytest.importorskip("pyarrow", reason="Arrow input needs the corpus extra: pip install 'seqpack[corpus]'")
     with pytest.raises(sp.InvalidInputError, match="not both"):
         io.ArrowBatches(pa.table({"text": ["hi"], "ids": [[5]]}), text_field="text", ids_field="ids")
     # Either one alone still reads.
@@ -104,7 +104,7 @@ def test_a_text_field_and_an_ids_field_together_are_refused(tmp_path):
 
 
 def test_a_bos_or_eos_id_that_names_no_token_is_refused(tmp_path):
-    pytest.importorskip("tokenizers")
+    pytest.importorskip("tokenizers", reason="tokenizer files need the hf extra: pip install 'seqpack[hf]'")
     path = tmp_path / "gapped.json"
     path.write_text(json.dumps({
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
@@ -121,7 +121,7 @@ def test_a_bos_or_eos_id_that_names_no_token_is_refused(tmp_path):
 def test_pack_without_a_list_keeps_an_existing_dataset(tmp_path, text):
     pack([io.TextFiles([text])], tmp_path / "out")
     before = (tmp_path / "out" / "part-00000" / "tokens.bin").read_bytes()
-    with pytest.raises(sp.InvalidInputError):
+    with pytest.raises(sp.InvalidInputError, match="readers must be a list of readers, not one"):
         pack(io.TextFiles([text]), tmp_path / "out", force=True)
     assert (tmp_path / "out" / "part-00000" / "tokens.bin").read_bytes() == before
     assert np.array_equal(io.open_dataset(tmp_path / "out").example(0).document.token_ids,

@@ -125,7 +125,7 @@ def test_default_threads_follow_omp_num_threads_and_threadpoolctl():
     cores = _limits.available_cores()
     expected = min(cores, _limits.cgroup_cpu_limit() or cores)
     assert child_threads({"OMP_NUM_THREADS": str(expected)}) == str(expected)
-    threadpoolctl = pytest.importorskip("threadpoolctl")
+    threadpoolctl = pytest.importorskip("threadpoolctl", reason="the test extra has it: pip install 'seqpack[test]'")
     with threadpoolctl.threadpool_limits(1, user_api="openmp"):
         assert _limits.default_threads() == 1
 
@@ -203,3 +203,5 @@ def test_omp_num_threads_one_keeps_kernels_on_one_core():
         ).stdout.split()
         print(f"CPU/wall without it: {float(ratio):.2f}, threads started: {started}")
         assert int(started) >= 1
+    else:  # said, so that a one-core run is not read as a passed control
+        print(f"control not run: {_limits.default_threads()} kernel thread here, so there is no pool to count")

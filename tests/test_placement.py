@@ -191,8 +191,10 @@ def test_outputs_are_read_only_and_deterministic():
         first, second = place(lengths, 512, policy), place(lengths, 512, policy)
         assert np.array_equal(first.rows, second.rows)
         assert np.array_equal(first.starts, second.starts)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="read-only"):
             first.rows[0] = 1
+        with pytest.raises(ValueError, match="read-only"):
+            first.starts[0] = 1
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -276,8 +278,9 @@ def test_lower_bound_and_real_target_fraction():
     assert lower_bound_rows(np.full(4, 2**62), 2**63 - 1) == 3
     with pytest.raises(InvalidInputError, match="1 rows of capacity 6 cannot hold 9 predictions"):
         real_target_fraction([3, 2, 4], 1, 6)
-    with pytest.raises(CapacityError):
+    with pytest.raises(CapacityError, match=r"^example 0 has 7 predictions; capacity is 6$"):
         lower_bound_rows([7], 6)
+    assert lower_bound_rows([6], 6) == 1  # its exact-limit twin
     with pytest.raises(InvalidInputError, match="row_count must be an integer"):
         real_target_fraction([3], 1.0, 6)
 

@@ -64,8 +64,9 @@ def test_plan_is_contiguous_balanced_and_drops_empty_shards(tmp_path):
     assert len(one) == 1 and len(one[0].units) == 6
     _, default = plan_shards(readers(paths), None)  # one per 64 MiB: all of this in one
     assert len(default) == 1
-    for bad in (0, True, 2.0):
-        with pytest.raises(InvalidInputError, match="shards"):
+    for bad, message in ((0, "shards must be at least 1, got 0"), (True, "shards must be an int, got bool"),
+                         (2.0, "shards must be an int, got float")):
+        with pytest.raises(InvalidInputError, match=f"^{message}$"):
             plan_shards(readers(paths), bad)
 
 

@@ -147,8 +147,11 @@ def test_a_lone_surrogate_is_a_tokenizer_error():
 def test_table_example_outside_the_table_is_refused(binding):
     table = sp.ExampleTable.from_arrays([0, 5, 1, 0, 6, 1], [0, 3, 6], binding)
     assert table.example(1).id == "#1" and table.example_id(np.int64(0)) == "#0"
-    for ordinal in (-1, 2, True, 1.0):
-        with pytest.raises(sp.InvalidInputError, match="outside this table|must be an int"):
+    for ordinal, message in ((-1, r"example -1 is outside this table's examples \[0, 2\)"),
+                             (2, r"example 2 is outside this table's examples \[0, 2\)"),
+                             (True, "an example ordinal must be an int, not bool"),
+                             (1.0, "an example ordinal must be an int, not float")):
+        with pytest.raises(sp.InvalidInputError, match=message):
             table.example(ordinal)
 
 

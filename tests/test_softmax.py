@@ -137,9 +137,11 @@ def test_leading_axes_and_defaults():
     lengths = np.array([[4, 2, 0], [1, 3, 4]])
     flat_lengths = lengths.reshape(-1)
     expected = reference_forward(scores.reshape(6, 4, 4), flat_lengths, np.zeros((6, 4), dtype=np.int32))
-    assert np.allclose(range_softmax_forward(scores, lengths).reshape(6, 4, 4), expected, rtol=1e-13)
+    # Not np.allclose: its default atol of 1e-8 would pass probabilities off by 1e-9.
+    np.testing.assert_allclose(range_softmax_forward(scores, lengths).reshape(6, 4, 4), expected,
+                               rtol=1e-13, atol=1e-15)
     full = reference_forward(scores.reshape(6, 4, 4), np.full(6, 4), np.zeros((6, 4), dtype=np.int32))
-    assert np.allclose(range_softmax_forward(scores).reshape(6, 4, 4), full, rtol=1e-13)
+    np.testing.assert_allclose(range_softmax_forward(scores).reshape(6, 4, 4), full, rtol=1e-13, atol=1e-15)
 
 
 def test_float32_kernel_matches_float64():

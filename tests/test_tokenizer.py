@@ -159,10 +159,12 @@ def test_byte_limit_exact_and_one_over():
 
 def test_limits_and_non_integer_inputs_are_rejected():
     for bad in (0, -1, 1.5, True):
-        with pytest.raises(InvalidInputError):
+        problem = f"must be at least 1, got {bad}" if type(bad) is int else f"must be an int, got {type(bad).__name__}"
+        with pytest.raises(InvalidInputError, match=f"^max_tokens {problem}$"):
             DecodeLimits(bad, 10)
-        with pytest.raises(InvalidInputError):
+        with pytest.raises(InvalidInputError, match=f"^max_bytes {problem}$"):
             DecodeLimits(10, bad)
+    DecodeLimits(1, 1)  # the exact limit passes
     with pytest.raises(InvalidInputError, match="integers"):
         FIXTURE.decode_document_bounded(np.array([0.0, 1.0]), WIDE)
     with pytest.raises(InvalidInputError, match="1-D"):
