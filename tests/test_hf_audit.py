@@ -177,3 +177,39 @@ def test_packing_collator_refuses_input_ids_that_are_not_one_integer_sequence():
         with pytest.raises(InvalidInputError, match=f"feature 1: input_ids must be a 1-D sequence .*{message}"):
             collator([good, {"input_ids": value}])
     assert collator([good, {"input_ids": torch.from_numpy(docs[1]).int()}])["input_ids"].shape[1] == CAPACITY
+
+
+def test_num_items_in_batch_refuses_what_is_not_a_list_of_micro_batches():
+    """A count or None was a TypeError from iterating it."""
+    for value, found in ((5, "int"), (None, "NoneType")):
+        with pytest.raises(InvalidInputError, match=f"batches must be a list of the step's micro-batches, not {found}"):
+            sph.num_items_in_batch(value)
+
+
+def test_the_attention_hook_checks_its_arguments_before_using_them():
+    """Each was an IndexError, AttributeError or ValueError, or (a string or bool scaling)
+    silently taken as a number."""
+    query = torch.randn(1, 2, 4, 8, generator=torch.Generator().manual_seed(0))
+
+    def hook(*tensors, mask=None, **kwargs):
+        return sph.seqpack_attention(torch.nn.Module(), *tensors, mask, **kwargs)[0]
+
+    cases = [
+        ((query[0, 0], query, query), {}, r"query must be a \[B, heads, T, D\] tensor, got shape \(4, 8\)"),
+        ((query, query.numpy(), query), {}, r"key must be a \[B, heads, T, D\] tensor, got ndarray"),
+        ((query, query, query), {"mask": np.ones((1, 4))}, "attention_mask must be a tensor or None, not ndarray"),
+        ((query, query, query), {"mask": torch.ones(1, 1, 4, 4)}, r"4-D attention mask \(attention_mask has shape"),
+        ((query, query, query), {"scaling": "0.5"}, "scaling must be a real number or None, got str"),
+        ((query, query, query), {"scaling": True}, "scaling must be a real number or None, got bool"),
+        ((query, query, query), {"scaling": float("nan")}, "scaling must be finite, got nan"),
+        ((query, query, query), {"scaling": 10**400}, "scaling must be finite"),
+        ((query, query, query), {"sliding_window": "4"}, "sliding_window must be an int, got str"),
+        ((query, query, query), {"sliding_window": 4.0}, "sliding_window must be an int, got float"),
+    ]
+    for tensors, kwargs, message in cases:
+        with pytest.raises(InvalidInputError, match=message):
+            hook(*tensors, **kwargs)
+    with pytest.raises(InvalidInputError, match="exceeds the sliding window .* of 3"):
+        hook(query, query, query, sliding_window=np.int64(3))
+    assert hook(query, query, query, scaling=np.float32(0.5), sliding_window=np.int64(4)).equal(
+        hook(query, query, query, scaling=0.5))

@@ -119,3 +119,33 @@ def test_range_attention_scale_and_layout_integers_are_checked():
     empty = torch.zeros(0, 2, 5, 4)
     assert st.range_attention(empty, empty, empty, segment_starts=np.zeros((0, 5), np.int64),
                               valid_lengths=[]).shape == (0, 2, 5, 4)
+
+
+def test_a_device_that_is_not_one_is_an_error():
+    """A device torch cannot name or reach was a RuntimeError or an AssertionError from torch."""
+    batch = packed_plan([3, 4, 5], 16, 2).batch(0)
+    bad = [("nonsense", "device 'nonsense' is not available"),
+           (3.5, "device must be a torch.device, a string such as 'cpu' or an index, not float"),
+           (True, "device must be .* not bool")]
+    if not torch.cuda.is_available():
+        bad.append(("cuda", "device 'cuda' is not available: Torch not compiled with CUDA"))
+    for device, message in bad:
+        for export in (st.position_ids, st.document_ids, st.seq_lens, st.cu_seqlens, st.tensors):
+            with pytest.raises(sp.InvalidInputError, match=message):
+                export(batch, device=device)
+    for device in ("cpu", torch.device("cpu")):
+        assert st.document_ids(batch, device=device).equal(st.document_ids(batch))
+        assert st.tensors(batch, device=device)["input_ids"].equal(st.tensors(batch)["input_ids"])
+
+
+def test_step_target_count_takes_the_list_of_micro_batches_only():
+    """One micro-batch or a count was a TypeError; a 1-D tensor of targets was summed as counts (5 + 7)."""
+    batch = padded_epoch([3, 5])[0]
+    for lone, found in ((batch, "PaddedBatch"), (st.tensors(batch), "dict"), (torch.tensor([5, 7]), "Tensor")):
+        with pytest.raises(sp.InvalidInputError, match=f"batches is one micro-batch \\({found}\\); pass the list"):
+            st.step_target_count(lone)
+    with pytest.raises(sp.InvalidInputError, match="batches must be a list of the step's micro-batches, not int"):
+        st.step_target_count(5)
+    labels = st.tensors(batch)["shift_labels"]
+    assert st.step_target_count(iter([batch, labels])) == st.step_target_count((batch, labels))
+    assert st.step_target_count([batch, labels]) == 2 * batch.target_count

@@ -31,12 +31,15 @@ computed.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._limits import check_int
 from ..errors import InvalidInputError
 from ..nn.attention import range_attention_backward, range_attention_forward
 from ..torch.attention import NATIVE, WIDENED, int_array, kernel_gradient, kernel_view
@@ -159,6 +162,10 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     if kwargs.get("output_attentions"):
         raise InvalidInputError("seqpack attention computes no attention weights; this call asked for them "
                                 "(output_attentions=True): use attn_implementation='eager' to see them")
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
+            found = f"shape {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise InvalidInputError(f"{name} must be a [B, heads, T, D] tensor, got {found}")
     if key.shape[2] != query.shape[2]:
         raise _cache_error(f"{key.shape[2]} keys for {query.shape[2]} queries")
     if kwargs.get("is_causal") is False or not getattr(module, "is_causal", True):
@@ -169,10 +176,13 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     local = attention_mask if isinstance(attention_mask, LocalMask) else None
     if local is not None:
         attention_mask = local.padding
-    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 2:
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        raise InvalidInputError(f"attention_mask must be a tensor or None, not {type(attention_mask).__name__}")
+    if attention_mask is not None and attention_mask.dim() != 2:
         raise InvalidInputError(
-            f"seqpack attention takes no {attention_mask.dim()}-D attention mask: describe the segments "
-            f"with position_ids, seq_idx or cu_seq_lens_q and padding with valid_lengths"
+            f"seqpack attention takes no {attention_mask.dim()}-D attention mask (attention_mask has shape "
+            f"{tuple(attention_mask.shape)}): describe the segments with position_ids, seq_idx or cu_seq_lens_q "
+            f"and padding with valid_lengths"
         )
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if tensor.device.type != "cpu":
@@ -180,12 +190,28 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
         if tensor.dtype not in NATIVE + WIDENED:
             raise InvalidInputError(f"{name} has dtype {tensor.dtype}; expected a floating dtype")
     lengths, starts = layout(query.shape[0], query.shape[2], attention_mask, kwargs)
-    for window in (kwargs.get("sliding_window"), None if local is None else local.span):
-        if window is not None:
-            _check_window(int(window), lengths, starts)
-    output = AttentionIntoCells.apply(query, key, value, lengths, starts,
-                                      None if scaling is None else float(scaling))
+    if kwargs.get("sliding_window") is not None:
+        _check_window(check_int("sliding_window", kwargs["sliding_window"], 0), lengths, starts)
+    if local is not None:
+        _check_window(local.span, lengths, starts)
+    output = AttentionIntoCells.apply(query, key, value, lengths, starts, _scaling(scaling))
     return output, None
+
+
+def _scaling(scaling) -> float | None:
+    """``scaling`` as a Python float (None stays None, for ``1/sqrt(D)``): a finite real
+    number, not a bool. The kernels then check that it stays finite in their dtype."""
+    if scaling is None:
+        return None
+    if isinstance(scaling, (bool, np.bool_)) or not isinstance(scaling, numbers.Real):
+        raise InvalidInputError(f"scaling must be a real number or None, got {type(scaling).__name__}")
+    try:
+        value = float(scaling)
+    except OverflowError:  # an int past the float range
+        value = math.inf
+    if not math.isfinite(value):
+        raise InvalidInputError(f"scaling must be finite, got {scaling}")
+    return value
 
 
 def _per_cell(name: str, value, rows: int, width: int) -> np.ndarray:

@@ -28,12 +28,11 @@ import torch
 from ..data.binding import BatchBinding, Partition
 from ..data.table import ExampleTable
 from ..errors import CapacityError, InvalidInputError
-from ..layout.batch import BatchLayout
 from ..layout.exports import cumulative_lengths
 from ..packing.config import PackConfig
 from ..packing.planning import pack
 from ..torch.attention import int_array
-from ..torch.objective import step_target_count
+from ..torch.objective import micro_batches, step_target_count
 from ..torch.tensors import IGNORE_INDEX, check_batch, tensors
 
 
@@ -132,11 +131,7 @@ def num_items_in_batch(batches: Iterable, group=None) -> int:
     to ``ForCausalLMLoss`` (or the model) makes each micro-batch's loss its sum over
     the window's count, the token-weighted loss of :mod:`seqpack.torch`.
     """
-    if isinstance(batches, (dict, BatchLayout)):
-        raise InvalidInputError(
-            f"batches is one micro-batch ({type(batches).__name__}); pass the list of the step's micro-batches"
-        )
-    return step_target_count([_eligible(item) for item in batches], group)
+    return step_target_count([_eligible(item) for item in micro_batches(batches)], group)
 
 
 # Each optional feature key: what it must equal for its document to be packed as it is

@@ -14,31 +14,27 @@ import torch
 
 from .._limits import check_int
 from ..layout import exports
-from .tensors import check_batch
-
-
-def _moved(tensor: torch.Tensor, device) -> torch.Tensor:
-    return tensor if device is None else tensor.to(device)
+from .tensors import check_batch, moved
 
 
 def position_ids(batch, device=None) -> torch.Tensor:
     """Local positions, int64 ``[rows, T]`` (padding 0)."""
-    return _moved(torch.from_numpy(exports.position_ids(batch)), device)
+    return moved(torch.from_numpy(exports.position_ids(batch)), device)
 
 
 def document_ids(batch, device=None) -> torch.Tensor:
     """Each valid cell's document index in row-major order, int32 ``[rows, T]``; padding -1."""
-    return _moved(torch.from_numpy(exports.document_ids(batch)), device)
+    return moved(torch.from_numpy(exports.document_ids(batch)), device)
 
 
 def seq_lens(batch, device=None) -> torch.Tensor:
     """Token counts of the batch's documents in row-major order, int32."""
-    return _moved(torch.from_numpy(exports.seq_lens(batch)), device)
+    return moved(torch.from_numpy(exports.seq_lens(batch)), device)
 
 
 def cu_seqlens(batch, device=None) -> torch.Tensor:
     """int32 ``[documents + 1]``: 0, then running token totals (an error at 2**31 or more)."""
-    return _moved(torch.from_numpy(exports.cu_seqlens(batch)), device)
+    return moved(torch.from_numpy(exports.cu_seqlens(batch)), device)
 
 
 def max_seqlen(batch) -> int:

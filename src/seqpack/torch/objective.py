@@ -119,6 +119,18 @@ def _count(item) -> int:
     return int((_targets(item) != IGNORE_INDEX).sum())
 
 
+def micro_batches(batches) -> Iterable:
+    """``batches`` when it is an iterable of micro-batches; one micro-batch (a batch, a dict,
+    a tensor) or something not iterable is an :class:`InvalidInputError`."""
+    if isinstance(batches, (dict, BatchLayout, torch.Tensor)):
+        raise InvalidInputError(
+            f"batches is one micro-batch ({type(batches).__name__}); pass the list of the step's micro-batches"
+        )
+    if not isinstance(batches, Iterable):
+        raise InvalidInputError(f"batches must be a list of the step's micro-batches, not {type(batches).__name__}")
+    return batches
+
+
 def step_target_count(batches: Iterable, group=None) -> int:
     """The eligible targets of one optimizer step, summed over every rank of ``group``.
 
@@ -127,7 +139,7 @@ def step_target_count(batches: Iterable, group=None) -> int:
     all-reduced over ``group`` (None: the default group, as in ``torch.distributed``), so
     every rank divides by the same global count.
     """
-    count = sum(_count(item) for item in batches)
+    count = sum(_count(item) for item in micro_batches(batches))
     distributed = torch.distributed
     if distributed.is_available() and distributed.is_initialized():
         backend = distributed.get_backend(group)

@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import torch
 
+from .._limits import is_int
 from ..errors import InvalidInputError
 from ..layout.batch import BatchLayout
 from ..layout.fields import CELL_FIELDS, FLAG_FIELDS
@@ -44,6 +45,24 @@ def shared_tensor(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
+def moved(tensor: torch.Tensor, device) -> torch.Tensor:
+    """``tensor`` on ``device`` (None: where it is): a ``torch.device``, a string such as
+    ``"cpu"`` or an accelerator index. Any other value, or a device this PyTorch cannot
+    reach, is an :class:`InvalidInputError`."""
+    if device is None:
+        return tensor
+    if is_int(device):
+        device = int(device)
+    elif not isinstance(device, (str, torch.device)):
+        raise InvalidInputError(
+            f"device must be a torch.device, a string such as 'cpu' or an index, not {type(device).__name__}"
+        )
+    try:
+        return tensor.to(torch.device(device))
+    except (RuntimeError, AssertionError) as error:  # an unknown name, or a backend this build lacks
+        raise InvalidInputError(f"device {str(device)!r} is not available: {error}") from None
+
+
 def check_batch(batch) -> BatchLayout:
     if not isinstance(batch, BatchLayout):
         raise InvalidInputError(f"expected a padded or packed batch, not {type(batch).__name__}")
@@ -69,5 +88,5 @@ def tensors(batch, device=None) -> dict[str, torch.Tensor]:
         np.where(batch.loss_mask, batch.targets, np.int32(IGNORE_INDEX)).astype(np.int64)
     )
     if device is not None:
-        result = {name: tensor.to(device) for name, tensor in result.items()}
+        result = {name: moved(tensor, device) for name, tensor in result.items()}
     return result
