@@ -141,6 +141,12 @@ def test_bench_train_json():
             assert any(name.startswith(f"{method}, {policy} (") for name in methods), (method, policy)
     assert all(len(times) == 1 and times[0] > 0 for times in report["seconds"].values())
     assert len(report["ratios"]) == 12 and all(ratio[0] > 0 for ratio in report["ratios"].values())
+    # The ceiling of each layout: its no-op bound against the best baseline and sdpa on it.
+    assert len(report["ceilings"]) == 6 and all(ratio[0] > 0 for ratio in report["ceilings"].values())
+    seconds = report["seconds"]
+    flat = next(name for name in seconds if name.startswith("no-op bound, flat ("))
+    best = min(seconds[name][0] for name in seconds if name.startswith(("HF per-example", "HF padded", "HF packed")))
+    assert report["ceilings"][f"{flat} / best HF baseline"][0] == pytest.approx(best / seconds[flat][0])
 
 
 def test_the_training_bounds_differ_only_in_key_and_value_gradients():

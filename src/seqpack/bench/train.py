@@ -29,7 +29,9 @@ the next-fit rows' examples flattened into one row with no padding (``seqpack.hf
 that row). Each round times every method once, in turn, so load changes hit all of
 them; figures are medians over rounds, and the ratios are medians of per-round ratios
 with their range. Printed beside them: the CPU, the threads, the load average before and
-after, and the float32 matmul peak measured in the same run.
+after, and the float32 matmul peak measured in the same run. A last table gives each
+layout's ceiling: its no-op bound against the best HF baseline and against sdpa on the
+same layout, the most any attention could reach there.
 """
 
 from __future__ import annotations
@@ -167,16 +169,20 @@ def run(model, implementation, batches):
         model(**fields).loss.backward()
 
 
-def ratios_of(samples: dict) -> dict:
-    """(seqpack method, peer) -> median, min and max over rounds of the peer's time over ours."""
+def ratios_of(samples: dict, methods: tuple = ("seqpack",)) -> dict:
+    """(method, peer) -> median, min and max over rounds of the peer's time over the
+    method's, for the packed methods whose name starts with one of ``methods``."""
     ratios = {}
     packed_sdpa = [name for name in samples if name.startswith("HF packed")]
     for name in samples:
-        if not name.startswith("seqpack"):
+        if not name.startswith(methods):
             continue
         suffix = name.split(", ", 1)[1]
         against = {"best HF baseline": None, "HF packed sdpa": f"HF packed sdpa, {suffix}",
                    "no-op bound": f"no-op bound, {suffix}", "query-only no-op": f"query-only no-op, {suffix}"}
+        if not name.startswith("seqpack"):  # a bound: against the baselines only
+            against = {label: other for label, other in against.items() if label in ("best HF baseline",
+                                                                                     "HF packed sdpa")}
         for label, other in against.items():
             per_round = []
             for index, ours in enumerate(samples[name]):
@@ -222,12 +228,14 @@ def run_command(options: argparse.Namespace) -> int:
     targets = next(iter(methods.values()))[2]
     rate = {name: targets / statistics.median(times) for name, times in samples.items()}
     ratios = ratios_of(samples)
+    ceilings = ratios_of(samples, ("no-op bound",))
     if options.json:
         print(json.dumps({
             "cpu": cpu_description(), "threads": options.threads, "layers": options.layers, "load_before": load_before,
             "load_after": load_after, "matmul_peak_gflops": peak, "targets": targets,
             "seconds": samples, "targets_per_second": rate,
             "ratios": {f"{name} / {label}": list(value) for (name, label), value in ratios.items()},
+            "ceilings": {f"{name} / {label}": list(value) for (name, label), value in ceilings.items()},
         }, indent=2))
         return 0
     print(f"CPU: {cpu_description()}; {os.cpu_count()} logical CPUs; torch threads {options.threads}, "
@@ -243,5 +251,10 @@ def run_command(options: argparse.Namespace) -> int:
     print("\n| seqpack packed | against | speed ratio (median of rounds) | round range |")
     print("| --- | --- | --- | --- |")
     for (name, label), (median, low, high) in ratios.items():
+        print(f"| {name.split(', ', 1)[1]} | {label} | {median:.2f}x | {low:.2f}x..{high:.2f}x |")
+    print("\nThe ceiling: no attention makes a packed step faster than its no-op bound.\n")
+    print("| no-op bound | against | speed ratio (median of rounds) | round range |")
+    print("| --- | --- | --- | --- |")
+    for (name, label), (median, low, high) in ceilings.items():
         print(f"| {name.split(', ', 1)[1]} | {label} | {median:.2f}x | {low:.2f}x..{high:.2f}x |")
     return 0
