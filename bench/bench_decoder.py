@@ -11,6 +11,7 @@ Run ``python bench/bench_decoder.py`` for the ratio table, or
 
 from __future__ import annotations
 
+import argparse
 import os
 
 # Pin BLAS to one thread unless the caller chose otherwise: every method here then runs
@@ -138,7 +139,9 @@ def _ms(timing):
     return f"{timing[0]:.2f} ({timing[1]:.2f}-{timing[2]:.2f})"
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)
     print(conditions())
     print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}")
     print("range causal softmax forward+backward, float64 (median of 7, min-max)")

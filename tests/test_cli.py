@@ -1,12 +1,18 @@
 """The installed ``seqpack`` command, run as a user runs it."""
 
+import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 def seqpack_command():
@@ -124,6 +130,28 @@ def test_bench_attention_json_on_the_fixture_shape():
         if record["method"] == "seqpack fused":
             assert record["forward_ms"] > 0 and record["forward_backward_ms"] >= record["forward_ms"] * 0.5
             assert record["edges"] < record["dense_cells"]
+    # Workload c has 2 query heads; the grouped-query row runs them on 1 key/value head
+    # and says so in the records, the table and the profile summary alike.
+    gqa = next(r for r in records if r["method"].startswith("seqpack fused GQA"))
+    assert (gqa["method"], gqa["kv_heads"]) == ("seqpack fused GQA 2:1", 1)
+    from seqpack.bench.attention import print_table
+
+    table = io.StringIO()
+    print_table(records, table)
+    assert "| seqpack fused GQA 2:1 |" in table.getvalue()
+    assert "\nseqpack fused GQA 2:1 (1 key/value head), thread-ms" in table.getvalue()
+    assert "heads/4" not in table.getvalue()
+
+
+def test_bench_attention_gqa_label_names_the_ratio_it_runs():
+    """The row was labelled "kv heads = heads/4" on workloads with 2 heads and 1 key/value head."""
+    from seqpack.bench.attention import GQA, gqa_kv_heads, method_label
+    from seqpack.bench.workloads import workload
+
+    for name, label, kv_heads in (("a", "seqpack fused GQA 8:2", 2), ("b", "seqpack fused GQA 2:1", 1),
+                                  ("c", "seqpack fused GQA 2:1", 1)):
+        assert (method_label(GQA, workload(name)), gqa_kv_heads(workload(name))) == (label, kv_heads)
+    assert method_label("seqpack fused", workload("c")) == "seqpack fused"
 
 
 @pytest.mark.slow
@@ -186,3 +214,41 @@ def test_bench_train_argument_errors():
 def test_bench_needs_a_suite():
     result = run("bench", "nonsense")
     assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def test_pack_on_an_unreachable_ray_address_fails_in_seconds(tmp_path):
+    """It printed nothing for about ten minutes, then only Ray's GCS timeout."""
+    pytest.importorskip("ray", reason="the Ray engine needs the ray extra: pip install 'seqpack[ray]'")
+    (tmp_path / "data.jsonl").write_text('{"text": "some text"}\n', encoding="utf-8")
+    with socket.socket() as probe:  # a loopback port that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    result = run("pack", str(tmp_path / "data.jsonl"), "--out", str(tmp_path / "out"), "--engine", "ray",
+                 "--address", f"127.0.0.1:{port}", "--cut-long", timeout=60)
+    assert time.monotonic() - started < 30
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"cannot reach a Ray cluster at 127.0.0.1:{port}: " in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("suite, summary", [
+    ("attention", "seqpack bench attention: fused range attention against dense and PyTorch peers."),
+    ("train", "seqpack bench train: a Hugging Face training step, seqpack attention on packed rows against HF's ways."),
+])
+def test_bench_help_describes_the_suite_in_plain_text(suite, summary):
+    """The description was the module docstring's first line, reStructuredText and all."""
+    result = run("bench", suite, "--help", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "`" not in result.stdout
+    assert summary in " ".join(result.stdout.split())  # argparse rewraps the paragraph
+
+
+@pytest.mark.parametrize("script", sorted(path.name for path in BENCH.glob("*.py")
+                                          if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8")))
+def test_bench_scripts_answer_help_without_running(script):
+    """``python bench/bench_decoder.py --help`` started the full benchmark."""
+    result = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: {script}")

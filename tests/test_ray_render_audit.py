@@ -3,6 +3,8 @@
 before its fix."""
 
 import re
+import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +105,54 @@ def test_ray_pack_corpus_refuses_one_path_given_as_a_string(tmp_path):
         with pytest.raises(InvalidInputError, match="inputs must be a list of readers or paths"):
             pack_corpus(inputs, tmp_path / "out", config=CONFIG)
     assert not (tmp_path / "out").exists()
+
+
+def closed_port() -> int:
+    """A loopback port that nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_ray_pack_corpus_fails_fast_on_an_unreachable_address(tmp_path):
+    """``ray.init`` retried a closed port for about ten minutes, then logged only Ray's
+    "Failed to get cluster ID from GCS server: TimedOut"."""
+    ray = pytest.importorskip("ray", reason="the Ray engine needs the ray extra")
+    from seqpack.ray import pack_corpus
+
+    if ray.is_initialized():
+        pytest.skip("a Ray already running in this process is used whatever the address")
+    path = write_jsonl(tmp_path / "a.jsonl", ["some text"])
+    port = closed_port()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        started = time.monotonic()
+        with pytest.raises(InvalidInputError, match=rf"^cannot reach a Ray cluster at {re.escape(address)}: "):
+            pack_corpus([path], tmp_path / "out", config=CONFIG, address=address)
+        assert time.monotonic() - started < 10
+        assert not ray.is_initialized() and not (tmp_path / "out").exists()
+
+
+def test_only_an_explicit_host_and_port_is_probed(monkeypatch):
+    """A silent address names the wait; "auto", None and addresses without a port are Ray's."""
+    pytest.importorskip("ray", reason="the Ray engine needs the ray extra")
+    from seqpack.ray import pipeline
+
+    calls = []
+
+    def silent(target, timeout):
+        calls.append((target, timeout))
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(pipeline.socket, "create_connection", silent)
+    for address in (None, "auto", "local", "head-node", "anyscale://cluster"):
+        pipeline.check_reachable(address)
+    assert calls == []
+    for address, target in (("10.0.0.7:6379", ("10.0.0.7", 6379)), ("ray://head:10001", ("head", 10001)),
+                            ("[::1]:6379", ("::1", 6379))):
+        with pytest.raises(InvalidInputError, match=rf"^cannot reach a Ray cluster at {re.escape(address)}: "
+                                                    r"no answer within 5 s$"):
+            pipeline.check_reachable(address)
+        assert calls.pop() == (target, pipeline.CONNECT_TIMEOUT)
 
 
 def test_stats_figure_bins_label_exactly_what_they_count(corpus, tmp_path):

@@ -28,6 +28,7 @@ from .._limits import check_int, default_threads
 from ..errors import InvalidInputError
 from ..nn.attention import _profile, range_attention_backward, range_attention_forward
 from ..nn.softmax import range_softmax_backward, range_softmax_forward
+from . import plain_summary
 from .measure import cpu_description, matmul_product, measure_in_turns, optional_torch
 from .workloads import WORKLOADS, Workload, workload
 
@@ -263,9 +264,18 @@ def gqa_kv_heads(w: Workload) -> int:
     return max(1, w.heads // 4)
 
 
+GQA = "seqpack fused GQA"
+
+
+def method_label(method: str, w: Workload) -> str:
+    """A method's name in the records and tables; the grouped-query row names the ratio of
+    query to key/value heads it actually runs on ``w`` ("seqpack fused GQA 8:2")."""
+    return f"{GQA} {w.heads}:{gqa_kv_heads(w)}" if method == GQA else method
+
+
 METHODS = [
     ("seqpack fused", fused_method),
-    ("seqpack fused GQA, kv heads = heads/4", lambda w, d, t: fused_method(w, d, t, gqa_kv_heads(w))),
+    (GQA, lambda w, d, t: fused_method(w, d, t, gqa_kv_heads(w))),
     ("seqpack reference path", reference_path_method),
     ("numpy dense masked", numpy_dense_method),
     ("torch SDPA dense bool mask", torch_dense_mask_method),
@@ -289,7 +299,7 @@ def run(workloads, dtypes, repeats, threads):
             peak, flops, peak_source = matmul_product(dtype)
             records, timed = [], []
             for method, build in METHODS:
-                record = {"workload": name, "dtype": dtype, "method": method, "threads": threads}
+                record = {"workload": name, "dtype": dtype, "method": method_label(method, w), "threads": threads}
                 record.update(edges=w.edges, dense_cells=w.dense_cells, peak_source=peak_source,
                               cpu=cpu)
                 records.append(record)
@@ -318,7 +328,7 @@ def run(workloads, dtypes, repeats, threads):
                 else:
                     record.update(_milliseconds("forward_backward", both))
                 if record["method"].startswith("seqpack fused"):
-                    record["kv_heads"] = gqa_kv_heads(w) if "GQA" in record["method"] else w.heads
+                    record["kv_heads"] = gqa_kv_heads(w) if record["method"].startswith(GQA) else w.heads
                     record["profile"] = profile(forward_backward, repeats)
             yield from records
 
@@ -410,7 +420,8 @@ def print_profile(record, out=sys.stdout):
     """Where the fused kernels' thread-time goes, per phase, from the instrumented calls."""
     ms = record["profile"]
     print(
-        f"\n{record['method']} ({record['kv_heads']} key/value heads), thread-ms per fwd+bwd "
+        f"\n{record['method']} ({record['kv_heads']} key/value head{'s' * (record['kv_heads'] != 1)}), "
+        f"thread-ms per fwd+bwd "
         f"call: tile products vs everything else; outside tile products "
         f"{100 * non_gemm_share(ms):.1f}%",
         file=out,
@@ -437,7 +448,8 @@ def _csv(choices):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``seqpack bench attention``."""
+    """The description and options of ``seqpack bench attention``."""
+    parser.description = plain_summary(__doc__)
     parser.add_argument("--json", action="store_true", help="print machine-readable records")
     parser.add_argument("--repeats", type=int, default=5, help="samples per measurement (default 5)")
     parser.add_argument(

@@ -51,6 +51,7 @@ from ..data.tokenizer import ByteTokenizer
 from ..errors import InvalidInputError
 from ..packing.config import PackConfig
 from ..packing.planning import pack
+from . import plain_summary
 from .measure import cpu_description, matmul_peak
 from .workloads import next_fit_lognormal
 
@@ -196,7 +197,8 @@ def ratios_of(samples: dict, methods: tuple = ("seqpack",)) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``seqpack bench train``."""
+    """The description and options of ``seqpack bench train``."""
+    parser.description = plain_summary(__doc__)
     parser.add_argument("--repeats", type=int, default=3, help="rounds, each timing every method once (default 3)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--layers", type=int, default=4, help="decoder layers of the model (default 4)")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from pathlib import Path
 
 from .._limits import check_int
@@ -36,6 +37,9 @@ from ..packing import PackConfig
 #: Times Ray reruns a shard whose worker process died.
 MAX_RETRIES = 3
 
+#: Seconds to wait for a TCP connection to an explicit cluster address.
+CONNECT_TIMEOUT = 5.0
+
 
 def import_ray():
     """Ray (the ``ray`` extra), or an error naming the extra."""
@@ -44,6 +48,24 @@ def import_ray():
     except ImportError:
         raise missing_extra("the Ray engine", "ray") from None
     return ray
+
+
+def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Raise :class:`InvalidInputError` unless a TCP connection to ``address`` (``host:port``
+    or ``ray://host:port``) opens within ``timeout`` seconds. ``ray.init`` retries an
+    unreachable address for minutes without a word; this fails in seconds instead.
+    Other addresses (``None``, ``"auto"``, other schemes, no port) are left to Ray."""
+    if address is None:
+        return
+    target = address[len("ray://"):] if address.startswith("ray://") else address
+    host, colon, port = target.rpartition(":")
+    if not colon or "://" in target or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as error:
+        reason = f"no answer within {timeout:g} s" if isinstance(error, TimeoutError) else error.strerror or str(error)
+        raise InvalidInputError(f"cannot reach a Ray cluster at {address}: {reason}") from None
 
 
 def pack_shard_task(job: ShardJob, shard, staging: str, directory: str):
@@ -123,8 +145,9 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
     default one per 64 MiB of input). Each task takes ``threads`` CPUs and runs the
     tokenizer and kernels on that many threads; at most ``workers`` tasks run at once
     (default: as many as the cluster's CPUs take). ``address`` is the cluster to join
-    (``"auto"``, ``"ray://host:10001"``...); without one, and without a Ray already
-    initialized in this process, a local cluster is started and shut down at the end.
+    (``"auto"``, ``"ray://host:10001"``...; a ``host:port`` that does not accept a TCP
+    connection within :data:`CONNECT_TIMEOUT` seconds is an error); without one, and without
+    a Ray already initialized in this process, a local cluster is started and shut down at the end.
     The dataset's bytes equal :func:`seqpack.io.shards.pack_sharded`'s with the same
     shards, whatever the number of workers or the order in which they finish.
     """
@@ -147,6 +170,7 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
     started = not ray.is_initialized()
     if started:
         options = {"include_dashboard": False} if address is None else {}
+        check_reachable(address)
         try:
             ray.init(address=address, logging_level=logging.WARNING, **options)
         except ConnectionError as error:
