@@ -1,5 +1,7 @@
 """Audit of the command line and ``seqpack.chapters``: ignored flags, tracebacks, wrong exit codes."""
 
+import gzip
+import json
 import os
 import shutil
 import subprocess
@@ -105,3 +107,109 @@ def test_edge_inventory_refuses_a_tile_below_one(tile):
     assert len(edge_inventory(batch)) == len(edge_inventory(batch, 2)) == 19
     with pytest.raises(InvalidInputError, match="tile_width must be at least 1"):
         edge_inventory(batch, tile)
+
+
+@pytest.fixture
+def textdir(tmp_path):
+    directory = tmp_path / "textdir"
+    directory.mkdir()
+    (directory / "a.txt").write_text("hello")
+    (directory / "b.txt").write_text("world")
+    return directory
+
+
+@pytest.mark.parametrize("inside", ["out", "sub/out"])
+def test_pack_refuses_an_output_inside_an_input_directory(tmp_path, textdir, inside):
+    (textdir / "sub").mkdir()
+    result = run("pack", textdir, "--out", textdir / inside, "--quiet")
+    line = one_error_line(result, 1)
+    assert line.endswith(f"the output {textdir / inside} lies inside the input directory {textdir}: "
+                         f"write it outside the inputs")
+    assert sorted(p.name for p in textdir.iterdir()) == ["a.txt", "b.txt", "sub"]
+
+
+def test_a_packed_dataset_inside_an_input_directory_is_skipped_and_reported(tmp_path, textdir):
+    """It used to be packed as documents (manifest.json, *.npy, tokens.bin)."""
+    assert run("pack", textdir, "--out", tmp_path / "first", "--quiet").returncode == 0
+    (tmp_path / "first").rename(textdir / "out")
+    result = run("pack", textdir, "--out", tmp_path / "again", "--quiet", "--json")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == f"seqpack: skipped {textdir / 'out'}: a packed dataset, not text\n"
+    manifest = json.loads(result.stdout)
+    assert [item["name"] for item in manifest["inputs"]] == [str(textdir / "a.txt"), str(textdir / "b.txt")]
+    assert one_error_line(run("pack", textdir / "out", "--out", tmp_path / "x"), 1).endswith(
+        f"{textdir / 'out'}: a packed dataset, not text files")
+
+
+@pytest.mark.parametrize("name", ["good.jsonl.gz", "renamed.jsonl", "renamed.txt"])
+def test_pack_refuses_a_gzip_file(tmp_path, name):
+    """It used to pack the gzip bytes as one text document (exit 0)."""
+    (tmp_path / name).write_bytes(gzip.compress(b'{"text": "hi"}\n'))
+    line = one_error_line(run("pack", tmp_path / name, "--out", tmp_path / "out"), 1)
+    assert line.endswith(f"{tmp_path / name}: gzip-compressed; decompress it first")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--threads", 100000), "--threads is 100000; the maximum is 65536"),
+    (("--threads", 0), "--threads must be at least 1"),
+    (("--capacity", 0), "--capacity must be at least 1"),
+    (("--capacity", 3000000000), "--capacity is 3000000000; the maximum is 2147483647"),
+    (("--rows-per-batch", 0), "--rows-per-batch must be at least 1"),
+    (("--shards", 0), "--shards must be at least 1"),
+    (("--ids-field", "input_ids", "--text-field", "text"), "give --text-field or --ids-field, not both"),
+])
+@pytest.mark.parametrize("source", ["sample", "jsonl"])
+def test_bad_pack_option_values_are_usage_errors(tmp_path, args, message, source):
+    """Each used to exit 1 (from the library, some after reading the inputs)."""
+    (tmp_path / "docs.jsonl").write_text(json.dumps({"text": "hi", "input_ids": [5]}) + "\n")
+    inputs = ["--sample"] if source == "sample" else [tmp_path / "docs.jsonl"]
+    line = one_error_line(run("pack", *inputs, "--out", tmp_path / "out", *args), 2)
+    assert line == f"seqpack: error: {message}"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag", ["--batch", "--row"])
+def test_a_negative_show_batch_or_row_is_a_usage_error(flag):
+    assert one_error_line(run("show", "packed", flag, -1), 2) == f"seqpack: error: {flag} must be at least 0"
+
+
+def test_pack_reads_a_megatron_prefix(tmp_path):
+    """``pack --help`` says a prefix is an INPUT; it used to fail 'meg: no such file or directory'."""
+    from test_io_readers import write_megatron
+
+    write_megatron(tmp_path / "meg", [[5, 6, 7], [8, 9]])
+    result = run("pack", tmp_path / "meg", "--out", tmp_path / "out", "--quiet", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["counts"]["documents"] == 2
+    (tmp_path / "half.idx").write_bytes((tmp_path / "meg.idx").read_bytes())
+    assert one_error_line(run("pack", tmp_path / "half", "--out", tmp_path / "x"), 1).endswith(
+        f"{tmp_path / 'half.bin'}: no such file (a Megatron dataset is PREFIX.idx + PREFIX.bin)")
+
+
+@pytest.mark.parametrize("args, status, message", [
+    (("pack", "--out", "x"), 2, "give INPUT paths or --sample"),
+    (("pack", "textdir", "--sample", "--out", "x"), 2, "give INPUT paths or --sample, not both"),
+    (("verify", "textdir/a.txt"), 1, "textdir/a.txt: not a directory"),
+    (("stats", "nowhere"), 1, "nowhere: no such directory"),
+    (("pack", "textdir", "--out", "nowhere/x"), 1, "nowhere does not exist (the parent of nowhere/x)"),
+    (("pack", "textdir", "--out", "textdir/a.txt/x"), 1, "textdir/a.txt is not a directory (the parent of "
+                                                         "textdir/a.txt/x)"),
+    (("pack", "textdir", "textdir/a.txt", "--out", "x"), 1,
+     "textdir/a.txt is an input twice (also inside textdir): give each file once"),
+    (("pack", "textdir/a.txt", "textdir", "--out", "x"), 1,
+     "textdir/a.txt (inside textdir) is an input twice (also as textdir/a.txt): give each file once"),
+    (("pack", "textdir", "--out", "x", "--glob", "*.rs"), 1, "textdir: no file matches --glob '*.rs'"),
+])
+def test_error_wording(tmp_path, textdir, args, status, message):
+    result = subprocess.run([seqpack_command(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert one_error_line(result, status) == f"seqpack: error: {message}"
+
+
+def test_verify_counts_one_example_and_one_batch_in_the_singular(tmp_path, textdir):
+    """It printed '1 batches verified'."""
+    assert run("pack", textdir / "a.txt", "--out", tmp_path / "out", "--quiet").returncode == 0
+    result = run("verify", tmp_path / "out", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith(", 1 example placed by the rules, 1 batch verified\n")

@@ -121,7 +121,7 @@ def test_every_subcommand_has_help(command):
     (("pack", "nowhere", "--out", "x"), 1, "nowhere: no such file or directory"),
     (("pack", "docs", "--out", "x", "--tokenizer", "docs/00.txt", "--bos", "0", "--eos", "1"), 1,
      "00.txt: not a tokenizers JSON file"),
-    (("pack", "docs", "--out", "x", "--capacity", "0"), 1, "capacity must be at least 1"),
+    (("pack", "docs", "--out", "x", "--capacity", "0"), 2, "capacity must be at least 1"),
     (("pack", "docs", "--out", "x", "--capacity", "16"), 1, r"docs/00.txt: the document has 19 predictions; capacity is 16"),
     (("pack", "docs", "--out", "docs"), 1, "docs already exists"),
     (("pack", "docs", "--out", "docs", "--force"), 1, "docs is not a packed dataset"),
@@ -155,8 +155,10 @@ def test_force_never_deletes_inputs_or_other_files(tmp_path, docs):
     line = one_error_line(run("pack", docs, "--out", docs, "--force", "--capacity", 128, "--cut-long"))
     assert "is not a packed dataset" in line and sorted(p.name for p in docs.iterdir()) == before
     inner = docs / "packed"
-    assert run("pack", docs, "--out", inner, "--capacity", 128, "--cut-long", "--quiet").returncode == 0
+    assert run("pack", docs / "00.txt", "--out", inner, "--capacity", 128, "--cut-long", "--quiet").returncode == 0
     line = one_error_line(run("pack", docs, "--out", inner, "--force", "--capacity", 128, "--cut-long"))
+    assert "lies inside the input directory" in line and run("verify", inner, "--quiet").returncode == 0
+    line = one_error_line(run("pack", inner / "part-00000" / "examples.npy", "--out", inner, "--force"))
     assert "lies inside the output" in line and run("verify", inner, "--quiet").returncode == 0
     plain = tmp_path / "plain.txt"
     plain.write_text("mine")

@@ -1,6 +1,12 @@
 """Audit of the corpus layer: arguments and inputs that used to be misread or crash unnamed."""
 
+import bz2
+import gzip
+import io as io_module
 import json
+import lzma
+import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -137,3 +143,103 @@ def test_pack_sharded_refuses_one_input_instead_of_a_list(tmp_path):
         pack_sharded(str(tmp_path / "a.txt"), tmp_path / "out", binding=binding, tokenizer=binding.tokenizer,
                      config=sp.PackConfig(64, 2), shards=2)
     assert not (tmp_path / "out").exists()
+
+
+def _zip_bytes(data):
+    buffer = io_module.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("docs.jsonl", data)
+    return buffer.getvalue()
+
+
+COMPRESSORS = {"gzip": gzip.compress, "bzip2": bz2.compress, "xz": lzma.compress, "zip": _zip_bytes,
+               "zstd": lambda data: b"\x28\xb5\x2f\xfd" + data}  # a zstd frame's magic (no zstd module needed)
+
+
+@pytest.mark.parametrize("kind", sorted(COMPRESSORS))
+def test_compressed_inputs_are_refused_by_their_first_bytes(tmp_path, kind):
+    """Used to pack the compressed bytes as one text document, or fail as 'not valid JSON'."""
+    data = COMPRESSORS[kind](json.dumps({"text": "hello"}).encode() + b"\n")
+    for name in ("docs.jsonl", "docs.txt"):
+        (tmp_path / name).write_bytes(data)
+    message = f"docs.jsonl: {kind}-compressed; decompress it first"
+    with pytest.raises(sp.InvalidInputError, match=message):
+        io.JsonLines(tmp_path / "docs.jsonl")
+    with pytest.raises(sp.InvalidInputError, match=message.replace("jsonl", "txt")):
+        pack([io.TextFiles(tmp_path / "docs.txt")], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text", ["BZh91AY no", "PK and gz", ""])
+def test_text_that_starts_like_a_magic_number_is_text(tmp_path, text):
+    (tmp_path / "a.txt").write_text(text)
+    (tmp_path / "docs.jsonl").write_text(json.dumps({"text": text or "x"}) + "\n")
+    assert len(io.TextFiles(tmp_path / "a.txt").inputs) == 1
+    assert pack([io.JsonLines(tmp_path / "docs.jsonl")], tmp_path / "out")["counts"]["documents"] == 1
+
+
+def test_a_packed_dataset_under_a_directory_is_skipped_and_listed(tmp_path, text):
+    corpus = tmp_path / "corpus"
+    (corpus / "deeper").mkdir(parents=True)
+    (corpus / "b.txt").write_text("bee")
+    pack([io.TextFiles([text])], corpus / "deeper" / "packed")
+    (corpus / "deeper" / ".packed.seqpack-partial-0123456789ab").mkdir()   # a staging sibling: hidden
+    (corpus / "deeper" / ".packed.seqpack-partial-0123456789ab" / "tokens.bin").write_bytes(b"\x00\x01")
+    (corpus / "web").mkdir()
+    (corpus / "web" / "manifest.json").write_text('{"name": "an extension"}')  # not seqpack's: text
+    reader = io.TextFiles(corpus)
+    assert reader.paths == [corpus / "b.txt", corpus / "web" / "manifest.json"]
+    assert reader.skipped == [corpus / "deeper" / "packed"]
+    assert [item.within for item in reader.inputs] == [str(corpus)] * 2
+    with pytest.raises(sp.InvalidInputError, match=r"packed: a packed dataset, not text files"):
+        io.TextFiles(corpus / "deeper" / "packed")
+
+
+def test_pack_corpus_refuses_an_output_inside_an_input_directory(tmp_path, text):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "b.txt").write_text("bee")
+    with pytest.raises(sp.InvalidInputError, match=f"the output {corpus / 'out'} lies inside the input directory "
+                                                   f"{corpus}: write it outside the inputs"):
+        pack([io.TextFiles([text]), io.TextFiles([corpus])], corpus / "out")
+    assert sorted(p.name for p in corpus.iterdir()) == ["b.txt"]
+    pack([io.TextFiles([corpus / "b.txt"])], corpus / "out")  # a file given alone is no directory input
+
+
+@pytest.mark.parametrize("record, hint", [
+    ({"input_ids": [5, 6]}, " (the line has 'input_ids': pass --ids-field input_ids)"),
+    ({"txt": "hi"}, "; name one with --text-field or --ids-field"),
+])
+def test_a_jsonl_line_without_the_field_says_which_flag_names_it(tmp_path, record, hint):
+    """Used to say only "no field 'text'", unlike the Parquet reader."""
+    lines = tmp_path / "ids2.jsonl"
+    lines.write_text(json.dumps(record) + "\n")
+    with pytest.raises(sp.InvalidInputError) as raised:
+        pack([io.JsonLines(lines)], tmp_path / "out")
+    assert str(raised.value) == f"{lines}:1: no field 'text'{hint}"
+
+
+def test_reader_for_takes_a_megatron_prefix(tmp_path):
+    from test_io_readers import write_megatron
+
+    write_megatron(tmp_path / "meg", [[5, 6, 7], [8, 9]])
+    reader = io.reader_for(tmp_path / "meg")
+    assert isinstance(reader, io.Megatron) and reader.index_path == tmp_path / "meg.idx"
+    with pytest.raises(sp.InvalidInputError, match="nothing: no such file or directory"):
+        io.reader_for(tmp_path / "nothing")
+
+
+def test_the_bytes_bar_counts_in_the_units_it_shows(monkeypatch):
+    """tqdm printed 1024-based counts labelled MB (1.91M/2.86M here)."""
+    pytest.importorskip("tqdm", reason="progress bars need the corpus extra (tqdm)")
+    from tqdm import tqdm
+
+    from seqpack.io.progress import Progress
+
+    monkeypatch.setattr(sys, "stderr", io_module.StringIO())
+    progress = Progress(enabled=False)
+    progress._tqdm = tqdm
+    progress.phase("writing", 3_000_000, "B")
+    progress.advance(2_000_000)
+    progress.close()
+    assert "2.00M/3.00M" in sys.stderr.getvalue()

@@ -79,7 +79,8 @@ def _add_pack(commands) -> None:
 
 def _add_dataset_commands(commands) -> None:
     stats = commands.add_parser("stats", help="a packed dataset's efficiency report and figure",
-                                description="Print a packed dataset's efficiency report, storage and histograms.")
+                                description="Print a packed dataset's efficiency report and storage "
+                                            "(histograms with --json and --svg).")
     stats.add_argument("dataset", type=Path, metavar="DIR")
     stats.add_argument("--json", action="store_true", help="print JSON")
     stats.add_argument("--svg", type=Path, metavar="FILE", help="write a figure of example lengths and row fill")
@@ -133,12 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser = commands.add_parser("bench", help="benchmarks, every method in one process",
                                        description="Benchmarks: every method on the same inputs in one process.")
     suites = bench_parser.add_subparsers(dest="suite", metavar="SUITE", required=True)
-    attention_parser = suites.add_parser("attention", help="range attention against dense and PyTorch peers",
-                                         description=attention.__doc__.splitlines()[0])
+    attention_parser = suites.add_parser("attention", help="range attention against dense and PyTorch peers")
     attention.add_arguments(attention_parser)
     attention_parser.set_defaults(run=attention.run_command)
-    train_parser = suites.add_parser("train", help="a Hugging Face training step: seqpack against HF's ways",
-                                     description=train.__doc__.splitlines()[0])
+    train_parser = suites.add_parser("train", help="a Hugging Face training step: seqpack against HF's ways")
     train.add_arguments(train_parser)
     train_parser.set_defaults(run=train.run_command)
     return parser
@@ -151,23 +150,18 @@ def _pack(args) -> int:
     from .packing import PackConfig
 
     if args.sample == bool(args.inputs):
-        raise UsageError("give INPUT paths or --sample (not both)")
+        raise UsageError("give INPUT paths or --sample" + (", not both" if args.sample else ""))
+    if args.text_field is not None and args.ids_field is not None:
+        raise UsageError("give --text-field or --ids-field, not both")
     if args.tokenizer is None and (args.bos is not None or args.eos is not None):
         raise UsageError("--bos and --eos go with --tokenizer (the byte tokenizer has BOS 0 and EOS 1)")
     if args.tokenizer is not None and (args.bos is None or args.eos is None):
         raise UsageError("--tokenizer needs --bos and --eos")
-    if args.shards is not None and args.shards < 1:
-        raise UsageError("--shards must be at least 1")
     if args.address is not None and args.engine != "ray":
         raise UsageError("--address goes with --engine ray")
-    if args.workers is not None:
-        if args.engine != "ray":
-            raise UsageError("--workers goes with --engine ray")
-        if args.workers < 1:
-            raise UsageError("--workers must be at least 1")
+    if args.workers is not None and args.engine != "ray":
+        raise UsageError("--workers goes with --engine ray")
     if args.threads is not None:
-        if args.threads < 1:
-            raise UsageError("--threads must be at least 1")
         os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # tokenizers' pool, read when it starts
     split = Path(args.split) if args.split.endswith(".json") else args.split
     try:
@@ -204,6 +198,8 @@ def _pack(args) -> int:
                                       threads=args.threads, **common)
     except OSError as error:
         raise InvalidInputError(_pack_os_error(error, args.out)) from None
+    for directory in (d for reader in readers if isinstance(reader, io.TextFiles) for d in reader.skipped):
+        print(f"seqpack: skipped {directory}: a packed dataset, not text", file=sys.stderr)
     if args.json:
         _print_json(manifest)
     else:
@@ -285,8 +281,14 @@ def _verify(args) -> int:
         _print_json(checked)
     else:
         print(f"{args.dataset}: ok: {checked['files']} files ({checked['bytes']:,} bytes) match their SHA-256, "
-              f"{checked['examples']:,} examples placed by the rules, {checked['batches_verified']:,} batches verified")
+              f"{_counted(checked['examples'], 'example')} placed by the rules, "
+              f"{_counted(checked['batches_verified'], 'batch', 'batches')} verified")
     return 0
+
+
+def _counted(number: int, noun: str, plural: str | None = None) -> str:
+    """``"1 batch"``, ``"2 batches"``: the number with thousands separators and the noun it takes."""
+    return f"{number:,} {noun if number == 1 else plural or noun + 's'}"
 
 
 def _columns(text: str | None, width: int, default: int) -> range:
@@ -360,16 +362,28 @@ def _run(argv: list[str] | None) -> int:
         json.dump(TRACES[args.trace](), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    if args.command == "bench":  # flag values are usage errors, as pack's; a huge thread count fails deep in a pool
-        from ._limits import MAX_THREADS
-
-        for flag in ("repeats", "threads", "layers"):
-            value = getattr(args, flag, None)
-            if value is not None and value < 1:
-                raise UsageError(f"--{flag} must be at least 1")
-        if getattr(args, "threads", None) is not None and args.threads > MAX_THREADS:
-            raise UsageError(f"--threads is {args.threads}; the maximum is {MAX_THREADS}")
+    _check_flag_ranges(args)
     return args.run(args)
+
+
+def _check_flag_ranges(args) -> None:
+    """Every numeric flag of every command within its range, else a usage error naming the
+    flag and the bound, before anything is read or run (a huge thread count would fail
+    deep in a pool, a zero capacity as bad input)."""
+    from ._limits import INT32_MAX, MAX_THREADS
+
+    ranges = {"capacity": (1, INT32_MAX), "rows_per_batch": (1, INT32_MAX), "threads": (1, MAX_THREADS),
+              "shards": (1, None), "workers": (1, None), "batch": (0, None), "row": (0, None),
+              "repeats": (1, None), "layers": (1, None)}
+    for name, (minimum, maximum) in ranges.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value < minimum:
+            raise UsageError(f"{flag} must be at least {minimum}")
+        if maximum is not None and value > maximum:
+            raise UsageError(f"{flag} is {value}; the maximum is {maximum}")
 
 
 def main(argv: list[str] | None = None) -> int:

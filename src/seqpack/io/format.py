@@ -166,6 +166,27 @@ def _is_part(name: str) -> bool:
     return name.startswith("part-") and name[5:].isdigit()
 
 
+def _is_manifest(value) -> bool:
+    return isinstance(value, dict) and value.get("format") == FORMAT
+
+
+def is_packed_dataset(directory: Path) -> bool:
+    """Whether ``directory`` holds a seqpack ``manifest.json`` (one whose ``format`` says
+    so, of any format version)."""
+    try:
+        return _is_manifest(json.loads((directory / MANIFEST).read_text(encoding="utf-8")))
+    except (OSError, ValueError):  # no such file, not UTF-8, not JSON
+        return False
+
+
+def _input_twice(item, first) -> InvalidInputError:
+    """The error for ``item`` naming the file ``first`` named already, each said as given
+    or as found inside its directory."""
+    name = f"{item.name} (inside {item.within})" if item.within else item.name
+    also = f"inside {first.within}" if first.within else f"as {first.name}"
+    return InvalidInputError(f"{name} is an input twice (also {also}): give each file once")
+
+
 def check_output(out: Path, force: bool, inputs=()) -> None:
     """Refuse an output that would destroy or read itself.
 
@@ -173,7 +194,8 @@ def check_output(out: Path, force: bool, inputs=()) -> None:
     dataset (a directory holding only ``manifest.json`` and part directories, complete
     or not) or an empty directory: ``--force`` never deletes anything else. Its parent
     must exist. ``inputs`` (:class:`~seqpack.io.readers.Input` records) must name each
-    file once and none inside ``out``.
+    file once and none inside ``out``, and ``out`` must not lie inside (or be) a
+    directory an input was found in.
     """
     force = check_bool("force", force)  # a truthy "no" must not replace a dataset
     if out.exists() or out.is_symlink():
@@ -188,18 +210,24 @@ def check_output(out: Path, force: bool, inputs=()) -> None:
                 f"dataset: choose another --out"
             )
     if not out.parent.is_dir():
-        raise InvalidInputError(f"{out.parent} is not a directory")
+        problem = "is not a directory" if out.parent.exists() else "does not exist"
+        raise InvalidInputError(f"{out.parent} {problem} (the parent of {out})")
     target = out.resolve()
-    seen: dict[Path, str] = {}
+    seen = {}
     for item in inputs:
         if item.kind == "table":       # an in-memory table, not a file
             continue
         path = Path(item.name).resolve()
         if path in seen:
-            raise InvalidInputError(f"{item.name} is an input twice (also as {seen[path]}): give each file once")
-        seen[path] = item.name
+            raise _input_twice(item, seen[path])
+        seen[path] = item
         if path == target or target in path.parents:
             raise InvalidInputError(f"input {item.name} lies inside the output {out}: packing would replace it")
+    for directory in dict.fromkeys(item.within for item in inputs if item.within):
+        found = Path(directory).resolve()
+        if target == found or found in target.parents:
+            raise InvalidInputError(f"the output {out} lies inside the input directory {directory}: write it "
+                                    f"outside the inputs")
 
 
 @contextlib.contextmanager
@@ -252,7 +280,7 @@ def read_manifest(directory) -> dict:
     """The manifest of a complete dataset, its format checked; errors name the directory."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise InvalidInputError(f"{directory}: no such directory")
+        raise InvalidInputError(f"{directory}: {'not a' if directory.exists() else 'no such'} directory")
     path = directory / MANIFEST
     if not path.is_file():
         raise InvalidInputError(f"{path}: missing, so {directory} is not a complete packed dataset")
@@ -260,7 +288,7 @@ def read_manifest(directory) -> dict:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
         raise InvalidInputError(f"{path}: not valid JSON: {error}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    if not _is_manifest(manifest):
         raise InvalidInputError(f"{path}: not a seqpack packed-dataset manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise InvalidInputError(

@@ -2,7 +2,8 @@
 
 A bar is shown only when asked for and stderr is a terminal; without tqdm the work
 runs silently. Reading shows documents with tokens and bytes per second; later
-phases (placing, writing, checking) show their own units.
+phases (placing, writing, checking) show their own units. Byte rates are decimal
+(1 MB = 10**6 bytes), as tqdm labels them.
 """
 
 from __future__ import annotations
@@ -37,16 +38,15 @@ class Progress:
             self._bar = self._tqdm(desc="reading", unit=" docs", file=sys.stderr, dynamic_ncols=True)
         seconds = max(time.perf_counter() - self._start, 1e-9)
         self._bar.set_postfix_str(f"{self.tokens / seconds / 1e6:.2f} M tokens/s, "
-                                  f"{self.bytes / seconds / 2**20:.1f} MiB/s", refresh=False)
+                                  f"{self.bytes / seconds / 1e6:.1f} MB/s", refresh=False)
         self._bar.update(documents)
 
     def phase(self, name: str, total: int | None, unit: str) -> None:
         """Start a new bar for ``name`` (closing the previous one)."""
         self.close()
         if self._tqdm is not None:
-            scale = unit == "B"
-            self._bar = self._tqdm(desc=name, total=total, unit=unit, unit_scale=scale, unit_divisor=1024 if scale else 1000,
-                                   file=sys.stderr, dynamic_ncols=True)
+            self._bar = self._tqdm(desc=name, total=total, unit=unit, unit_scale=unit == "B", file=sys.stderr,
+                                   dynamic_ncols=True)
 
     def advance(self, amount: int) -> None:
         if self._bar is not None:

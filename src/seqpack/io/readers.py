@@ -25,11 +25,23 @@ import numpy as np
 
 from .._limits import check_int, check_optional_int
 from ..errors import InvalidInputError
+from .format import is_packed_dataset
 
 #: Input bytes a chunk holds (about; one document may exceed it).
 CHUNK_BYTES = 8 << 20
 #: Documents a chunk holds at most.
 CHUNK_DOCUMENTS = 4096
+
+#: The first bytes of compressed files and the format each marks. bzip2's are checked
+#: apart: "BZh", a block size 1-9, then one of ``BZIP2_MARKS`` (a block, or the end of an
+#: empty stream), since "BZh" alone can begin a text.
+COMPRESSED_MAGIC = (
+    (b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"PK\x03\x04", "zip"), (b"PK\x05\x06", "zip"),
+)
+BZIP2_MARKS = (b"\x31\x41\x59\x26\x53\x59", b"\x17\x72\x45\x38\x50\x90")
+#: Leading bytes enough to recognize every compressed format above.
+MAGIC_BYTES = 10
 
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
@@ -48,6 +60,20 @@ def input_path(value) -> Path:
     return Path(value)
 
 
+def cannot_read(path, error: OSError) -> InvalidInputError:
+    """The one-line error for a file or directory that cannot be read."""
+    return InvalidInputError(f"{path}: cannot read: {error.strerror or error}")
+
+
+def check_not_compressed(name, head: bytes) -> None:
+    """Refuse a file whose first bytes ``head`` (at least ``MAGIC_BYTES`` of them when the
+    file has that many) mark it as gzip, bzip2, xz, zstd or zip data, whatever its name."""
+    bzip2 = head[:3] == b"BZh" and b"1" <= head[3:4] <= b"9" and head[4:10] in BZIP2_MARKS
+    found = "bzip2" if bzip2 else next((kind for magic, kind in COMPRESSED_MAGIC if head.startswith(magic)), None)
+    if found is not None:
+        raise InvalidInputError(f"{name}: {found}-compressed; decompress it first")
+
+
 def import_pyarrow():
     """pyarrow (the ``corpus`` extra), or an error naming the extra."""
     try:
@@ -62,13 +88,15 @@ def import_pyarrow():
 
 @dataclass(frozen=True)
 class Input:
-    """One input: its name (a path, or a description of an in-memory table) and the unit
+    """One input: its name (a path, or a description of an in-memory table), the unit
     that locates a document in it (``"line"`` 1-based, ``"row"`` and ``"sequence"``
-    0-based, or ``None`` for a file that is one document)."""
+    0-based, or ``None`` for a file that is one document), and ``within``: the input
+    directory it was found in, for a file found by walking one."""
 
     name: str
     kind: str
     unit: str | None
+    within: str | None = None
 
     def where(self, location: int) -> str:
         """``path:line``, ``name row 12``, ``name sequence 3`` or the file's name."""
@@ -159,19 +187,24 @@ def _directory_key(path: str) -> tuple[int, int]:
 
 def _walk_error(error: OSError):
     """A directory that cannot be listed is an error, not skipped."""
-    raise InvalidInputError(f"{error.filename}: cannot read: {error.strerror or error}")
+    raise cannot_read(error.filename, error)
 
 
-def _files_under(path: Path, pattern: str | None) -> list[Path]:
-    """Regular files under a directory, sorted, hidden names skipped, matching ``pattern``.
-    Linked directories are followed; a link to a directory's own ancestor (a cycle), or a
-    matching name that is not a regular file (a dangling link, a pipe), is an error."""
-    found = []
+def _files_under(path: Path, pattern: str | None) -> tuple[list[Path], list[Path]]:
+    """``(files, datasets)``: the regular files under a directory, sorted, hidden names
+    skipped, matching ``pattern``, and the packed datasets left out of them (subdirectories
+    :func:`~seqpack.io.format.is_packed_dataset` recognizes). Linked directories are
+    followed; a link to a directory's own ancestor (a cycle), or a matching name that is
+    not a regular file (a dangling link, a pipe), is an error."""
+    found, datasets = [], []
     top = os.fspath(path)
     ancestors = {top: {_directory_key(top): top}}  # each directory to visit: the directories above it and itself
     for root, dirs, files in os.walk(top, onerror=_walk_error, followlinks=True):
         above = ancestors.pop(root)
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        visible = sorted(d for d in dirs if not d.startswith("."))
+        packed = [d for d in visible if is_packed_dataset(Path(root, d))]
+        datasets.extend(Path(root, d) for d in packed)
+        dirs[:] = [d for d in visible if d not in packed]
         for name in dirs:
             directory = os.path.join(root, name)
             key = _directory_key(directory)
@@ -186,27 +219,38 @@ def _files_under(path: Path, pattern: str | None) -> list[Path]:
                 raise InvalidInputError(f"{candidate}: not a regular file (a dangling link, a pipe or a device); "
                                         f"remove it or leave it out with --glob")
             found.append(candidate)
-    return found
+    return found, datasets
 
 
 class TextFiles:
     """Plain text files, one document each; ``paths`` is one path or a list of them. A
     directory stands for every file under it (sorted, hidden names skipped, ``pattern``
-    such as ``"*.py"`` filtering names). An empty file is an empty document: skipped and
-    counted when packing, as every empty document is."""
+    such as ``"*.py"`` filtering names; a pattern that matches no file there is an error).
+    A packed dataset inside a directory is not text: it is left out with everything under
+    it and listed in ``skipped`` (the command line reports each); a packed dataset given
+    itself is an error. An empty file is an empty document: skipped and counted when
+    packing, as every empty document is. A compressed file (gzip, bzip2, xz, zstd, zip,
+    known by its first bytes) is an error when read."""
 
     def __init__(self, paths, pattern: str | None = None):
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
-        self.paths = []
+        self.paths, self.inputs, self.skipped = [], [], []
         for path in map(input_path, paths):
             if path.is_dir():
-                self.paths.extend(_files_under(path, pattern))
+                if is_packed_dataset(path):
+                    raise InvalidInputError(f"{path}: a packed dataset, not text files")
+                files, datasets = _files_under(path, pattern)
+                if pattern and not files:
+                    raise InvalidInputError(f"{path}: no file matches --glob {pattern!r}")
+                self.skipped.extend(datasets)
+                within = str(path)
             elif path.is_file():
-                self.paths.append(path)
+                files, within = [path], None
             else:
                 raise InvalidInputError(f"{path}: no such file or directory")
-        self.inputs = [Input(str(p), "text", None) for p in self.paths]
+            self.paths.extend(files)
+            self.inputs.extend(Input(str(p), "text", None, within) for p in files)
 
     def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
         texts, first, size = [], 0, 0
@@ -214,7 +258,8 @@ class TextFiles:
             try:
                 texts.append(path.read_bytes())
             except OSError as error:
-                raise InvalidInputError(f"{path}: cannot read: {error.strerror or error}") from None
+                raise cannot_read(path, error) from None
+            check_not_compressed(path, texts[-1][:MAGIC_BYTES])
             size += len(texts[-1])
             if size >= CHUNK_BYTES or len(texts) >= CHUNK_DOCUMENTS or index == len(self.paths) - 1:
                 inputs = np.arange(first_input + first, first_input + index + 1, dtype=np.int64)
@@ -277,7 +322,8 @@ class JsonLines:
 
     A piece of the file is the lines in bytes ``[start, stop)`` (``stop=None``: to the
     end), where ``start`` is a line boundary and ``first_line`` is the number of the line
-    it begins; :meth:`split` makes such pieces, and errors name the file's own lines."""
+    it begins; :meth:`split` makes such pieces, and errors name the file's own lines. A
+    compressed file (known by its first bytes, as for :class:`TextFiles`) is refused."""
 
     #: Bytes read at a time when looking for line boundaries and counting lines.
     SCAN_BYTES = 16 << 20
@@ -288,6 +334,11 @@ class JsonLines:
         if not self.path.is_file():
             raise InvalidInputError(f"{path}: no such file")
         check_fields(str(path), text_field, ids_field)
+        try:
+            with open(self.path, "rb") as handle:
+                check_not_compressed(path, handle.read(MAGIC_BYTES))
+        except OSError as error:
+            raise cannot_read(path, error) from None
         self.field = ids_field if ids_field is not None else text_field if text_field is not None else "text"
         self.pretokenized = ids_field is not None
         self.start = check_int("start", start, minimum=0)
@@ -338,7 +389,10 @@ class JsonLines:
                     raise InvalidInputError(f"{where.where(number)}: a JSON {_json_kind(record)}, not an object "
                                             f"with field {self.field!r}")
                 if self.field not in record:
-                    raise InvalidInputError(f"{where.where(number)}: no field {self.field!r}")
+                    hint = (" (the line has 'input_ids': pass --ids-field input_ids)"
+                            if not self.pretokenized and "input_ids" in record
+                            else "; name one with --text-field or --ids-field")
+                    raise InvalidInputError(f"{where.where(number)}: no field {self.field!r}{hint}")
                 value = record[self.field]
                 if self.pretokenized:
                     if not isinstance(value, list) or not all(type(v) is int for v in value):
@@ -597,12 +651,15 @@ def read_megatron_index(path: Path) -> tuple[np.ndarray, np.ndarray, np.dtype]:
 def reader_for(path, *, text_field=None, ids_field=None, pattern=None) -> Reader:
     """The reader of one input path, by its kind: a directory or other file is text,
     ``.jsonl``/``.json`` JSON lines, ``.parquet`` Parquet, ``.arrow``/``.feather`` Arrow,
-    ``.idx``/``.bin`` a Megatron dataset (the other file must be beside it); suffixes match
-    in any case."""
+    ``.idx``/``.bin`` a Megatron dataset (the other file must be beside it), and a path
+    that does not exist but names ``PATH.idx`` or ``PATH.bin`` a Megatron prefix;
+    suffixes match in any case."""
     path = input_path(path)
     suffix = path.suffix.lower()
     if path.is_dir():
         return TextFiles([path], pattern)
+    if not path.exists() and any(Path(f"{path}{end}").is_file() for end in MEGATRON_PARTNERS):
+        return Megatron(path)
     if suffix in (".jsonl", ".json"):
         return JsonLines(path, text_field=text_field, ids_field=ids_field)
     if suffix in (".parquet", ".arrow", ".feather"):
