@@ -15,7 +15,7 @@
 (b) Raw text through a byte-level BPE (``tokenizers``, vocabulary 8192, trained here on
     the first files of the Python standard library): tokenizing alone
     (``encode_batch_fast`` on texts already in memory) against ``pack_corpus`` of the same
-    files (reading, tokenizing, validating, packing and writing); and, since a shared
+    files (reading, tokenizing, validating, packing and writing), timed in turns; and, since a shared
     machine's load moves between runs, the time spent inside ``encode_batch_fast`` during
     those same ``pack_corpus`` runs, against their whole time.
 (c) Bytes on disk per token of (a), against the 19 bytes per cell (plus 8 per row) of the
@@ -61,15 +61,16 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def timed(call, before=None) -> float:
+    if before is not None:
+        before()
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
 def median_time(call, repeats: int, before=None) -> float:
-    seconds = []
-    for _ in range(repeats):
-        if before is not None:
-            before()
-        start = time.perf_counter()
-        call()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+    return statistics.median(timed(call, before) for _ in range(repeats))
 
 
 def disk_write_speed(directory: Path, megabytes: int = 256) -> float:
@@ -215,8 +216,10 @@ def workload_b(work: Path, files: int, repeats: int) -> list[dict]:
         io.pack_corpus([io.TextFiles(paths)], out, binding=binding, tokenizer=bound, config=sp.PackConfig(CAPACITY, 8),
                        policy="best-fit-decreasing", long="cut")
 
-    tokenize = median_time(tokenize_only, repeats)
-    whole = median_time(pack, repeats, lambda: shutil.rmtree(out, ignore_errors=True))
+    # In turns, so that a drift of the machine's speed hits both alike.
+    turns = [(timed(tokenize_only), timed(pack, lambda: shutil.rmtree(out, ignore_errors=True)))
+             for _ in range(repeats)]
+    tokenize, whole = (statistics.median(column) for column in zip(*turns))
     encoding = statistics.median(inside)
     manifest = json.loads((out / "manifest.json").read_text())
     size = sum(len(t.encode()) for t in texts)
