@@ -116,8 +116,10 @@ def test_megatron(tmp_path):
     ('{"text": "a"}\n\n{"txt": "b"}\n', None, r"bad\.jsonl:3: no field 'text'"),
     ('{"text": 5}\n', None, r"bad\.jsonl:1: field 'text' is not a string"),
     ('{"ids": [5, "x"]}\n', "ids", r"bad\.jsonl:1: field 'ids' is not a list of ints"),
-    ('{"ids": [5, 6]}\n{"ids": [300]}\n', "ids", r"bad\.jsonl:2: token 300 at position 1 is out of vocabulary"),
-    ('{"ids": [5, 1, 6]}\n', "ids", r"bad\.jsonl:1: control token 1 \(EOS\) at position 2 is inside the content"),
+    ('{"ids": [5, 6]}\n{"ids": [300]}\n', "ids", r"bad\.jsonl:2: token 300 at position 1 is out of vocabulary \(vocabulary size 258\) "
+     r"\(positions count the BOS seqpack put before the IDs: the IDs' own index is one less\)$"),
+    ('{"ids": [5, 1, 6]}\n', "ids", r"bad\.jsonl:1: control token 1 \(EOS\) at position 2 is inside the content "
+     r"\(positions count the BOS"),
     ('{"ids": [5]}\n{"ids": [99999999999]}\n', "ids", r"bad\.jsonl:2: token ID 99999999999 does not fit int32"),
     ('{"ids": [5]}\n{"ids": [3, 18446744073709551616]}\n', "ids",
      r"bad\.jsonl:2: token ID 18446744073709551616 does not fit int64"),
@@ -130,6 +132,14 @@ def test_jsonl_errors_name_file_and_line(tmp_path, content, field, message):
     with pytest.raises(sp.InvalidInputError, match=message):
         pack(tmp_path, io.JsonLines(path, ids_field=field))
     assert not (tmp_path / "out").exists()
+
+
+def test_framed_ids_are_named_by_their_own_positions(tmp_path):
+    """Documents framed by the user carry their own BOS: no note about seqpack's."""
+    path = tmp_path / "framed.jsonl"
+    path.write_text('{"ids": [0, 5, 300, 1]}\n')
+    with pytest.raises(sp.InvalidInputError, match=r"framed\.jsonl:1: token 300 at position 2 is out of vocabulary \(vocabulary size 258\)$"):
+        pack(tmp_path, io.JsonLines(path, ids_field="ids"), framed=True)
 
 
 def chunk_documents(reader):

@@ -267,5 +267,8 @@ class ChunkEncoder:
         try:
             binding.validate_document(tokens[int(offsets[document]): int(offsets[document + 1])])
         except SeqpackError as error:
-            raise type(error)(f"{where}: {error}") from None
+            message = f"{where}: {error}"
+            if chunk.ids is not None and not self.framed and "position" in message:
+                message += " (positions count the BOS seqpack put before the IDs: the IDs' own index is one less)"
+            raise type(error)(message) from None
         raise AssertionError(f"{where}: failed the bulk check but passed the per-document one")
