@@ -201,7 +201,7 @@ def test_two_parts_verify(two_parts):
     ("report.cells", 5, "report records cells 5"),
     ("report.real_target_fraction", 0.5, "report records real_target_fraction 0.5"),
     ("report.policy", "best-fit-decreasing", "report records policy 'best-fit-decreasing'"),
-    ("shards.count", 1, "shards records count 1; the dataset has 2 parts"),
+    ("shards.count", 1, "shards records count 1; the dataset's part count is 2"),
     ("inputs", [], "a document names an input outside the manifest's 0 inputs"),
     ("inputs.0.name", 5, r"inputs\[0\] needs a name"),
     ("inputs.0.unit", "page", r"inputs\[0\] needs a name, a kind and a unit"),

@@ -119,7 +119,7 @@ def check_report(dataset: PackedDataset) -> None:
     count = shards.get("count") if isinstance(shards, dict) else shards
     # A shard of nothing but empty documents has no part, so there may be fewer parts.
     if isinstance(count, bool) or not isinstance(count, int) or count < len(dataset.parts):
-        _fail(where, f"shards records count {count!r}; the dataset has {len(dataset.parts)} parts")
+        _fail(where, f"shards records count {count!r}; the dataset's part count is {len(dataset.parts)}")
 
 
 def verify_dataset(path, *, progress: Progress | None = None, batches: bool = True) -> dict:
