@@ -82,8 +82,14 @@ def test_the_plan_interface_and_pickling(tmp_path):
     assert len(pickle.dumps(dataset)) < 1000  # the path, not the memory maps
     assert_same_batches(plan, clone)
     for bad in (-1, len(dataset), True, 1.0):
-        with pytest.raises(sp.InvalidInputError, match="outside this dataset"):
+        with pytest.raises(sp.InvalidInputError,
+                           match=rf"^batch {bad!r} is outside this dataset's batches \[0, {len(dataset)}\)$"):
             dataset.batch(bad)
+    count = dataset.occurrence_count
+    for bad in (-1, count, True):
+        with pytest.raises(sp.InvalidInputError,
+                           match=rf"^example {bad!r} is outside this dataset's examples \[0, {count}\)$"):
+            dataset.example_id(bad)
 
 
 def test_several_parts_number_examples_globally(tmp_path):

@@ -361,8 +361,21 @@ def test_token_array_checks(binding):
         sp.ExampleTable.from_arrays(tokens.reshape(1, -1), offsets, binding)
     with pytest.raises(sp.InvalidInputError, match="binding must be a BatchBinding"):
         sp.ExampleTable.from_arrays(tokens, offsets, None)
-    with pytest.raises(sp.InvalidInputError, match="partition must be a Partition"):
-        sp.ExampleTable.from_arrays(tokens, offsets, binding, partition="train")
+    with pytest.raises(sp.InvalidInputError,
+                       match=r"^partition must be a Partition, not 'Validation': pass seqpack.Partition.VALIDATION$"):
+        sp.ExampleTable.from_arrays(tokens, offsets, binding, partition="Validation")
+    with pytest.raises(sp.InvalidInputError, match=r"^partition must be a Partition, not 'dev'$"):
+        sp.ExampleTable.from_arrays(tokens, offsets, binding, partition="dev")
+
+
+@pytest.mark.parametrize("make", [
+    lambda binding: sp.BatchDocument("doc", [0, 5, 1], partition="test"),
+    lambda binding: sp.pack([[0, 5, 1]], sp.PackConfig(capacity=8, rows_per_batch=1), partition="test",
+                            binding=binding),
+])
+def test_partition_name_hint(binding, make):
+    with pytest.raises(sp.InvalidInputError, match=r"not 'test': pass seqpack.Partition.TEST$"):
+        make(binding)
 
 
 def test_ids(binding):

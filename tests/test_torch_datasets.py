@@ -45,7 +45,7 @@ def test_map_style_items_are_the_batches_as_tensors():
         assert len(dataset) == len(source)
         assert ids(DataLoader(dataset, batch_size=None)) == expected_ids(source, range(len(source)))
         assert ids([dataset[-1]]) == expected_ids(source, [len(source) - 1])
-        with pytest.raises(IndexError, match=f"batch {len(source)} is outside this dataset's"):
+        with pytest.raises(IndexError, match=rf"batch {len(source)} is outside this dataset's batches \[0, {len(source)}\)"):
             dataset[len(source)]
     padded = sp.pad(sp.ExampleTable.from_arrays([0, 40, 41, 1], [0, 4], sp.BatchBinding.fixture()), sp.PadConfig(),
                     partition=sp.Partition.TRAIN, binding=sp.BatchBinding.fixture())

@@ -255,10 +255,20 @@ class BatchBinding:
         return self.tokenizer.decode_document_bounded(token_ids, self.limits)
 
 
+def check_partition(partition: Partition) -> None:
+    """``partition`` must be a :class:`Partition`; a partition's name given as a string is
+    refused with the member to pass instead."""
+    if isinstance(partition, Partition):
+        return
+    hint = ""
+    if isinstance(partition, str) and partition.lower() in {member.value for member in Partition}:
+        hint = f": pass seqpack.Partition.{Partition(partition.lower()).name}"
+    raise InvalidInputError(f"partition must be a Partition, not {partition!r}{hint}")
+
+
 def check_expectations(partition: Partition, binding: BatchBinding) -> None:
     """The partition and binding a batch or table is made for must be of the right types."""
-    if not isinstance(partition, Partition):
-        raise InvalidInputError(f"partition must be a Partition, not {partition!r}")
+    check_partition(partition)
     if not isinstance(binding, BatchBinding):
         raise InvalidInputError(f"binding must be a BatchBinding, not {type(binding).__name__}")
 

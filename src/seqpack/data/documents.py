@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .binding import Partition
+from .binding import Partition, check_partition
 from ..errors import InvalidInputError
 
 _INT32 = np.iinfo(np.int32)
@@ -45,8 +45,7 @@ class BatchDocument:
     def __init__(self, source_id: str, token_ids: object, partition: Partition = Partition.TRAIN):
         if not isinstance(source_id, str) or not source_id:
             raise InvalidInputError(f"document source_id must be a non-empty str, got {source_id!r}")
-        if not isinstance(partition, Partition):
-            raise InvalidInputError(f"partition must be a Partition, got {partition!r}")
+        check_partition(partition)
         self._source_id = source_id
         self._token_ids = as_int32_tokens(token_ids, f"document {source_id!r} token IDs")
         self._partition = partition

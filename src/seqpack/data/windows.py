@@ -20,7 +20,7 @@ import numpy as np
 
 from .._limits import INT32_MAX, check_int, integer_array
 from ..errors import InvalidInputError
-from .binding import Partition
+from .binding import Partition, check_partition
 from .documents import BatchDocument, as_int32_tokens
 
 
@@ -164,8 +164,7 @@ class MiniBatchEpoch:
     ) -> MiniBatchEpoch:
         """Windows of ``partition``'s documents, in document then start order
         (sequential) or permuted by ``numpy.random.default_rng(seed)`` (shuffled)."""
-        if not isinstance(partition, Partition):
-            raise InvalidInputError(f"partition must be a Partition, got {partition!r}")
+        check_partition(partition)
         for index, document in enumerate(documents):
             if not isinstance(document, BatchDocument):
                 raise InvalidInputError(

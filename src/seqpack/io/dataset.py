@@ -363,7 +363,7 @@ class PackedDataset:
     def _locate(self, number) -> tuple[Part, int]:
         if isinstance(number, bool) or not isinstance(number, (int, np.integer)) \
                 or not 0 <= number < self.batch_count:
-            raise InvalidInputError(f"batch {number!r} is outside this dataset's {self.batch_count} batches")
+            raise InvalidInputError(f"batch {number!r} is outside this dataset's batches [0, {self.batch_count})")
         part = self.parts[int(np.searchsorted(self._first_batches, number, side="right")) - 1]
         return part, int(number) - part.first_batch
 
@@ -430,7 +430,7 @@ class PackedDataset:
     def _part_of_example(self, ordinal) -> tuple[Part, int]:
         if isinstance(ordinal, bool) or not isinstance(ordinal, (int, np.integer)) \
                 or not 0 <= ordinal < self.occurrence_count:
-            raise InvalidInputError(f"example {ordinal!r} is outside this dataset's {self.occurrence_count} examples")
+            raise InvalidInputError(f"example {ordinal!r} is outside this dataset's examples [0, {self.occurrence_count})")
         part = self.parts[int(np.searchsorted(self._first_examples, ordinal, side="right")) - 1]
         return part, int(ordinal) - part.first_example
 

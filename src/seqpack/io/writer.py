@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.binding import BatchBinding, Partition
+from ..data.binding import BatchBinding, Partition, check_partition
 from ..data.table import LONG_DOCUMENTS
 from ..data.tokenizer import ByteTokenizer
 from ..data.windows import window_ranges
@@ -295,8 +295,7 @@ def check_arguments(binding: BatchBinding, tokenizer, config: PackConfig, policy
     if not isinstance(config, PackConfig):
         raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
     check_policy(policy, config.capacity)
-    if not isinstance(partition, Partition):
-        raise InvalidInputError(f"partition must be a Partition, not {partition!r}")
+    check_partition(partition)
     if tokenizer is not binding.tokenizer and getattr(tokenizer, "identity", None) != binding.tokenizer_identity:
         raise InvalidInputError("the tokenizer's identity differs from the binding's")
 

@@ -42,7 +42,7 @@ def batch_at(batches, index):
     if is_int(index) and index < 0:
         index = operator.index(index)  # a Python int: a numpy int8 would overflow below
         if index < -len(batches):
-            raise InvalidInputError(f"batch {index} is outside the {len(batches)} batches")
+            raise InvalidInputError(f"batch {index} is outside the batches [0, {len(batches)})")
         index += len(batches)
     return batches.batch(index)
 
@@ -98,7 +98,7 @@ class PackingPlan:
     def _number(self, number) -> int:
         """``number`` as a Python int in ``[0, batch_count)``, else InvalidInputError naming it."""
         if not is_int(number) or not 0 <= number < self.batch_count:
-            raise InvalidInputError(f"batch {number!r} is outside this plan's {self.batch_count} batches")
+            raise InvalidInputError(f"batch {number!r} is outside this plan's batches [0, {self.batch_count})")
         return int(number)
 
     def batch_rows(self, number: int) -> int:

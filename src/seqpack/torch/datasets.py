@@ -58,7 +58,7 @@ class PackedDataset(Dataset):
 
     def __getitem__(self, index) -> dict[str, torch.Tensor]:
         if not is_int(index) or not -len(self) <= index < len(self):
-            raise IndexError(f"batch {index!r} is outside this dataset's {len(self)} batches")
+            raise IndexError(f"batch {index!r} is outside this dataset's batches [0, {len(self)})")
         return tensors(self._batches.get(int(index) % len(self)))
 
 
