@@ -241,3 +241,10 @@ def test_the_readme_example_runs(cluster, tmp_path, monkeypatch):
     manifest, dataset = namespace["manifest"], namespace["dataset"]
     assert len(manifest["parts"]) == 3 and len(dataset) == manifest["counts"]["batches"] == 3
     assert dataset.example_id(0) == "corpus/0.txt"
+
+
+def test_a_running_clusters_address_passes_the_probe(cluster):
+    """The probe's gRPC greeting gets this cluster's GCS to answer with its SETTINGS frame."""
+    address = ray.get_runtime_context().gcs_address
+    pipeline.check_reachable(address)
+    pipeline.check_reachable(address, timeout=1.0)

@@ -172,6 +172,88 @@ def test_only_an_explicit_host_and_port_is_probed(monkeypatch):
         assert calls.pop() == (target, pipeline.CONNECT_TIMEOUT)
 
 
+class LoopbackServer:
+    """A one-connection TCP server on a loopback port that ``reply(connection)`` answers."""
+
+    def __init__(self, reply):
+        import threading
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, args=(reply,), daemon=True)
+        self.thread.start()
+
+    def _serve(self, reply):
+        connection, _ = self.listener.accept()
+        with connection:
+            reply(connection)
+
+    def close(self):
+        self.listener.close()
+        self.thread.join(10)
+
+
+def http1(connection):
+    connection.recv(1024)
+    connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+
+def banner(connection):
+    connection.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+    connection.recv(1024)
+
+
+def silent(connection):
+    time.sleep(2)
+
+
+def hang_up(connection):
+    """Reads the whole greeting (unread bytes would make the close a reset), then closes."""
+    from seqpack.ray.pipeline import HTTP2_GREETING
+
+    received = b""
+    while len(received) < len(HTTP2_GREETING):
+        received += connection.recv(1024)
+
+
+@pytest.mark.parametrize("reply, message", [
+    (http1, r"is not a Ray cluster's address: an HTTP/1 server answers there \(the Ray dashboard does, on port 8265 "
+            r"by default; a cluster's address is its GCS port, 6379 by default, or ray://host:10001 for Ray Client\)$"),
+    (banner, r"is not a Ray cluster's address: the server answered b'SSH-2.0-O'$"),
+    (hang_up, r"is not a Ray cluster's address: the server closed the connection without a word$"),
+    (silent, r"^cannot reach a Ray cluster at ray://127\.0\.0\.1:\d+: no answer within 0\.5 s$"),
+])
+def test_an_address_where_something_else_listens_is_refused_in_seconds(monkeypatch, reply, message):
+    """``ray.init`` hung inside Ray on such an address; the probe names what answered."""
+    pytest.importorskip("ray", reason="the Ray engine needs the ray extra")
+    from seqpack.ray import pipeline
+
+    monkeypatch.delenv("RAY_USE_TLS", raising=False)
+    server = LoopbackServer(reply)
+    try:
+        started = time.monotonic()
+        with pytest.raises(InvalidInputError, match=message):
+            pipeline.check_reachable(f"ray://{server.address}", timeout=0.5)
+        assert time.monotonic() - started < 1.5
+    finally:
+        server.close()
+
+
+def test_with_tls_only_the_connection_is_checked(monkeypatch):
+    """A TLS cluster would not answer a plain-text greeting; with RAY_USE_TLS set the probe sends none."""
+    pytest.importorskip("ray", reason="the Ray engine needs the ray extra")
+    from seqpack.ray import pipeline
+
+    received = []
+    server = LoopbackServer(lambda connection: received.append(connection.recv(1024)))
+    monkeypatch.setenv("RAY_USE_TLS", "1")
+    try:
+        pipeline.check_reachable(server.address, timeout=0.5)
+    finally:
+        server.close()
+    assert received == [b""]
+
+
 def test_stats_figure_bins_label_exactly_what_they_count(corpus, tmp_path):
     """Every bar's label ``[lo, hi)`` (``[lo, hi]`` for the last) holds exactly its count of
     the values computed from the dataset's files. The last bin, which holds full rows and

@@ -50,11 +50,18 @@ def import_ray():
     return ray
 
 
+#: What a gRPC client sends first: the HTTP/2 connection preface and an empty SETTINGS frame.
+HTTP2_GREETING = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
 def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Raise :class:`InvalidInputError` unless a TCP connection to ``address`` (``host:port``
-    or ``ray://host:port``) opens within ``timeout`` seconds. ``ray.init`` retries an
-    unreachable address for minutes without a word; this fails in seconds instead.
-    Other addresses (``None``, ``"auto"``, other schemes, no port) are left to Ray."""
+    """Raise :class:`InvalidInputError` unless ``address`` (``host:port`` or
+    ``ray://host:port``) answers as a Ray cluster's gRPC server does within ``timeout``
+    seconds: a TCP connection opens, and the server's first HTTP/2 frame is SETTINGS (with
+    ``RAY_USE_TLS`` set, only the connection is checked). ``ray.init`` retries an
+    unreachable address, or one where something else listens (the dashboard's port, for
+    one), for minutes without a word; this fails in seconds instead. Other addresses
+    (``None``, ``"auto"``, other schemes, no port) are left to Ray."""
     if address is None:
         return
     target = address[len("ray://"):] if address.startswith("ray://") else address
@@ -62,10 +69,36 @@ def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> No
     if not colon or "://" in target or not port.isdigit():
         return
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as connection:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return
+            answer = _first_frame(connection)
     except OSError as error:
         reason = f"no answer within {timeout:g} s" if isinstance(error, TimeoutError) else error.strerror or str(error)
         raise InvalidInputError(f"cannot reach a Ray cluster at {address}: {reason}") from None
+    if len(answer) == 9 and answer[3] == 4 and answer[5:9] == bytes(4):
+        return
+    if answer.startswith(b"HTTP/"):
+        what = ("an HTTP/1 server answers there (the Ray dashboard does, on port 8265 by default; a cluster's "
+                "address is its GCS port, 6379 by default, or ray://host:10001 for Ray Client)")
+    elif not answer:
+        what = "the server closed the connection without a word"
+    else:
+        what = f"the server answered {answer[:9]!r}"
+    raise InvalidInputError(f"{address} is not a Ray cluster's address: {what}")
+
+
+def _first_frame(connection: socket.socket) -> bytes:
+    """The first 9 bytes (an HTTP/2 frame header) a server sends after the gRPC greeting,
+    fewer if it closes the connection first."""
+    connection.sendall(HTTP2_GREETING)
+    answer = b""
+    while len(answer) < 9:
+        chunk = connection.recv(9 - len(answer))
+        if not chunk:
+            break
+        answer += chunk
+    return answer
 
 
 def pack_shard_task(job: ShardJob, shard, staging: str, directory: str):
