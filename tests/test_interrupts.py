@@ -87,7 +87,10 @@ SETUP = {
 
 def run_and_interrupt(setup: str) -> tuple[float, float, str]:
     """Seconds from SIGINT to the KeyboardInterrupt and to the child's exit; the file it came from."""
-    script = textwrap.dedent(setup) + textwrap.dedent("""
+    # A process started in the background by a shell without job control inherits SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt handler: the child restores it.
+    script = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    script += textwrap.dedent(setup) + textwrap.dedent("""
         import sys, time, traceback
         print("ready", flush=True)
         try:
