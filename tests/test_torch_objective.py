@@ -180,6 +180,16 @@ def distributed_rank(rank: int, world_size: int, port: int) -> None:
         for name, grad in gradients(ddp.module).items():
             assert close(grad, expected[name]), (rank, "ddp", name)
 
+        # A rank that counted only its first micro-batch: the global count covers the
+        # other rank's batches, but this rank's own uncounted one is still an error.
+        accumulator = st.LossAccumulator(mine[:1])
+        counted, total = mine[0].target_count, accumulator.denominator
+        accumulator(model(st.tensors(mine[0])), mine[0])
+        with pytest.raises(sp.InvalidInputError, match=(
+                rf"^this rank's micro-batches of the step were counted as {counted} eligible targets \(of {total} "
+                rf"over the ranks\) but its micro-batches so far hold {counted + mine[1].target_count}: ")):
+            accumulator(model(st.tensors(mine[1])), mine[1])
+
         dataset = st.PackedIterableDataset(packed_plan(PREDICTIONS, 16, 1))  # rank and size from the group
         assert (dataset.rank, dataset.world_size) == (rank, world_size)
         shares = [None] * world_size

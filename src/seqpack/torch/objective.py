@@ -139,7 +139,11 @@ def step_target_count(batches: Iterable, group=None) -> int:
     all-reduced over ``group`` (None: the default group, as in ``torch.distributed``), so
     every rank divides by the same global count.
     """
-    count = sum(_count(item) for item in micro_batches(batches))
+    return _summed_over_ranks(sum(_count(item) for item in micro_batches(batches)), group)
+
+
+def _summed_over_ranks(count: int, group) -> int:
+    """``count`` all-reduced over ``group`` when ``torch.distributed`` is initialized."""
     distributed = torch.distributed
     if distributed.is_available() and distributed.is_initialized():
         backend = distributed.get_backend(group)
@@ -158,7 +162,8 @@ class LossAccumulator:
     ``group``); calling it on each micro-batch's ``(logits, batch_or_targets)`` returns
     that micro-batch's loss sum divided by the step's count, ready for ``backward()``:
     the gradients accumulated over the step are those of one token-weighted batch over
-    the union (micro-batches holding more eligible targets than counted are an error).
+    the union (this rank's micro-batches holding more eligible targets than it counted
+    are an error).
     ``ddp=True`` when the gradients are then averaged over the group's ranks
     (``DistributedDataParallel`` does): each loss is multiplied by the group's size so
     the average is still the union's gradient. ``loss_sum`` and ``count`` are what this
@@ -167,7 +172,8 @@ class LossAccumulator:
     """
 
     def __init__(self, batches: Iterable, *, group=None, ddp: bool = False):
-        self.denominator = _denominator(step_target_count(batches, group))
+        self.counted = sum(_count(item) for item in micro_batches(batches))  # this rank's
+        self.denominator = _denominator(_summed_over_ranks(self.counted, group))
         if ddp and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             raise InvalidInputError("ddp=True needs an initialized torch.distributed process group")
         self.factor = torch.distributed.get_world_size(group) if ddp else 1
@@ -176,10 +182,13 @@ class LossAccumulator:
 
     def __call__(self, logits: torch.Tensor, batch_or_targets) -> torch.Tensor:
         total, count = loss_sum(logits, batch_or_targets)
-        if self.count + count > self.denominator:
+        if self.count + count > self.counted:
+            counted = (f"the step was counted as {self.counted} eligible targets" if self.counted == self.denominator
+                       else f"this rank's micro-batches of the step were counted as {self.counted} eligible "
+                            f"targets (of {self.denominator} over the ranks)")
             raise InvalidInputError(
-                f"the step was counted as {self.denominator} eligible targets but its micro-batches so "
-                f"far hold {self.count + count}: give LossAccumulator every micro-batch of the step"
+                f"{counted} but its micro-batches so far hold {self.count + count}: give LossAccumulator "
+                f"every micro-batch of the step"
             )
         self.loss_sum += float(total.detach())
         self.count += count
