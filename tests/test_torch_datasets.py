@@ -203,6 +203,51 @@ def test_resume_with_a_stateful_dataloader(workers):
     assert ids(taken) == full[:7] and ids(fresh) == full[7:]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stateful_dataloader_saved_at_an_epochs_end_resumes_with_the_next_epoch(workers):
+    """The trainer saves after epoch 0, and on resume calls set_epoch(1) before the loader
+    hands the dataset its saved state (at the next pass). Without workers that late state
+    put the dataset back at the end of epoch 0: epoch 1 yielded nothing."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
+    source = plan()
+    loader = stateful.StatefulDataLoader(st.PackedIterableDataset(source, seed=4), batch_size=None,
+                                         num_workers=workers)
+    assert ids(loader) == ids(epoch_items(source, 4, 0))
+    state = loader.state_dict()
+    dataset = st.PackedIterableDataset(source, seed=4)
+    fresh = stateful.StatefulDataLoader(dataset, batch_size=None, num_workers=workers)
+    fresh.load_state_dict(state)
+    dataset.set_epoch(1)
+    assert ids(fresh) == ids(epoch_items(source, 4, 1))
+
+
+def test_a_state_at_an_epochs_end_is_dropped_by_set_epoch_before_or_after_it():
+    source = plan()
+    dataset = st.PackedIterableDataset(source, seed=4)
+    assert len(list(dataset)) == len(dataset)
+    done = dataset.state_dict()
+    assert (done["epoch"], done["position"]) == (0, len(dataset))
+    for set_first in (True, False):
+        fresh = st.PackedIterableDataset(source, seed=4)
+        if set_first:
+            fresh.set_epoch(1)
+            fresh.load_state_dict(done)
+        else:
+            fresh.load_state_dict(done)
+            fresh.set_epoch(1)
+        assert ids(fresh) == ids(epoch_items(source, 4, 1)), set_first
+    fresh = st.PackedIterableDataset(source, seed=4)
+    fresh.load_state_dict(done)
+    fresh.set_epoch(0)
+    assert list(fresh) == []  # the rest of epoch 0: nothing
+    mid = dict(done, position=3)
+    fresh = st.PackedIterableDataset(source, seed=4)
+    fresh.set_epoch(1)
+    fresh.load_state_dict(mid)  # a mid-epoch state still resumes its epoch, whatever came before
+    assert ids(fresh) == ids(epoch_items(source, 4, 0))[3:]
+
+
 def nested_dicts(value):
     if isinstance(value, dict):
         yield value

@@ -101,7 +101,9 @@ class PackedIterableDataset(IterableDataset):
     workers, or inside a worker as ``StatefulDataLoader`` asks; with a plain
     ``DataLoader`` and workers give ``consumed=``, the batches of the epoch the trainer
     took). ``load_state_dict()`` makes the next pass over that epoch start with the next
-    batch; ``set_epoch`` to another epoch drops it. With a plain ``DataLoader`` and
+    batch; ``set_epoch`` to another epoch drops it, before the load as after it when the
+    state ends its epoch (``StatefulDataLoader`` loads the state only when the next pass
+    starts, after the trainer's ``set_epoch`` for the next epoch). With a plain ``DataLoader`` and
     workers the passes run in copies of this object, so the loaded state stays here and
     every pass over that epoch resumes until ``set_epoch`` moves on.
     """
@@ -119,6 +121,7 @@ class PackedIterableDataset(IterableDataset):
         self.epoch = 0
         self._position = 0  # this object's next batch, relative to its worker (see __iter__)
         self._resume = None  # (epoch, position) a loaded state starts from
+        self._chosen = None  # the epoch set_epoch named since the last pass began
 
     def __len__(self) -> int:
         return len(self._batches) // self.world_size
@@ -126,6 +129,7 @@ class PackedIterableDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Iterate epoch ``epoch`` next (from its start, unless a loaded state resumes it)."""
         epoch = check_int("epoch", epoch, 0)
+        self._chosen = epoch
         if self._resume is not None and self._resume[0] != epoch:
             self._resume = None
         if epoch != self.epoch:
@@ -142,6 +146,7 @@ class PackedIterableDataset(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        self._chosen = None
         if self._resume is not None:
             self.epoch, start = self._resume
             self._resume = None
@@ -175,6 +180,8 @@ class PackedIterableDataset(IterableDataset):
                 raise InvalidInputError(f"the state was saved with {name} {state.get(name)!r}; this dataset has {ours!r}")
         epoch = check_int("epoch", state["epoch"], 0)
         position = check_int("position", state["position"], 0, len(self))
+        if position == len(self) and self._chosen is not None and self._chosen != epoch:
+            return  # its epoch is over and set_epoch already moved on: nothing to resume
         self.epoch, self._position, self._resume = epoch, position, (epoch, position)
 
 
