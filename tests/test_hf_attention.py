@@ -78,6 +78,43 @@ def test_packed_seqpack_equals_each_example_alone_with_sdpa(kind, dtype, monkeyp
         assert close(gradient, expected[name]), name
 
 
+def positions_withheld_model(kind, attention):
+    """A float64 model whose layers never hand ``position_ids`` to their attention function
+    (GPTBigCode's blocks do not get them; Persimmon's attention takes them as a named
+    argument and keeps them)."""
+    from transformers import GPTBigCodeConfig, GPTBigCodeForCausalLM, PersimmonConfig, PersimmonForCausalLM
+
+    sph.register()
+    torch.manual_seed(0)
+    if kind == "gpt_bigcode":
+        built = GPTBigCodeForCausalLM(GPTBigCodeConfig(
+            vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=64, use_cache=False, attn_pdrop=0.0,
+            resid_pdrop=0.0, embd_pdrop=0.0))
+    else:
+        built = PersimmonForCausalLM(PersimmonConfig(
+            vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            use_cache=False, pad_token_id=None, bos_token_id=0, eos_token_id=1))
+    built.set_attn_implementation(attention)
+    return built.double()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gpt_bigcode", "persimmon"])
+def test_packed_rows_stay_apart_when_the_model_withholds_position_ids(kind):
+    """transformers found the packing in the model's position_ids and composed it into the
+    mask function; seqpack's mask hook passes those sequences on. Before, these models' rows
+    were one segment each: every example attended to the examples packed before it."""
+    batch, docs = packed()
+    ours = positions_withheld_model(kind, "seqpack")
+    reference = positions_withheld_model(kind, "sdpa")
+    with torch.no_grad():
+        out = ours(**sph.rows(batch))
+        for got, doc in zip(cells_of(batch, out.logits, docs), docs):
+            alone = reference(input_ids=torch.from_numpy(doc[None, :-1]), use_cache=False).logits[0]
+            assert close(got, alone)
+        assert close(out.loss, reference(**sph.rows(batch)).loss)
+
+
 @pytest.mark.slow
 def test_packed_seqpack_equals_packed_sdpa(monkeypatch):
     float64_norms(monkeypatch)

@@ -8,11 +8,15 @@ query attends to exactly the keys of its own segment up to itself, and nothing e
 computed.
 
 * No T x T mask is built: the mask function returns ``None``, or the ``[B, T]`` boolean
-  padding mask when one was given with padding in it.
+  padding mask when one was given with padding in it, or a :class:`LayerMask` carrying
+  what a layer needs beyond it (the sequences transformers found packed, a window).
 * The segments come from the ``cu_seq_lens_q`` keyword (flash-attention's offsets over
   the flattened ``[B * T]`` cells), else ``seq_idx`` (a segment index per cell), else
   ``position_ids`` (a new segment wherever a position is not the previous one plus 1:
-  transformers' own packed-sequence rule), else one segment per row.
+  transformers' own packed-sequence rule), else the packed sequences transformers found
+  in the model's ``position_ids`` when it built the mask (some models, GPTBigCode and
+  Persimmon among them, do not hand ``position_ids`` to their attention), else one
+  segment per row.
 * Valid cells: the ``valid_lengths`` keyword (``[B]``, as :func:`seqpack.hf.rows` gives
   it), else a right-padded 2-D ``attention_mask``, else the end of ``cu_seq_lens_q``,
   else every cell. Cells past a row's valid length are skipped: zero output, zero
@@ -71,20 +75,27 @@ def register(name: str = NAME) -> str:
 
 
 @dataclass(frozen=True)
-class LocalMask:
-    """What :func:`seqpack_mask` hands a layer with local attention (a sliding window or
-    chunks of ``span`` positions): its 2-D padding mask (or ``None``) and the span. Such a
-    layer equals plain causal attention within segments only while every segment fits in
-    the span, which :func:`seqpack_attention` checks."""
+class LayerMask:
+    """What :func:`seqpack_mask` hands a layer beyond its 2-D padding mask (or ``None``):
+
+    * ``span``: a layer with local attention (a sliding window or chunks of ``span``
+      positions) equals plain causal attention within segments only while every segment
+      fits in the span, which :func:`seqpack_attention` checks;
+    * ``sequences``: the ``[B, T]`` sequence index per cell that transformers found in the
+      model's ``position_ids`` (packed rows), the segments when the attention call itself
+      gets no segment keyword.
+    """
 
     padding: torch.Tensor | None
-    span: int
+    span: int | None = None
+    sequences: torch.Tensor | None = None
 
 
 def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                  attention_mask=None, use_vmap=False, local_size=None, **kwargs):
     """transformers' mask hook: never a T x T mask, only ``None`` or the 2-D padding mask
-    (wrapped in a :class:`LocalMask` for a sliding-window or chunked layer)."""
+    (wrapped in a :class:`LayerMask` for a sliding-window or chunked layer, or for rows
+    transformers found packed)."""
     from transformers.masking_utils import bidirectional_mask_function
 
     if mask_function is bidirectional_mask_function:
@@ -101,19 +112,23 @@ def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
     if int(q_offset) or int(kv_offset) or kv_length != q_length:
         raise _cache_error(f"keys span {kv_length} cells for {q_length} queries")
     padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask
-    return padding if local_size is None else LocalMask(padding, int(local_size))
+    sequences = _packed_sequences(mask_function)
+    if local_size is None and sequences is None:
+        return padding
+    return LayerMask(padding, None if local_size is None else int(local_size), sequences)
 
 
-def _bidirectional_blocks(mask_function) -> bool:
-    """Whether transformers composed ``mask_function`` with a blockwise overlay (its
-    ``block_sequence_ids``) holding a block, which no ``use_vmap`` flag announces."""
+def _composed_with(mask_function, factory: str) -> list[list] | None:
+    """The closure contents of every function inside ``mask_function`` (transformers
+    composes mask functions as closures over closures) that ``transformers.masking_utils``'s
+    ``factory(None)`` makes; None when this transformers has no such factory."""
     try:
-        from transformers.masking_utils import blockwise_overlay
+        from transformers import masking_utils
 
-        overlay = blockwise_overlay(None).__code__
-    except (ImportError, AttributeError, TypeError):  # a transformers without block overlays
-        return False
-    pending, seen = [mask_function], set()
+        code = getattr(masking_utils, factory)(None).__code__
+    except (ImportError, AttributeError, TypeError):
+        return None
+    found, pending, seen = [], [mask_function], set()
     while pending:
         function = pending.pop()
         if id(function) in seen:
@@ -125,16 +140,34 @@ def _bidirectional_blocks(mask_function) -> bool:
                 contents.append(cell.cell_contents)
             except ValueError:  # an empty cell
                 continue
-        if getattr(function, "__code__", None) is overlay:
-            ids = [c for c in contents if isinstance(c, torch.Tensor)]
-            if not ids or any(_has_block(t) for t in ids):
-                return True
+        if getattr(function, "__code__", None) is code:
+            found.append(contents)
             continue
         for value in contents:
             for item in value if isinstance(value, (tuple, list)) else (value,):
                 if callable(item) and not isinstance(item, torch.Tensor):
                     pending.append(item)
+    return found
+
+
+def _bidirectional_blocks(mask_function) -> bool:
+    """Whether transformers composed ``mask_function`` with a blockwise overlay (its
+    ``block_sequence_ids``) holding a block, which no ``use_vmap`` flag announces."""
+    for contents in _composed_with(mask_function, "blockwise_overlay") or ():
+        ids = [c for c in contents if isinstance(c, torch.Tensor)]
+        if not ids or any(_has_block(t) for t in ids):
+            return True
     return False
+
+
+def _packed_sequences(mask_function) -> torch.Tensor | None:
+    """The ``[B, T]`` sequence indices transformers found packed in the model's
+    ``position_ids`` and composed into ``mask_function``, or None."""
+    for contents in _composed_with(mask_function, "packed_sequence_mask_function") or ():
+        for value in contents:
+            if isinstance(value, torch.Tensor):
+                return value
+    return None
 
 
 def _has_block(ids: torch.Tensor) -> bool:
@@ -173,9 +206,12 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     for keyword, feature in _UNSUPPORTED.items():
         if kwargs.get(keyword) is not None:
             raise InvalidInputError(f"seqpack attention does not compute {feature} ({keyword}=...)")
-    local = attention_mask if isinstance(attention_mask, LocalMask) else None
-    if local is not None:
-        attention_mask = local.padding
+    layer = attention_mask if isinstance(attention_mask, LayerMask) else None
+    if layer is not None:
+        attention_mask = layer.padding
+        if layer.sequences is not None and not any(
+                kwargs.get(k) is not None for k in ("cu_seq_lens_q", "seq_idx", "position_ids")):
+            kwargs = {**kwargs, "seq_idx": layer.sequences}
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
         raise InvalidInputError(f"attention_mask must be a tensor or None, not {type(attention_mask).__name__}")
     if attention_mask is not None and attention_mask.dim() != 2:
@@ -192,8 +228,8 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     lengths, starts = layout(query.shape[0], query.shape[2], attention_mask, kwargs)
     if kwargs.get("sliding_window") is not None:
         _check_window(check_int("sliding_window", kwargs["sliding_window"], 0), lengths, starts)
-    if local is not None:
-        _check_window(local.span, lengths, starts)
+    if layer is not None and layer.span is not None:
+        _check_window(layer.span, lengths, starts)
     output = AttentionIntoCells.apply(query, key, value, lengths, starts, _scaling(scaling))
     return output, None
 
