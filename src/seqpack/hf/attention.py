@@ -35,6 +35,7 @@ computed.
 
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
 from dataclasses import dataclass
@@ -98,6 +99,7 @@ def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
     transformers found packed)."""
     from transformers.masking_utils import bidirectional_mask_function
 
+    _check_dispatches_attention(kwargs.get("config"))
     if mask_function is bidirectional_mask_function:
         raise InvalidInputError("seqpack attention is causal; this model asked for bidirectional attention")
     if use_vmap:
@@ -116,6 +118,27 @@ def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
     if local_size is None and sequences is None:
         return padding
     return LayerMask(padding, None if local_size is None else int(local_size), sequences)
+
+
+def _check_dispatches_attention(config) -> None:
+    """Refuse a transformers model whose code computes attention itself instead of through
+    ``AttentionInterface`` (Bloom, MPT...): it would never call seqpack attention and would
+    read this hook's ``None`` as no mask at all, not even a causal one. Known by its
+    modeling module, which then has no ``ALL_ATTENTION_FUNCTIONS``; a config from outside
+    ``transformers.models`` is not checked."""
+    module = type(config).__module__ if config is not None else ""
+    if not module.startswith("transformers.models.") or ".configuration_" not in module:
+        return
+    try:
+        modeling = importlib.import_module(module.replace(".configuration_", ".modeling_"))
+    except ImportError:
+        return
+    if not hasattr(modeling, "ALL_ATTENTION_FUNCTIONS"):
+        raise InvalidInputError(
+            f"{getattr(config, 'model_type', type(config).__name__)} models compute attention in their own code, "
+            f"not through transformers' AttentionInterface, so seqpack attention cannot run inside them: use "
+            f"attn_implementation='sdpa' or 'eager' for this model"
+        )
 
 
 def _composed_with(mask_function, factory: str) -> list[list] | None:
