@@ -5,6 +5,8 @@ import gzip
 import io as io_module
 import json
 import lzma
+import os
+import re
 import sys
 import zipfile
 
@@ -243,3 +245,58 @@ def test_the_bytes_bar_counts_in_the_units_it_shows(monkeypatch):
     progress.advance(2_000_000)
     progress.close()
     assert "2.00M/3.00M" in sys.stderr.getvalue()
+
+
+@pytest.mark.parametrize("step", ["rename out aside", "rename staging in", "write the manifest", "after the manifest"])
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_publish_stopped_at_any_step_puts_the_old_dataset_back(tmp_path, text, monkeypatch, step, failure):
+    """A full disk or Ctrl-C while publishing left the old dataset under a hidden name and
+    the output without a manifest (or gone)."""
+    from seqpack.io import format as fmt
+
+    out = tmp_path / "out"
+    (tmp_path / "b.txt").write_text("a second document")
+    pack([io.TextFiles([text])], out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    renames, real_rename = [], os.rename
+    stops = {"rename out aside": ("rename", 1), "rename staging in": ("rename", 2),
+             "write the manifest": ("manifest", None), "after the manifest": ("rename", 3)}
+    kind, number = stops[step]
+
+    def rename(source, target):
+        renames.append(target)
+        if kind == "rename" and len(renames) == number:
+            real_rename(source, target) if step == "after the manifest" else None
+            raise failure
+        real_rename(source, target)
+
+    def dump(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(fmt.os, "rename", rename)
+    if kind == "manifest":
+        monkeypatch.setattr(fmt.json, "dump", dump)
+    with pytest.raises(type(failure)):
+        pack([io.TextFiles([text, text.parent / "b.txt"])], out, force=True)
+    monkeypatch.undo()
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before, step
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt", "out"], step
+    io.verify_dataset(out)
+
+
+@pytest.mark.parametrize("make, stranger", [
+    (lambda d: (d / "part-1").mkdir(), "'part-1'"),
+    (lambda d: (d / "part-00007").write_text("mine"), "'part-00007'"),
+    (lambda d: (d / "part-00000" / "notes.txt").write_text("mine"), "'part-00000/notes.txt'"),
+    (lambda d: (d / "manifest.json").write_text('{"name": "mine"}'), "manifest.json, which is not a seqpack manifest"),
+])
+def test_force_refuses_a_directory_that_only_looks_like_a_dataset(tmp_path, text, make, stranger):
+    """--force deleted any entry named part-<digits> (a user's file or directory, whatever it
+    held) and replaced a directory whose manifest.json was not seqpack's."""
+    out = tmp_path / "out"
+    pack([io.TextFiles([text])], out)
+    make(out)
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    with pytest.raises(sp.InvalidInputError, match=rf"is not a packed dataset \(it holds {re.escape(stranger)}\)"):
+        pack([io.TextFiles([text])], out, force=True)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before

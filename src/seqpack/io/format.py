@@ -163,7 +163,24 @@ def fsync_directory(path: Path) -> None:
 
 
 def _is_part(name: str) -> bool:
-    return name.startswith("part-") and name[5:].isdigit()
+    return name.startswith("part-") and len(name) >= 10 and name[5:].isdigit()
+
+
+def _stranger(directory: Path) -> str | None:
+    """The first entry of ``directory`` that no packed dataset holds, or None: a dataset
+    holds only its seqpack ``manifest.json`` (or none yet) and part directories
+    (``part-NNNNN``) holding only part files."""
+    for entry in sorted(directory.iterdir()):
+        if entry.name == MANIFEST:
+            if not is_packed_dataset(directory):
+                return f"{MANIFEST}, which is not a seqpack manifest"
+        elif not _is_part(entry.name) or entry.is_symlink() or not entry.is_dir():
+            return repr(entry.name)
+        else:
+            inside = sorted(child.name for child in entry.iterdir() if child.name not in PART_FILES)
+            if inside:
+                return repr(f"{entry.name}/{inside[0]}")
+    return None
 
 
 def _is_manifest(value) -> bool:
@@ -203,10 +220,10 @@ def check_output(out: Path, force: bool, inputs=()) -> None:
             raise InvalidInputError(f"{out} already exists (--force replaces it)")
         if out.is_symlink() or not out.is_dir():
             raise InvalidInputError(f"{out} is not a directory; --force replaces only a packed dataset")
-        strangers = sorted(entry.name for entry in out.iterdir() if entry.name != MANIFEST and not _is_part(entry.name))
-        if strangers:
+        stranger = _stranger(out)
+        if stranger is not None:
             raise InvalidInputError(
-                f"{out} is not a packed dataset (it holds {strangers[0]!r}); --force replaces only a packed "
+                f"{out} is not a packed dataset (it holds {stranger}); --force replaces only a packed "
                 f"dataset: choose another --out"
             )
     if not out.parent.is_dir():
@@ -250,29 +267,50 @@ def staging_directory(out: Path, force: bool, inputs=()):
 def publish(staging: Path, out: Path, manifest: dict, force: bool) -> None:
     """Rename ``staging`` to ``out`` (replacing an old ``out`` only when ``force``), then
     write ``manifest.json`` last, atomically. Until that final rename ``out`` has no
-    manifest and is refused as incomplete."""
+    manifest and is refused as incomplete. Any failure on the way (a full disk, Ctrl-C)
+    puts everything back: the new files at ``staging`` (which the caller removes) and the
+    old ``out`` where it was."""
     fsync_directory(staging)
     old = None
     if out.exists() or out.is_symlink():
         check_output(out, force)   # whatever appeared there since the start is checked again
         old = out.parent / f".{out.name}.seqpack-old-{uuid.uuid4().hex[:12]}"
-        os.rename(out, old)
-    os.rename(staging, out)
-    fsync_directory(out.parent)
-    write_manifest(out, manifest)
+    try:
+        if old is not None:
+            os.rename(out, old)
+        os.rename(staging, out)
+        fsync_directory(out.parent)
+        write_manifest(out, manifest)
+    except BaseException:
+        _put_back(staging, out, old)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _put_back(staging: Path, out: Path, old: Path | None) -> None:
+    """Undo a :func:`publish` stopped at any step (judged by what is on disk)."""
+    with contextlib.suppress(OSError):
+        if not staging.exists() and (out.exists() or out.is_symlink()) and (old is None or old.exists()):
+            os.rename(out, staging)       # the new files, moved back for the caller to remove
+        if old is not None and old.exists() and not (out.exists() or out.is_symlink()):
+            os.rename(old, out)
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:
     """``manifest.json`` written to a temporary name, fsynced, then renamed (atomic)."""
     temporary = directory / f".{MANIFEST}.partial"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.rename(temporary, directory / MANIFEST)
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump(manifest, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.rename(temporary, directory / MANIFEST)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
     fsync_directory(directory)
 
 
