@@ -172,6 +172,34 @@ def test_compressed_inputs_are_refused_by_their_first_bytes(tmp_path, kind):
     assert not (tmp_path / "out").exists()
 
 
+def test_binary_corpus_files_in_a_directory_are_refused_not_read_as_text(tmp_path):
+    """A directory's Parquet file was packed as one 'text' document of its bytes."""
+    pa = pytest.importorskip("pyarrow", reason="writing Parquet and Arrow files needs the corpus extra")
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("plain text")
+    table = pa.table({"text": ["a", "b"]})
+    pq.write_table(table, corpus / "b.parquet")
+    with pa.ipc.new_file(str(tmp_path / "c.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    (tmp_path / "d.idx").write_bytes(b"MMIDIDX\x00\x00" + bytes(30))
+    hint = "give it as an input of its own, named by its extension"
+    with pytest.raises(sp.InvalidInputError, match=rf"b\.parquet: a Parquet file, not text: {hint}"):
+        pack([io.TextFiles(corpus)], tmp_path / "out")
+    for name, what in (("c.arrow", "an Arrow file"), ("d.idx", "a Megatron index")):
+        (corpus / "b.parquet").unlink(missing_ok=True)
+        (corpus / name).write_bytes((tmp_path / name).read_bytes())
+        with pytest.raises(sp.InvalidInputError, match=rf"{re.escape(name)}: {what}, not text: "):
+            pack([io.TextFiles(corpus)], tmp_path / "out")
+        (corpus / name).unlink()
+    with pytest.raises(sp.InvalidInputError, match=r"c\.arrow: an Arrow file, not JSONL: "):
+        io.JsonLines(tmp_path / "c.arrow")
+    assert not (tmp_path / "out").exists()
+    assert pack([io.TextFiles(corpus, pattern="*.txt")], tmp_path / "out")["counts"]["documents"] == 1
+
+
 @pytest.mark.parametrize("text", ["BZh91AY no", "PK and gz", ""])
 def test_text_that_starts_like_a_magic_number_is_text(tmp_path, text):
     (tmp_path / "a.txt").write_text(text)

@@ -44,6 +44,8 @@ BZIP2_MARKS = (b"\x31\x41\x59\x26\x53\x59", b"\x17\x72\x45\x38\x50\x90")
 MAGIC_BYTES = 10
 
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+#: The first bytes of the binary corpus formats seqpack reads by their own readers.
+BINARY_MAGIC = ((b"PAR1", "a Parquet file"), (b"ARROW1", "an Arrow file"), (MEGATRON_MAGIC, "a Megatron index"))
 MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
                    7: np.float32, 8: np.uint16}
 
@@ -65,13 +67,20 @@ def cannot_read(path, error: OSError) -> InvalidInputError:
     return InvalidInputError(f"{path}: cannot read: {error.strerror or error}")
 
 
-def check_not_compressed(name, head: bytes) -> None:
-    """Refuse a file whose first bytes ``head`` (at least ``MAGIC_BYTES`` of them when the
-    file has that many) mark it as gzip, bzip2, xz, zstd or zip data, whatever its name."""
+def check_text_file(name, head: bytes, kind: str) -> None:
+    """Refuse a file read as ``kind`` (text or JSONL) whose first bytes ``head`` (at least
+    ``MAGIC_BYTES`` of them when the file has that many) mark it as gzip, bzip2, xz, zstd
+    or zip data, or as a Parquet, Arrow or Megatron file, whatever its name."""
     bzip2 = head[:3] == b"BZh" and b"1" <= head[3:4] <= b"9" and head[4:10] in BZIP2_MARKS
     found = "bzip2" if bzip2 else next((kind for magic, kind in COMPRESSED_MAGIC if head.startswith(magic)), None)
     if found is not None:
         raise InvalidInputError(f"{name}: {found}-compressed; decompress it first")
+    binary = next((what for magic, what in BINARY_MAGIC if head.startswith(magic)), None)
+    if binary is not None:
+        raise InvalidInputError(
+            f"{name}: {binary}, not {kind}: give it as an input of its own, named by its extension (a "
+            f"directory's files are read as text; --glob leaves others out)"
+        )
 
 
 def import_pyarrow():
@@ -229,8 +238,8 @@ class TextFiles:
     A packed dataset inside a directory is not text: it is left out with everything under
     it and listed in ``skipped`` (the command line reports each); a packed dataset given
     itself is an error. An empty file is an empty document: skipped and counted when
-    packing, as every empty document is. A compressed file (gzip, bzip2, xz, zstd, zip,
-    known by its first bytes) is an error when read."""
+    packing, as every empty document is. A compressed file (gzip, bzip2, xz, zstd, zip)
+    or a Parquet, Arrow or Megatron file, known by its first bytes, is an error when read."""
 
     def __init__(self, paths, pattern: str | None = None):
         if isinstance(paths, (str, os.PathLike)):
@@ -259,7 +268,7 @@ class TextFiles:
                 texts.append(path.read_bytes())
             except OSError as error:
                 raise cannot_read(path, error) from None
-            check_not_compressed(path, texts[-1][:MAGIC_BYTES])
+            check_text_file(path, texts[-1][:MAGIC_BYTES], "text")
             size += len(texts[-1])
             if size >= CHUNK_BYTES or len(texts) >= CHUNK_DOCUMENTS or index == len(self.paths) - 1:
                 inputs = np.arange(first_input + first, first_input + index + 1, dtype=np.int64)
@@ -323,7 +332,7 @@ class JsonLines:
     A piece of the file is the lines in bytes ``[start, stop)`` (``stop=None``: to the
     end), where ``start`` is a line boundary and ``first_line`` is the number of the line
     it begins; :meth:`split` makes such pieces, and errors name the file's own lines. A
-    compressed file (known by its first bytes, as for :class:`TextFiles`) is refused."""
+    compressed or binary file (known by its first bytes, as for :class:`TextFiles`) is refused."""
 
     #: Bytes read at a time when looking for line boundaries and counting lines.
     SCAN_BYTES = 16 << 20
@@ -336,7 +345,7 @@ class JsonLines:
         check_fields(str(path), text_field, ids_field)
         try:
             with open(self.path, "rb") as handle:
-                check_not_compressed(path, handle.read(MAGIC_BYTES))
+                check_text_file(path, handle.read(MAGIC_BYTES), "JSONL")
         except OSError as error:
             raise cannot_read(path, error) from None
         self.field = ids_field if ids_field is not None else text_field if text_field is not None else "text"
