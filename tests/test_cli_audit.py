@@ -213,3 +213,75 @@ def test_verify_counts_one_example_and_one_batch_in_the_singular(tmp_path, textd
     result = run("verify", tmp_path / "out", "--quiet")
     assert result.returncode == 0, result.stderr
     assert result.stdout.endswith(", 1 example placed by the rules, 1 batch verified\n")
+
+
+def big_jsonl(path, documents=60_000):
+    rng = np.random.default_rng(0)
+    with open(path, "w") as handle:
+        for size in rng.integers(10, 400, documents):
+            handle.write(json.dumps({"text": "w " * int(size)}) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_sigterm_mid_pack_cleans_up_like_ctrl_c(tmp_path):
+    """SIGTERM (kill, timeout, a scheduler) killed the process with no message and left the
+    hidden partial directory behind for good."""
+    import signal
+    import time
+
+    source = big_jsonl(tmp_path / "big.jsonl")
+    process = subprocess.Popen([seqpack_command(), "pack", str(source), "--out", str(tmp_path / "out"), "--cut-long",
+                                "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(".out.seqpack-partial") for p in tmp_path.iterdir()):
+        assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert (process.returncode, stderr) == (143, "seqpack: terminated\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"]
+
+
+def test_an_unreadable_file_is_named_not_called_the_output(tmp_path, monkeypatch, capsys):
+    """verify, stats and show said 'cannot write the output: Permission denied' for a
+    dataset file they could not read (as a user without the right to)."""
+    import seqpack.io
+    from seqpack import cli
+
+    (tmp_path / "a.txt").write_text("hello")
+    assert cli.main(["pack", str(tmp_path / "a.txt"), "--out", str(tmp_path / "ds"), "--quiet"]) == 0
+    tokens = tmp_path / "ds" / "part-00000" / "tokens.bin"
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tokens))
+
+    monkeypatch.setattr(seqpack.io, "verify_dataset", refuse)
+    capsys.readouterr()
+    assert cli.main(["verify", str(tmp_path / "ds"), "--quiet"]) == 1
+    assert capsys.readouterr().err == f"seqpack: error: {tokens}: Permission denied\n"
+
+
+def test_an_allocation_that_fails_is_one_line(tmp_path, monkeypatch, capsys):
+    from seqpack import cli
+
+    def huge(argv):
+        raise MemoryError("Unable to allocate 32.0 GiB for an array with shape (1, 2147483647)")
+
+    monkeypatch.setattr(cli, "_run", huge)
+    assert cli.main(["show", "packed"]) == 1
+    assert capsys.readouterr().err == ("seqpack: error: not enough memory: Unable to allocate 32.0 GiB for an array "
+                                       "with shape (1, 2147483647)\n")
+
+
+@pytest.mark.parametrize("out", [".", "..", "sub/.."])
+def test_an_output_of_dot_is_refused_before_any_work(tmp_path, out):
+    """``--out .`` packed everything, then refused at publish time because of its own
+    temporary directory, made inside the output."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.txt").write_text("hello")
+    result = subprocess.run([seqpack_command(), "pack", "sub/a.txt", "--out", out, "--force"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    line = one_error_line(result, 1)
+    assert f"the output '{out}' ends in '.' or '..': name the dataset's own directory" in line
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.txt", "sub"]

@@ -17,7 +17,9 @@ import argparse
 import errno
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from . import __version__
@@ -386,7 +388,29 @@ def _check_flag_ranges(args) -> None:
             raise UsageError(f"{flag} is {value}; the maximum is {maximum}")
 
 
+class Terminated(BaseException):
+    """SIGTERM (``kill``, ``timeout``, a scheduler) raised inside a command, which then
+    cleans up as for Ctrl-C."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``seqpack`` command: its exit status (0 done, 1 bad input or a failed check, 2
+    usage, 130 interrupted, 143 terminated); errors are one line on stderr."""
+    previous = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         try:
             status = _run(argv)
@@ -403,10 +427,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("seqpack: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("seqpack: terminated", file=sys.stderr)
+        return 143
     except BrokenPipeError:
         _silence_stdout()
         return 0
+    except MemoryError as error:
+        print(f"seqpack: error: not enough memory: {error or 'an allocation failed'}", file=sys.stderr)
+        return 1
     except OSError as error:
+        if error.filename is not None:   # a file the command read or wrote
+            print(f"seqpack: error: {error.filename}: {error.strerror or error}", file=sys.stderr)
+            return 1
         _silence_stdout()
         print(f"seqpack: error: cannot write the output: {error.strerror or error}", file=sys.stderr)
         return 1

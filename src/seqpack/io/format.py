@@ -215,6 +215,11 @@ def check_output(out: Path, force: bool, inputs=()) -> None:
     directory an input was found in.
     """
     force = check_bool("force", force)  # a truthy "no" must not replace a dataset
+    if out.name in ("", ".", ".."):
+        raise InvalidInputError(
+            f"the output {str(out)!r} ends in '.' or '..': name the dataset's own directory (such as "
+            f"../{out.resolve().name or 'packed'}), which is written beside it and then renamed into place"
+        )
     if out.exists() or out.is_symlink():
         if not force:
             raise InvalidInputError(f"{out} already exists (--force replaces it)")
