@@ -221,3 +221,45 @@ def test_a_token_outside_the_vocabulary_is_refused_when_its_batch_is_filled(tmp_
     dataset.batch(1).verify()  # the other batches still serve
     with pytest.raises(sp.VerificationError, match=r"tokens\.bin: a token lies outside the vocabulary \[0, 258\)"):
         io.verify_dataset(target)
+
+
+MANY_PARTS_UNDER_A_LOW_FD_LIMIT = """
+import resource, sys
+import numpy as np
+import seqpack as sp
+from seqpack.io import dataset as module
+module.MAPPED_PARTS = 4
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+opened = sp.open_dataset(sys.argv[1])
+assert len(opened.parts) == 40, len(opened.parts)
+total = sum(int(opened.batch(i).target_count) for i in range(len(opened)))
+assert total == int(opened.batch_targets().sum())
+assert len(module._mapped) == 4
+from seqpack.io import verify_dataset
+from seqpack.io.stats import dataset_stats
+verify_dataset(sys.argv[1])
+dataset_stats(opened)
+print(total)
+"""
+
+
+@pytest.mark.slow
+def test_a_dataset_of_more_parts_than_file_descriptors_opens_and_reads(tmp_path):
+    """Every part kept four memory maps open, each holding a file descriptor: a dataset of
+    more than about 254 parts failed to open under the usual limit of 1024 ('Too many open
+    files', reported as an unreadable .npy file). Here 40 parts (160 maps) under a limit of
+    64 descriptors, with at most 4 parts mapped at once."""
+    import subprocess
+    import sys
+
+    from seqpack.io.shards import pack_sharded
+
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": "x" * (50 + i % 150)}) + "\n" for i in range(400)))
+    manifest = pack_sharded([io.JsonLines(path)], tmp_path / "ds", binding=BINDING, tokenizer=TOKENIZER,
+                            config=sp.PackConfig(64, 2), shards=40, long="cut")
+    assert len(manifest["parts"]) == 40
+    run = subprocess.run([sys.executable, "-c", MANY_PARTS_UNDER_A_LOW_FD_LIMIT, str(tmp_path / "ds")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout) == manifest["counts"]["valid_targets"]

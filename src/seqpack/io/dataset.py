@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
@@ -114,8 +116,16 @@ def binding_of(described: dict) -> tuple[BatchBinding, ByteTokenizer | None]:
     return BatchBinding(identity, described["split_receipt_digest"], limits, byte_tokenizer), byte_tokenizer
 
 
+#: Parts whose files stay memory-mapped at once, over every open dataset: each map holds
+#: a file descriptor (four per part), so a dataset of thousands of parts maps the parts
+#: it reads, least recently used unmapped first, within the usual limit of 1024.
+MAPPED_PARTS = 64
+_mapped: OrderedDict[int, weakref.ref] = OrderedDict()   # id(part) -> part, least recent first
+
+
 class Part:
-    """One part's files, memory-mapped, with the index arrays its batches need."""
+    """One part's files, memory-mapped while in use (at most ``MAPPED_PARTS`` parts at a
+    time), with the index arrays its batches need."""
 
     def __init__(self, directory: Path, record: dict, config: PackConfig, dtype: np.dtype, long: str):
         self.directory = directory
@@ -134,16 +144,46 @@ class Part:
                 raise InvalidInputError(f"{path}: missing")
             if path.stat().st_size != expected:
                 raise InvalidInputError(f"{path}: {path.stat().st_size} bytes; the manifest records {expected}")
-        size = record["files"]["tokens.bin"]["bytes"]
-        # A plain array over the map: slicing a numpy.memmap costs more than filling a batch.
-        self.tokens = np.memmap(directory / "tokens.bin", dtype=dtype, mode="r").view(np.ndarray) if size \
-            else np.zeros(0, dtype)
-        self.occurrences = self._table("occurrences.npy", self.example_count)
-        self.examples = self._table("examples.npy", self.example_count)
-        self.documents = self._table("documents.npy", int(record["documents"]))
+        self._dtype, self._document_count = dtype, int(record["documents"])
+        self._maps = None
         self._check_placements(config)
         self._check_examples(config, long)
         self._check_counts(record, config)
+
+    def _mapped(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(tokens, occurrences, examples, documents)``, mapped now unless they are."""
+        key = id(self)
+        if self._maps is not None:
+            _mapped.move_to_end(key)
+            return self._maps
+        # A plain array over the map: slicing a numpy.memmap costs more than filling a batch.
+        tokens = np.memmap(self.directory / "tokens.bin", dtype=self._dtype, mode="r").view(np.ndarray) \
+            if (self.directory / "tokens.bin").stat().st_size else np.zeros(0, self._dtype)
+        self._maps = (tokens, self._table("occurrences.npy", self.example_count),
+                      self._table("examples.npy", self.example_count),
+                      self._table("documents.npy", self._document_count))
+        _mapped[key] = weakref.ref(self, lambda _, key=key: _mapped.pop(key, None))
+        while len(_mapped) > MAPPED_PARTS:
+            _, oldest = _mapped.popitem(last=False)
+            if oldest() is not None:
+                oldest()._maps = None
+        return self._maps
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self._mapped()[0]
+
+    @property
+    def occurrences(self) -> np.ndarray:
+        return self._mapped()[1]
+
+    @property
+    def examples(self) -> np.ndarray:
+        return self._mapped()[2]
+
+    @property
+    def documents(self) -> np.ndarray:
+        return self._mapped()[3]
 
     def _table(self, name: str, rows: int) -> np.ndarray:
         path = self.directory / name
