@@ -285,3 +285,24 @@ def test_an_output_of_dot_is_refused_before_any_work(tmp_path, out):
     line = one_error_line(result, 1)
     assert f"the output '{out}' ends in '.' or '..': name the dataset's own directory" in line
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.txt", "sub"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
+@pytest.mark.parametrize("name", ["fifo.txt", "fifo.jsonl", "fifo.parquet", "fifo.idx"])
+def test_a_pipe_is_named_as_such_not_as_missing(tmp_path, name):
+    """``/dev/stdin``, ``<(...)`` and named pipes were reported as 'no such file'."""
+    pipe = tmp_path / name
+    os.mkfifo(pipe)
+    if name.endswith(".idx"):
+        (tmp_path / "fifo.bin").write_bytes(b"")
+    line = one_error_line(run("pack", pipe, "--out", tmp_path / "out"), 1)
+    assert line == (f"seqpack: error: {pipe}: not a regular file (a pipe, a device or a socket): write the data to a "
+                    f"file first")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_name_with_a_line_break_stays_on_one_line(tmp_path):
+    path = tmp_path / "bad\nname.jsonl"
+    path.write_text('{"text": 1}\n')
+    line = one_error_line(run("pack", path, "--out", tmp_path / "out"), 1)
+    assert line == f"seqpack: error: {tmp_path}/bad\\nname.jsonl:1: field 'text' is not a string"

@@ -388,6 +388,11 @@ def _check_flag_ranges(args) -> None:
             raise UsageError(f"{flag} is {value}; the maximum is {maximum}")
 
 
+def _one_line(message) -> str:
+    """``message`` on one line: line breaks (in a file name, say) written as ``\\n``."""
+    return str(message).replace("\r", "\\r").replace("\n", "\\n")
+
+
 class Terminated(BaseException):
     """SIGTERM (``kill``, ``timeout``, a scheduler) raised inside a command, which then
     cleans up as for Ctrl-C."""
@@ -419,10 +424,10 @@ def _main(argv: list[str] | None) -> int:
         sys.stdout.flush()
         return status
     except UsageError as error:
-        print(f"seqpack: error: {error}", file=sys.stderr)
+        print(f"seqpack: error: {_one_line(error)}", file=sys.stderr)
         return 2
     except SeqpackError as error:
-        print(f"seqpack: error: {error}", file=sys.stderr)
+        print(f"seqpack: error: {_one_line(error)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("seqpack: interrupted", file=sys.stderr)
@@ -438,7 +443,7 @@ def _main(argv: list[str] | None) -> int:
         return 1
     except OSError as error:
         if error.filename is not None:   # a file the command read or wrote
-            print(f"seqpack: error: {error.filename}: {error.strerror or error}", file=sys.stderr)
+            print(f"seqpack: error: {_one_line(error.filename)}: {error.strerror or error}", file=sys.stderr)
             return 1
         _silence_stdout()
         print(f"seqpack: error: cannot write the output: {error.strerror or error}", file=sys.stderr)

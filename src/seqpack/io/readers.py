@@ -62,6 +62,17 @@ def input_path(value) -> Path:
     return Path(value)
 
 
+def not_a_file(path, what: str = "no such file") -> InvalidInputError:
+    """The error for an input path that is not a regular file: missing (``what``), or a
+    pipe, a device or a socket (``/dev/stdin``, ``<(...)``), which seqpack cannot read
+    twice or seek in."""
+    path = Path(path)
+    if path.exists():
+        return InvalidInputError(f"{path}: not a regular file (a pipe, a device or a socket): write the data to "
+                                 f"a file first")
+    return InvalidInputError(f"{path}: {what}")
+
+
 def cannot_read(path, error: OSError) -> InvalidInputError:
     """The one-line error for a file or directory that cannot be read."""
     return InvalidInputError(f"{path}: cannot read: {error.strerror or error}")
@@ -257,7 +268,7 @@ class TextFiles:
             elif path.is_file():
                 files, within = [path], None
             else:
-                raise InvalidInputError(f"{path}: no such file or directory")
+                raise not_a_file(path, "no such file or directory")
             self.paths.extend(files)
             self.inputs.extend(Input(str(p), "text", None, within) for p in files)
 
@@ -341,7 +352,7 @@ class JsonLines:
                  stop: int | None = None, first_line: int = 1):
         self.path = input_path(path)
         if not self.path.is_file():
-            raise InvalidInputError(f"{path}: no such file")
+            raise not_a_file(path)
         check_fields(str(path), text_field, ids_field)
         try:
             with open(self.path, "rb") as handle:
@@ -520,7 +531,7 @@ class ArrowBatches:
         if isinstance(source, (str, os.PathLike)):
             path = Path(source)
             if not path.is_file():
-                raise InvalidInputError(f"{path}: no such file")
+                raise not_a_file(path)
             kind = "parquet" if path.suffix.lower() == ".parquet" else "arrow"
             self.inputs = [Input(str(path), kind, "row")]
         else:
@@ -591,7 +602,7 @@ class Megatron:
             self.index_path, self.data_path = Path(f"{path}.idx"), Path(f"{path}.bin")
         for required in (self.index_path, self.data_path):
             if not required.is_file():
-                raise InvalidInputError(f"{required}: no such file (a Megatron dataset is PREFIX.idx + PREFIX.bin)")
+                raise not_a_file(required, "no such file (a Megatron dataset is PREFIX.idx + PREFIX.bin)")
         self.inputs = [Input(str(self.data_path), "megatron", "sequence")]
         self.lengths, self.pointers, self.dtype = read_megatron_index(self.index_path)
 
