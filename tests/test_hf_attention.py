@@ -290,6 +290,31 @@ def test_what_seqpack_attention_cannot_compute_is_an_error(case, message):
         net(**fields)
 
 
+def test_models_it_cannot_run_in_are_refused_by_name():
+    """Bloom and MPT compute attention in their own code: Bloom read the mask hook's None
+    as no mask at all (a future token changed earlier logits) and MPT failed inside
+    transformers. DeepSeek-V3's value heads are narrower than its query heads: the error
+    read like a caller's shape mistake."""
+    from transformers import AutoModelForCausalLM, BloomConfig, DeepseekV3Config, MptConfig
+
+    sph.register()
+    ids = torch.tensor([[0, 50, 60, 70, 80]])
+    own = "models compute attention in their own code, not through transformers' AttentionInterface"
+    for config in (BloomConfig(vocab_size=300, hidden_size=64, n_layer=2, n_head=4),
+                   MptConfig(vocab_size=300, d_model=64, n_layers=2, n_heads=4)):
+        net = AutoModelForCausalLM.from_config(config, attn_implementation="seqpack")
+        with pytest.raises(InvalidInputError, match=rf"^{config.model_type} {own}"):
+            net(input_ids=ids, use_cache=False)
+    config = DeepseekV3Config(vocab_size=300, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None,
+                              kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                              n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=2, use_cache=False)
+    net = AutoModelForCausalLM.from_config(config, attn_implementation="seqpack")
+    with pytest.raises(InvalidInputError, match=r"query, key and value heads of one size; this model's are 24, 24 "
+                                                 r"and 16 \(multi-head latent attention"):
+        net(input_ids=ids, use_cache=False)
+
+
 def test_a_window_every_segment_fits_in_is_no_error():
     batch, _ = packed(lengths=(5, 3, 9, 12))
     net = model("qwen2", use_sliding_window=True, sliding_window=12, max_window_layers=0)

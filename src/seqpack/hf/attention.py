@@ -224,6 +224,12 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
             raise InvalidInputError(f"{name} must be a [B, heads, T, D] tensor, got {found}")
     if key.shape[2] != query.shape[2]:
         raise _cache_error(f"{key.shape[2]} keys for {query.shape[2]} queries")
+    if value.shape[3] != query.shape[3] or key.shape[3] != query.shape[3]:
+        raise InvalidInputError(
+            f"seqpack attention needs query, key and value heads of one size; this model's are {query.shape[3]}, "
+            f"{key.shape[3]} and {value.shape[3]} (multi-head latent attention, as in DeepSeek-V2 and V3, has "
+            f"narrower value heads): use attn_implementation='sdpa' or 'eager' for it"
+        )
     if kwargs.get("is_causal") is False or not getattr(module, "is_causal", True):
         raise InvalidInputError("seqpack attention is causal; this module asked for bidirectional attention")
     for keyword, feature in _UNSUPPORTED.items():
