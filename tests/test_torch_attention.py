@@ -214,3 +214,20 @@ def test_argument_errors():
         st.range_attention(q, k, v, segment_starts=starts[:, :12])
     with pytest.raises(sp.InvalidInputError, match="v must be a torch.Tensor, not ndarray"):
         st.range_attention(q, k, v.numpy(), segment_starts=starts)
+
+
+def test_sparse_tensors_are_refused_and_negated_views_read_as_their_values():
+    """A sparse q was a TypeError from numpy, a lazily negated view (``torch._neg_view``)
+    a RuntimeError ('negative bit set')."""
+    q, k, v = inputs(4, 2)
+    with pytest.raises(sp.InvalidInputError, match=r"^q is a sparse_coo tensor; range_attention takes dense \(strided\) "
+                                                   r"tensors$"):
+        ours(q.to_sparse(), k, v)
+    negated = torch._neg_view(-q).requires_grad_()
+    plain = q.clone().requires_grad_()
+    out, expected = ours(negated, k, v), ours(plain, k, v)
+    assert torch.equal(out, expected)
+    gradient = torch._neg_view(-torch.randn_like(out))
+    out.backward(gradient)
+    expected.backward(gradient.resolve_neg())
+    assert torch.equal(negated.grad, plain.grad)

@@ -47,7 +47,7 @@ from torch.autograd.function import once_differentiable
 from .._limits import check_int
 from ..errors import InvalidInputError
 from ..nn.attention import range_attention_backward, range_attention_forward
-from ..torch.attention import NATIVE, WIDENED, int_array, kernel_gradient, kernel_view
+from ..torch.attention import WIDENED, check_kernel_tensor, int_array, kernel_gradient, kernel_view
 
 #: The name under which :func:`register` installs seqpack attention.
 NAME = "seqpack"
@@ -250,10 +250,7 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
             f"and padding with valid_lengths"
         )
     for name, tensor in (("query", query), ("key", key), ("value", value)):
-        if tensor.device.type != "cpu":
-            raise InvalidInputError(f"{name} is on {tensor.device}; seqpack attention runs on the CPU")
-        if tensor.dtype not in NATIVE + WIDENED:
-            raise InvalidInputError(f"{name} has dtype {tensor.dtype}; expected a floating dtype")
+        check_kernel_tensor(name, tensor, "seqpack attention")
     lengths, starts = layout(query.shape[0], query.shape[2], attention_mask, kwargs)
     if kwargs.get("sliding_window") is not None:
         _check_window(check_int("sliding_window", kwargs["sliding_window"], 0), lengths, starts)

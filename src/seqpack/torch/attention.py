@@ -81,10 +81,23 @@ def _layout(q: torch.Tensor, segment_starts, valid_lengths, position_ids) -> tup
     return lengths, starts_from_positions(int_array("position_ids", position_ids, (rows, width)), lengths)
 
 
+def check_kernel_tensor(name: str, tensor, where: str) -> None:
+    """``tensor`` can be read by the kernels: a dense (strided) floating CPU tensor."""
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidInputError(f"{name} must be a torch.Tensor, not {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise InvalidInputError(f"{name} is on {tensor.device}; {where} runs on the CPU")
+    if tensor.layout != torch.strided:
+        raise InvalidInputError(f"{name} is a {str(tensor.layout).removeprefix('torch.')} tensor; {where} takes "
+                                f"dense (strided) tensors")
+    if tensor.dtype not in NATIVE + WIDENED:
+        raise InvalidInputError(f"{name} has dtype {tensor.dtype}; expected a floating dtype")
+
+
 def kernel_view(tensor: torch.Tensor) -> np.ndarray:
     """A numpy view of a float32/float64 CPU tensor, strides kept (bfloat16/float16 widened
-    to float32)."""
-    tensor = tensor.detach()
+    to float32; a lazily negated view, such as ``torch._neg_view``'s, materialized)."""
+    tensor = tensor.detach().resolve_neg()
     if tensor.dtype in WIDENED:
         tensor = tensor.float()
     return tensor.numpy()
@@ -92,7 +105,8 @@ def kernel_view(tensor: torch.Tensor) -> np.ndarray:
 
 def kernel_gradient(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """An incoming gradient in the forward's compute ``dtype``, rows of head_dim contiguous
-    (an expanded gradient has stride 0 there)."""
+    (an expanded gradient has stride 0 there), never a lazily negated view."""
+    grad = grad.resolve_neg()
     if grad.dtype != dtype:
         grad = grad.to(dtype)
     return grad if grad.stride(-1) == 1 else grad.contiguous()
@@ -135,12 +149,7 @@ def range_attention(q, k, v, *, segment_starts=None, valid_lengths=None, positio
     Returns ``[B, H, T, D]`` in q's dtype; differentiable in q, k and v (once).
     """
     for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(tensor, torch.Tensor):
-            raise InvalidInputError(f"{name} must be a torch.Tensor, not {type(tensor).__name__}")
-        if tensor.device.type != "cpu":
-            raise InvalidInputError(f"{name} is on {tensor.device}; range_attention runs on the CPU")
-        if tensor.dtype not in NATIVE + WIDENED:
-            raise InvalidInputError(f"{name} has dtype {tensor.dtype}; expected a floating dtype")
+        check_kernel_tensor(name, tensor, "range_attention")
         if tensor.dim() != 4:
             raise InvalidInputError(f"{name} must be [B, heads, T, D], got shape {tuple(tensor.shape)}")
     if not q.dtype == k.dtype == v.dtype:
