@@ -277,3 +277,16 @@ def test_resume_in_a_fresh_process():
                             input=json.dumps(dataset.state_dict()), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert [tuple(i) for i in json.loads(result.stdout)] == full[5:]
+
+
+@pytest.mark.slow
+def test_persistent_workers_follow_set_epoch():
+    """Persistent workers kept the copy of the dataset they started with: every epoch
+    repeated the first one's order."""
+    source = plan()
+    dataset = st.PackedIterableDataset(source, seed=4)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+    for epoch in (0, 1, 2, 2, 5):
+        dataset.set_epoch(epoch)
+        assert ids(loader) == ids(epoch_items(source, 4, epoch)), epoch
+    assert ids(epoch_items(source, 4, 1)) != ids(epoch_items(source, 4, 0))

@@ -105,7 +105,9 @@ class PackedIterableDataset(IterableDataset):
     state ends its epoch (``StatefulDataLoader`` loads the state only when the next pass
     starts, after the trainer's ``set_epoch`` for the next epoch). With a plain ``DataLoader`` and
     workers the passes run in copies of this object, so the loaded state stays here and
-    every pass over that epoch resumes until ``set_epoch`` moves on.
+    every pass over that epoch resumes until ``set_epoch`` moves on. Persistent workers
+    (``persistent_workers=True``) keep their copies between epochs; ``set_epoch`` reaches
+    them through a shared-memory cell, so their next pass runs the epoch it names.
     """
 
     def __init__(self, plan, *, shuffle: bool = True, seed: int = 0, rank: int | None = None,
@@ -122,6 +124,10 @@ class PackedIterableDataset(IterableDataset):
         self._position = 0  # this object's next batch, relative to its worker (see __iter__)
         self._resume = None  # (epoch, position) a loaded state starts from
         self._chosen = None  # the epoch set_epoch named since the last pass began
+        # The epoch set_epoch named last, in shared memory: a persistent DataLoader worker's
+        # copy reads it before its next pass (its own attributes are the first epoch's).
+        self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._passes = 0  # passes this copy has begun
 
     def __len__(self) -> int:
         return len(self._batches) // self.world_size
@@ -130,6 +136,7 @@ class PackedIterableDataset(IterableDataset):
         """Iterate epoch ``epoch`` next (from its start, unless a loaded state resumes it)."""
         epoch = check_int("epoch", epoch, 0)
         self._chosen = epoch
+        self._epoch_cell[0] = epoch
         if self._resume is not None and self._resume[0] != epoch:
             self._resume = None
         if epoch != self.epoch:
@@ -147,6 +154,9 @@ class PackedIterableDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         self._chosen = None
+        if info is not None and self._passes and int(self._epoch_cell[0]) != self.epoch:
+            self.epoch, self._resume = int(self._epoch_cell[0]), None  # a persistent worker's copy
+        self._passes += 1
         if self._resume is not None:
             self.epoch, start = self._resume
             self._resume = None
