@@ -1,6 +1,7 @@
 """verify_dataset: every flipped byte, every broken rule and every incomplete pack is refused, naming the file."""
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -225,3 +226,20 @@ def test_a_missing_manifest_key_is_named(two_parts, tmp_path, key):
     if key != "report":  # the report is recomputed on open; verify compares it
         with pytest.raises(sp.InvalidInputError, match=rf"manifest\.json: malformed manifest \(no '{name}' key\)"):
             dataset_stats(io.open_dataset(target))
+
+
+@pytest.mark.parametrize("add, name", [
+    (lambda d: (d / "fig.svg").write_text("<svg/>"), "fig.svg"),
+    (lambda d: (d / "part-00000" / "notes.txt").write_text("mine"), "part-00000/notes.txt"),
+    (lambda d: (d / "part-00001").mkdir(), "part-00001"),
+])
+def test_a_file_the_manifest_does_not_list_fails_verify(tmp_path, add, name):
+    """verify said ok while --force called the same directory 'not a packed dataset'."""
+    out = tmp_path / "ds"
+    (tmp_path / "a.txt").write_text("hello")
+    io.pack_corpus([io.TextFiles([tmp_path / "a.txt"])], out, binding=sp.BatchBinding.for_tokenizer(
+        sp.ByteTokenizer(), split="tests"), tokenizer=sp.ByteTokenizer(), config=sp.PackConfig(32, 2))
+    io.verify_dataset(out)
+    add(out)
+    with pytest.raises(sp.VerificationError, match=rf"^{re.escape(str(out / name))}: not listed in the manifest"):
+        io.verify_dataset(out)

@@ -1,7 +1,8 @@
 """Checking a packed dataset on disk: every checksum, count, placement rule and batch invariant.
 
 ``verify_dataset`` refuses a directory without a manifest (an incomplete pack),
-recomputes the SHA-256 of every file the manifest lists, then checks the part files
+recomputes the SHA-256 of every file the manifest lists, finds any file or directory it
+does not list, then checks the part files
 against each other and the manifest: examples are exactly the documents' whole ranges
 (or their windows, for a pack that cut long documents), the placement is exactly what
 the recorded policy gives for those lengths and tiles each row's prefix, tokens are in
@@ -26,6 +27,23 @@ from .dataset import Part, PackedDataset, malformed
 from .progress import Progress
 
 HASH_BLOCK = 8 << 20
+
+
+def check_no_strangers(path: Path, manifest: dict) -> None:
+    """The directory holds exactly what the manifest lists: ``manifest.json`` and its
+    parts, each part exactly its files (a stranger there is no part of the dataset, and
+    ``--force`` would refuse to replace the directory)."""
+    try:
+        parts = {part["name"]: set(part["files"]) for part in manifest["parts"]}
+    except (KeyError, TypeError, AttributeError) as error:
+        raise VerificationError(str(malformed(path, error))) from None
+    for entry in sorted(path.iterdir()):
+        if entry.name != fmt.MANIFEST and entry.name not in parts:
+            raise VerificationError(f"{entry}: not listed in the manifest (a dataset holds only its manifest and parts)")
+        if entry.name in parts and entry.is_dir():
+            for inner in sorted(entry.iterdir()):
+                if inner.name not in parts[entry.name]:
+                    raise VerificationError(f"{inner}: not listed in the manifest (a part holds only its files)")
 
 
 def check_checksums(path: Path, manifest: dict, progress: Progress) -> int:
@@ -137,6 +155,7 @@ def verify_dataset(path, *, progress: Progress | None = None, batches: bool = Tr
             dataset = PackedDataset(path)
         except InvalidInputError as error:  # a file the manifest does not describe
             raise VerificationError(str(error)) from None
+        check_no_strangers(path, manifest)
         for part in dataset.parts:
             check_part(dataset, part)
         check_report(dataset)
