@@ -306,3 +306,20 @@ def test_a_file_name_with_a_line_break_stays_on_one_line(tmp_path):
     path.write_text('{"text": 1}\n')
     line = one_error_line(run("pack", path, "--out", tmp_path / "out"), 1)
     assert line == f"seqpack: error: {tmp_path}/bad\\nname.jsonl:1: field 'text' is not a string"
+
+
+def test_a_document_over_the_token_limit_names_the_flag_that_raises_it(tmp_path):
+    """--cut-long did not lift the 1,000,000-token guard, and nothing said what would."""
+    book = tmp_path / "book.txt"
+    book.write_text("ab " * 400_000)
+    line = one_error_line(run("pack", book, "--out", tmp_path / "out", "--cut-long"), 1)
+    assert line == (f"seqpack: error: {book}: document has 1200002 tokens; the limit is 1000000 (first token over it "
+                    f"at position 1000000) (--max-document-tokens raises the limit)")
+    result = run("pack", book, "--out", tmp_path / "out", "--cut-long", "--quiet", "--json",
+                 "--max-document-tokens", 1_200_002)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads(result.stdout)
+    assert manifest["binding"]["limits"] == {"max_tokens": 1_200_002, "max_bytes": 9_600_016}
+    assert run("verify", tmp_path / "out", "--quiet").returncode == 0
+    assert "--max-document-tokens must be at least 3" in one_error_line(
+        run("pack", book, "--out", tmp_path / "other", "--max-document-tokens", 2), 2)

@@ -24,13 +24,15 @@ from pathlib import Path
 
 from . import __version__
 from .chapters import demo
-from .errors import InvalidInputError, SeqpackError
+from .data.binding import DEFAULT_LIMITS
+from .errors import DecodeLimitError, InvalidInputError, SeqpackError
 
 TRACES = {"padded": demo.padded_trace, "packed": demo.packed_trace}
 POLICY_CHOICES = ("next-fit", "first-fit-decreasing", "best-fit-decreasing")
 PARTITION_CHOICES = ("train", "validation", "test")
 #: Columns ``show`` draws of a dataset's row unless ``--columns`` says otherwise.
 SHOWN_COLUMNS = 48
+DEFAULT_MAX_DOCUMENT_TOKENS = DEFAULT_LIMITS.max_tokens
 
 
 def _add_pack(commands) -> None:
@@ -63,6 +65,9 @@ def _add_pack(commands) -> None:
                       help="the split's name, or a split receipt .json file (default: the name 'corpus')")
     pack.add_argument("--cut-long", action="store_true",
                       help="cut documents longer than a row into overlapping windows (default: refuse them)")
+    pack.add_argument("--max-document-tokens", type=int, metavar="N", default=DEFAULT_MAX_DOCUMENT_TOKENS,
+                      help="refuse a document of more than N tokens, BOS and EOS included, before cutting it "
+                           f"(a guard against a runaway file; default {DEFAULT_MAX_DOCUMENT_TOKENS:,})")
     pack.add_argument("--threads", type=int, metavar="N",
                       help="threads for tokenizing and kernels (with --engine ray: per task, default 1)")
     pack.add_argument("--engine", choices=("serial", "ray"), default="serial",
@@ -166,13 +171,14 @@ def _pack(args) -> int:
     if args.threads is not None:
         os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # tokenizers' pool, read when it starts
     split = Path(args.split) if args.split.endswith(".json") else args.split
+    limits = data.DecodeLimits(args.max_document_tokens, 8 * args.max_document_tokens)
     try:
         if args.tokenizer is None:
             tokenizer = data.ByteTokenizer()
-            binding = data.BatchBinding.for_tokenizer(tokenizer, split=split)
+            binding = data.BatchBinding.for_tokenizer(tokenizer, split=split, limits=limits)
         else:
             tokenizer = io.TokenizerFile(args.tokenizer, bos=args.bos, eos=args.eos)
-            binding = data.BatchBinding.for_tokenizer(tokenizer.identity, split=split)
+            binding = data.BatchBinding.for_tokenizer(tokenizer.identity, split=split, limits=limits)
     except OSError as error:
         raise InvalidInputError(f"{error.filename}: cannot read: {error.strerror or error}") from None
     if args.sample:
@@ -200,6 +206,8 @@ def _pack(args) -> int:
                                       threads=args.threads, **common)
     except OSError as error:
         raise InvalidInputError(_pack_os_error(error, args.out)) from None
+    except DecodeLimitError as error:
+        raise DecodeLimitError(f"{error} (--max-document-tokens raises the limit)", error.position) from None
     for directory in (d for reader in readers if isinstance(reader, io.TextFiles) for d in reader.skipped):
         print(f"seqpack: skipped {directory}: a packed dataset, not text", file=sys.stderr)
     if args.json:
@@ -376,7 +384,7 @@ def _check_flag_ranges(args) -> None:
 
     ranges = {"capacity": (1, INT32_MAX), "rows_per_batch": (1, INT32_MAX), "threads": (1, MAX_THREADS),
               "shards": (1, None), "workers": (1, None), "batch": (0, None), "row": (0, None),
-              "repeats": (1, None), "layers": (1, None)}
+              "repeats": (1, None), "layers": (1, None), "max_document_tokens": (3, 1 << 40)}
     for name, (minimum, maximum) in ranges.items():
         value = getattr(args, name, None)
         if value is None:
