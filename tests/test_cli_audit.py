@@ -323,3 +323,10 @@ def test_a_document_over_the_token_limit_names_the_flag_that_raises_it(tmp_path)
     assert run("verify", tmp_path / "out", "--quiet").returncode == 0
     assert "--max-document-tokens must be at least 3" in one_error_line(
         run("pack", book, "--out", tmp_path / "other", "--max-document-tokens", 2), 2)
+
+
+@pytest.mark.parametrize("split", ["", "  "])
+def test_an_empty_split_name_is_a_usage_error(tmp_path, split):
+    (tmp_path / "a.txt").write_text("hello")
+    line = one_error_line(run("pack", tmp_path / "a.txt", "--out", tmp_path / "out", "--split", split), 2)
+    assert line == "seqpack: error: --split needs the split's name or a split receipt .json file"

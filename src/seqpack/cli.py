@@ -170,6 +170,8 @@ def _pack(args) -> int:
         raise UsageError("--workers goes with --engine ray")
     if args.threads is not None:
         os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # tokenizers' pool, read when it starts
+    if not args.split.strip():
+        raise UsageError("--split needs the split's name or a split receipt .json file")
     split = Path(args.split) if args.split.endswith(".json") else args.split
     limits = data.DecodeLimits(args.max_document_tokens, 8 * args.max_document_tokens)
     try:
