@@ -1,6 +1,7 @@
 """A packed dataset opened from disk: lazy batches with the interface of a packing plan.
 
-``open_dataset(DIR)`` memory-maps every part and builds nothing up front beyond
+``open_dataset(DIR)`` memory-maps the parts it reads (at most ``MAPPED_PARTS`` at once)
+and builds nothing up front beyond
 O(examples) index arrays; ``batch(i)`` reads batch ``i``'s tokens (one contiguous run of
 ``tokens.bin``) and fills its fields with the same kernel as ``seqpack.pack``, so the
 batches equal those of ``seqpack.pack`` on the same examples under the same policy. The
@@ -165,25 +166,16 @@ class Part:
         _mapped[key] = weakref.ref(self, lambda _, key=key: _mapped.pop(key, None))
         while len(_mapped) > MAPPED_PARTS:
             _, oldest = _mapped.popitem(last=False)
-            if oldest() is not None:
-                oldest()._maps = None
+            part = oldest()
+            if part is not None:
+                part._maps = None
         return self._maps
 
-    @property
-    def tokens(self) -> np.ndarray:
-        return self._mapped()[0]
-
-    @property
-    def occurrences(self) -> np.ndarray:
-        return self._mapped()[1]
-
-    @property
-    def examples(self) -> np.ndarray:
-        return self._mapped()[2]
-
-    @property
-    def documents(self) -> np.ndarray:
-        return self._mapped()[3]
+    # The part's files, mapped on use (see seqpack.io.format for what each holds).
+    tokens = property(lambda self: self._mapped()[0], doc="tokens.bin: the placed examples' tokens")
+    occurrences = property(lambda self: self._mapped()[1], doc="occurrences.npy: (ordinal, row, column) each")
+    examples = property(lambda self: self._mapped()[2], doc="examples.npy: (document, start, stop) each")
+    documents = property(lambda self: self._mapped()[3], doc="documents.npy: (input, place, tokens) each")
 
     def _table(self, name: str, rows: int) -> np.ndarray:
         path = self.directory / name
