@@ -189,8 +189,10 @@ class LoopbackServer:
             reply(connection)
 
     def close(self):
-        self.listener.close()
+        """Once the connection is served (the kernel accepts a client before ``accept``
+        returns, so the probe may finish first), stop listening."""
         self.thread.join(10)
+        self.listener.close()
 
 
 def http1(connection):
