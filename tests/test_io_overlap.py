@@ -85,6 +85,41 @@ def test_a_consumer_that_stops_early_closes_the_reader():
     assert chunks.closed and not helper_threads()
 
 
+def test_closing_while_another_thread_reads_waits_for_the_read():
+    """CI sent SIGTERM while read_ahead started its helper thread: the pool lost track of
+    the thread, which was still inside the reader when read_ahead closed it, and
+    'ValueError: generator already executing' replaced the signal's exception (a
+    traceback and exit 1 instead of 'terminated' and 143). Closing now waits for the read
+    in progress; the reader is exhausted afterwards."""
+    from seqpack.io.readers import Exclusive
+
+    entered, release, order = threading.Event(), threading.Event(), []
+
+    def slow():
+        entered.set()
+        release.wait(10)
+        order.append("read")
+        try:
+            yield 1
+        finally:
+            order.append("closed")
+
+    exclusive = Exclusive(slow())
+    reader = threading.Thread(target=lambda: order.append(next(exclusive)))
+    reader.start()
+    assert entered.wait(10)
+    closer = threading.Thread(target=exclusive.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive() and order == []  # the close waits for the read in progress
+    release.set()
+    reader.join(10)
+    closer.join(10)
+    assert sorted(order, key=str) == [1, "closed", "read"] and order.index("read") < order.index("closed")
+    with pytest.raises(StopIteration):
+        next(exclusive)
+
+
 def test_sync_behind_writes_the_same_bytes_and_digest(tmp_path):
     rng = np.random.default_rng(0)
     blocks = [rng.integers(0, 256, size=n, dtype=np.uint8) for n in (3 << 20, 100, 2 << 20, fmt.PARALLEL_HASH_BYTES, 7)]
