@@ -173,7 +173,9 @@ def _pack(args) -> int:
     if not args.split.strip():
         raise UsageError("--split needs the split's name or a split receipt .json file")
     split = Path(args.split) if args.split.endswith(".json") else args.split
-    limits = data.DecodeLimits(args.max_document_tokens, 8 * args.max_document_tokens)
+    # The byte guard scales with the token guard, in the defaults' ratio.
+    bytes_per_token = DEFAULT_LIMITS.max_bytes // DEFAULT_LIMITS.max_tokens
+    limits = data.DecodeLimits(args.max_document_tokens, bytes_per_token * args.max_document_tokens)
     try:
         if args.tokenizer is None:
             tokenizer = data.ByteTokenizer()

@@ -163,7 +163,7 @@ def fsync_directory(path: Path) -> None:
 
 
 def _is_part(name: str) -> bool:
-    return name.startswith("part-") and len(name) >= 10 and name[5:].isdigit()
+    return name.startswith("part-") and len(name) >= len(part_name(0)) and name[5:].isdigit()
 
 
 def _stranger(directory: Path) -> str | None:

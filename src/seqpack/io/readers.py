@@ -84,7 +84,7 @@ def check_text_file(name, head: bytes, kind: str) -> None:
     ``MAGIC_BYTES`` of them when the file has that many) mark it as gzip, bzip2, xz, zstd
     or zip data, or as a Parquet, Arrow or Megatron file, whatever its name."""
     bzip2 = head[:3] == b"BZh" and b"1" <= head[3:4] <= b"9" and head[4:10] in BZIP2_MARKS
-    found = "bzip2" if bzip2 else next((kind for magic, kind in COMPRESSED_MAGIC if head.startswith(magic)), None)
+    found = "bzip2" if bzip2 else next((codec for magic, codec in COMPRESSED_MAGIC if head.startswith(magic)), None)
     if found is not None:
         raise InvalidInputError(f"{name}: {found}-compressed; decompress it first")
     binary = next((what for magic, what in BINARY_MAGIC if head.startswith(magic)), None)
