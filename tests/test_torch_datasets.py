@@ -290,3 +290,20 @@ def test_persistent_workers_follow_set_epoch():
         dataset.set_epoch(epoch)
         assert ids(loader) == ids(epoch_items(source, 4, epoch)), epoch
     assert ids(epoch_items(source, 4, 1)) != ids(epoch_items(source, 4, 0))
+
+
+@pytest.mark.slow
+def test_persistent_workers_follow_a_state_loaded_in_the_main_process():
+    """A state loaded after persistent workers started stayed in the main process: the
+    workers' next pass ran their own epoch from its start."""
+    source = plan()
+    dataset = st.PackedIterableDataset(source, seed=4)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+    assert ids(loader) == ids(epoch_items(source, 4, 0))
+    dataset.set_epoch(1)
+    assert ids(loader) == ids(epoch_items(source, 4, 1))
+    dataset.load_state_dict(dataset.state_dict(consumed=3) | {"epoch": 0})  # back to epoch 0's fourth batch
+    assert ids(loader) == ids(epoch_items(source, 4, 0))[3:]
+    assert ids(loader) == ids(epoch_items(source, 4, 0))[3:]  # as with fresh copies: until set_epoch moves on
+    dataset.set_epoch(2)
+    assert ids(loader) == ids(epoch_items(source, 4, 2))

@@ -106,8 +106,9 @@ class PackedIterableDataset(IterableDataset):
     starts, after the trainer's ``set_epoch`` for the next epoch). With a plain ``DataLoader`` and
     workers the passes run in copies of this object, so the loaded state stays here and
     every pass over that epoch resumes until ``set_epoch`` moves on. Persistent workers
-    (``persistent_workers=True``) keep their copies between epochs; ``set_epoch`` reaches
-    them through a shared-memory cell, so their next pass runs the epoch it names.
+    (``persistent_workers=True``) keep their copies between epochs; what ``set_epoch`` and
+    ``load_state_dict`` do in the main process reaches them through shared memory, so
+    their next pass runs what a fresh copy would.
     """
 
     def __init__(self, plan, *, shuffle: bool = True, seed: int = 0, rank: int | None = None,
@@ -124,10 +125,12 @@ class PackedIterableDataset(IterableDataset):
         self._position = 0  # this object's next batch, relative to its worker (see __iter__)
         self._resume = None  # (epoch, position) a loaded state starts from
         self._chosen = None  # the epoch set_epoch named since the last pass began
-        # The epoch set_epoch named last, in shared memory: a persistent DataLoader worker's
-        # copy reads it before its next pass (its own attributes are the first epoch's).
-        self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()
+        # The main process's epoch and loaded state (epoch, position, 1) or (0, 0, 0), in
+        # shared memory: a persistent DataLoader worker's copy takes them before each later
+        # pass (its own attributes are those of the first pass).
+        self._shared = torch.zeros(4, dtype=torch.int64).share_memory_()
         self._passes = 0  # passes this copy has begun
+        self._loaded_here = False  # a worker's copy was handed a state for its next pass
 
     def __len__(self) -> int:
         return len(self._batches) // self.world_size
@@ -136,11 +139,18 @@ class PackedIterableDataset(IterableDataset):
         """Iterate epoch ``epoch`` next (from its start, unless a loaded state resumes it)."""
         epoch = check_int("epoch", epoch, 0)
         self._chosen = epoch
-        self._epoch_cell[0] = epoch
         if self._resume is not None and self._resume[0] != epoch:
             self._resume = None
         if epoch != self.epoch:
             self.epoch, self._position = epoch, 0
+        self._share()
+
+    def _share(self) -> None:
+        """Publish the epoch and the loaded state to persistent workers (main process only:
+        a worker's own state is its own)."""
+        if get_worker_info() is None:
+            resume = (*self._resume, 1) if self._resume is not None else (0, 0, 0)
+            self._shared.copy_(torch.tensor((self.epoch, *resume), dtype=torch.int64))
 
     def rank_batches(self, epoch: int) -> np.ndarray:
         """This rank's batch numbers of ``epoch``, in order."""
@@ -154,12 +164,15 @@ class PackedIterableDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         self._chosen = None
-        if info is not None and self._passes and int(self._epoch_cell[0]) != self.epoch:
-            self.epoch, self._resume = int(self._epoch_cell[0]), None  # a persistent worker's copy
+        if info is not None and self._passes and not self._loaded_here:  # a persistent worker's copy
+            epoch, resume_epoch, position, resumes = self._shared.tolist()
+            self.epoch, self._resume = epoch, (resume_epoch, position) if resumes else None
         self._passes += 1
+        self._loaded_here = False
         if self._resume is not None:
             self.epoch, start = self._resume
             self._resume = None
+            self._share()
         else:
             start = 0
         self._position = start
@@ -193,6 +206,8 @@ class PackedIterableDataset(IterableDataset):
         if position == len(self) and self._chosen is not None and self._chosen != epoch:
             return  # its epoch is over and set_epoch already moved on: nothing to resume
         self.epoch, self._position, self._resume = epoch, position, (epoch, position)
+        self._loaded_here = get_worker_info() is not None
+        self._share()
 
 
 def _rank_and_size(rank, world_size) -> tuple[int, int]:
