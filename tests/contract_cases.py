@@ -35,7 +35,7 @@ POLICIES = ("next-fit", "first-fit-decreasing", "best-fit-decreasing")
 BEST_FIT_MAX_CAPACITY = 2**24
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 DEFAULT_MEMORY_BYTES = 8 * 2**30
-MAX_THREADS = 2**16
+MAX_THREADS = 1024
 CELL_BYTES = 19  # four int32 fields and three bool flags per cell
 BINDING = sp.BatchBinding.fixture()
 OTHER_BINDING = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer.fixture(), split="contract-other")

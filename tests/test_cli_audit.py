@@ -40,7 +40,7 @@ def test_show_batch_of_a_fixture_is_a_usage_error(fixture, batch):
 @pytest.mark.parametrize("suite", ["attention", "train"])
 def test_bench_huge_threads_is_one_line_not_a_traceback(suite):
     result = run("bench", suite, "--threads", 10**20, "--repeats", 1)
-    assert "--threads is 100000000000000000000; the maximum is 65536" in one_error_line(result, 2)
+    assert "--threads is 100000000000000000000; the maximum is 1024" in one_error_line(result, 2)
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
@@ -151,7 +151,7 @@ def test_pack_refuses_a_gzip_file(tmp_path, name):
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--threads", 100000), "--threads is 100000; the maximum is 65536"),
+    (("--threads", 100000), "--threads is 100000; the maximum is 1024"),
     (("--threads", 0), "--threads must be at least 1"),
     (("--capacity", 0), "--capacity must be at least 1"),
     (("--capacity", 3000000000), "--capacity is 3000000000; the maximum is 2147483647"),

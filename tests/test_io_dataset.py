@@ -83,7 +83,7 @@ def test_the_plan_interface_and_pickling(tmp_path):
     assert_same_batches(plan, clone)
     for bad in (-1, len(dataset), True, 1.0):
         with pytest.raises(sp.InvalidInputError,
-                           match=rf"^batch {bad!r} is outside this dataset's batches \[0, {len(dataset)}\)$"):
+                           match=rf"^batch {bad!r} is outside this dataset's batches \[0, {len(dataset)}\)"):
             dataset.batch(bad)
     count = dataset.occurrence_count
     for bad in (-1, count, True):

@@ -11,6 +11,7 @@ an attribute: :mod:`seqpack.data` (tokenizers, bindings, examples, tables, corpo
 __version__ = "0.1.0"
 
 from .errors import (
+    BatchIndexError,
     BindingError,
     CapacityError,
     DecodeLimitError,
@@ -55,7 +56,7 @@ from . import chapters, data, io, layout, nn, packing  # noqa: F401 (the layers,
 __all__ = [
     # errors
     "SeqpackError", "InvalidInputError", "TokenizerError", "DecodeLimitError", "BindingError",
-    "CapacityError", "MemoryBudgetError", "VerificationError",
+    "CapacityError", "MemoryBudgetError", "VerificationError", "BatchIndexError",
     # data
     "ByteTokenizer", "TokenizerIdentity", "DecodeLimits", "BatchBinding", "SplitReceipt", "Partition",
     "BatchDocument", "SequenceExample", "ExampleTable",

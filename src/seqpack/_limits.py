@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _openmp
-from .errors import InvalidInputError
+from .errors import BatchIndexError, InvalidInputError
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -42,6 +42,39 @@ def check_int(name: str, value: object, minimum: int = 1, maximum: int | None = 
     if maximum is not None and value > maximum:
         raise InvalidInputError(f"{name} is {value}; the maximum is {maximum}")
     return value
+
+
+def permitted_edges(lengths: np.ndarray) -> int:
+    """The sum of ``n * (n + 1) // 2`` over ``lengths`` (integers in ``[0, 2**31)``, as a
+    row's capacity bounds them), exact: the edges causal segments of those lengths
+    permit. Each term is split at bit 32 and at most 2**31 terms are summed at once, so
+    no uint64 sum can wrap (an int64 sum of 2**20 segments of 2**22 would)."""
+    n = np.asarray(lengths, dtype=np.int64).ravel()
+    if n.size and not 0 <= int(n.min()) <= int(n.max()) <= INT32_MAX:
+        raise InvalidInputError(f"segment lengths must lie in [0, {INT32_MAX}]")
+    total = 0
+    for first in range(0, n.size, 1 << 31):
+        part = n[first:first + (1 << 31)].astype(np.uint64)
+        terms = part * (part + np.uint64(1)) // np.uint64(2)  # < 2**61
+        total += int((terms >> np.uint64(32)).sum(dtype=np.uint64)) << 32
+        total += int((terms & np.uint64(0xFFFFFFFF)).sum(dtype=np.uint64))
+    return total
+
+
+def batch_number(number: object, count: int, owner: str) -> int:
+    """``number`` as a Python int in ``[0, count)``, else :class:`BatchIndexError` naming
+    ``owner``'s batches (a bool or a float is no batch number)."""
+    if not is_int(number) or not 0 <= number < count:
+        why = " (a bool is not a batch number)" if isinstance(number, (bool, np.bool_)) else ""
+        raise BatchIndexError(f"batch {number!r} is outside {owner}'s batches [0, {count}){why}")
+    return operator.index(number)
+
+
+def batch_index(index: object, count: int, owner: str) -> int:
+    """A sequence's index: as :func:`batch_number`, a negative one counting from the end."""
+    if is_int(index) and -count <= index < 0:
+        return operator.index(index) + count
+    return batch_number(index, count, owner)
 
 
 def check_bool(name: str, value: object) -> bool:
@@ -219,8 +252,9 @@ def default_threads() -> int:
     return max(1, min(limits))
 
 
-#: The most threads a caller may ask for.
-MAX_THREADS = 1 << 16
+#: The most threads a caller may ask for: far above any CPU in use, far below the thousands
+#: of threads at which the OpenMP runtime fails to start a team and ends the process.
+MAX_THREADS = 1024
 
 
 def check_threads(threads) -> int | None:

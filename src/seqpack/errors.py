@@ -16,6 +16,11 @@ class InvalidInputError(SeqpackError, ValueError):
     """The caller's input breaks a rule (shape, range, framing, binding...)."""
 
 
+class BatchIndexError(InvalidInputError, IndexError):
+    """A batch number outside a plan's, epoch's or dataset's batches (also an
+    ``IndexError``, as a sequence's would be)."""
+
+
 class TokenizerError(InvalidInputError):
     """A token sequence is not a valid document for the bound tokenizer.
 

@@ -42,6 +42,20 @@ def _as_source_range(source_range, document_length: int) -> range:
     return range(start, stop)
 
 
+def check_stored(example: "SequenceExample", index: int) -> None:
+    """What the constructor (which only stores) leaves unchecked and a layout relies on:
+    a document and a step-1 range of at least two of its tokens (``from_range`` also
+    validated the document under the binding)."""
+    document, selected = example.document, example.source_range
+    if not isinstance(document, BatchDocument) or not isinstance(example.binding, BatchBinding):
+        raise InvalidInputError(f"example {example.id!r} (index {index}) holds no BatchDocument and BatchBinding: "
+                                "build it with SequenceExample.from_range or from_document")
+    if not (isinstance(selected, range) and selected.step == 1 and 0 <= selected.start
+            and selected.stop <= len(document) and len(selected) >= 2):
+        raise InvalidInputError(f"example {example.id!r} (index {index}): source range {selected!r} is not a step-1 "
+                                f"range of at least 2 tokens inside its document of {len(document)} tokens")
+
+
 class SequenceExample:
     """One example: the shifted pair of a document's selected source range.
 

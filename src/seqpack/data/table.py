@@ -9,7 +9,7 @@ the equivalent ``SequenceExample`` list gives.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -116,8 +116,10 @@ class ExampleTable:
                     raise InvalidInputError(
                         f"documents has {example_docs.shape[0]} entries for {spans.shape[0]} ranges"
                     )
+            if ids is not None:
+                ids = _check_ids(ids, spans.shape[0])
             begins, ends = _check_ranges(spans, example_docs, doc_offsets, ids)
-        if ids is not None:
+        if ids is not None and ranges is None:
             ids = _check_ids(ids, begins.shape[0])
         if begins.shape[0] == 0:
             raise InvalidInputError("an example table needs at least one example")
@@ -249,7 +251,8 @@ class ExampleTable:
 
     def chunk(self, start: int, stop: int) -> "ExampleTable":
         """Examples ``[start, stop)`` as a table sharing this one's arrays (and example names)."""
-        start, stop, _ = slice(start, stop).indices(len(self))
+        bounds = slice(check_int("start", start, -(1 << 63)), check_int("stop", stop, -(1 << 63)))
+        start, stop, _ = bounds.indices(len(self))
         ids = None if self._ids is None else self._ids[start:stop]
         return ExampleTable(self._tokens, self._doc_offsets, self._begins[start:stop], self._ends[start:stop],
                             self.binding, self.partition, ids, self._index_base + start)
@@ -287,17 +290,22 @@ def _check_ranges(spans, example_docs, doc_offsets, ids):
         why = f"source range [{start}, {stop}) must lie inside its document of {length} tokens"
     else:
         why = f"source range [{start}, {stop}) has {stop - start} tokens; a prediction needs at least 2"
-    name = ids[index] if ids is not None and index < len(ids) else f"#{index}"
+    name = ids[index] if ids is not None else f"#{index}"
     raise InvalidInputError(f"example {name!r} (index {index}): {why}")
 
 
 def _check_ids(ids, count: int) -> tuple[str, ...]:
+    """``ids`` as a tuple of ``count`` non-empty strings, in order."""
     if isinstance(ids, (str, bytes)):  # a single name would become one id per character
         raise InvalidInputError(f"ids must be a sequence of names, not a single {type(ids).__name__}")
+    if isinstance(ids, (set, frozenset, dict)) or not isinstance(ids, Iterable):  # no order, or no items
+        raise InvalidInputError(
+            f"ids must be an ordered sequence of names (a list, a tuple, an array), not a {type(ids).__name__}"
+        )
     ids = tuple(ids)
     if len(ids) != count:
         raise InvalidInputError(f"{len(ids)} ids for {count} examples")
     for index, name in enumerate(ids):
         if not isinstance(name, str) or not name:
             raise InvalidInputError(f"example id at index {index} must be a non-empty string, not {name!r}")
-    return ids
+    return tuple(map(str, ids))  # numpy strings as Python ones

@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .._limits import check_bool, check_threads
+from .._limits import batch_number, check_bool, check_threads, permitted_edges
 from ..data.binding import BatchBinding, Partition
 from ..data.documents import BatchDocument
 from ..data.examples import SequenceExample
@@ -239,7 +239,7 @@ class Part:
         lengths = self.lengths
         derived = {"tokens": self.tokens.shape[0], "document_tokens": int(self.documents[:, 2].sum()),
                    "batches": -(-self.row_count // config.rows_per_batch), "valid_targets": int(lengths.sum()),
-                   "permitted_edges": int((lengths * (lengths + 1) // 2).sum())}
+                   "permitted_edges": permitted_edges(lengths)}
         for key, value in derived.items():
             if record[key] != value:
                 raise InvalidInputError(f"{self.directory.parent / fmt.MANIFEST}: part {self.name} records {key} "
@@ -393,9 +393,7 @@ class PackedDataset:
         return self.batch_count
 
     def _locate(self, number) -> tuple[Part, int]:
-        if isinstance(number, bool) or not isinstance(number, (int, np.integer)) \
-                or not 0 <= number < self.batch_count:
-            raise InvalidInputError(f"batch {number!r} is outside this dataset's batches [0, {self.batch_count})")
+        number = batch_number(number, self.batch_count, "this dataset")
         part = self.parts[int(np.searchsorted(self._first_batches, number, side="right")) - 1]
         return part, int(number) - part.first_batch
 
@@ -424,7 +422,7 @@ class PackedDataset:
                                   buffers)
 
     def __getitem__(self, index):
-        return batch_at(self, index)
+        return batch_at(self, index, "this dataset")
 
     def batches(self, reuse_buffers: bool = False) -> Iterator[PackedBatch]:
         """Every batch in order; with ``reuse_buffers=True`` all share one set of field

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._limits import permitted_edges
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
 from ..errors import BindingError, InvalidInputError, VerificationError
@@ -178,7 +179,7 @@ class BatchLayout:
             storage_cells=rows * width,
             valid_targets=self.target_count,
             dense_score_positions=rows * width * width,
-            permitted_edges=int((lengths * (lengths + 1) // 2).sum()),
+            permitted_edges=permitted_edges(lengths),
         )
 
     def ensure_binding(self, expected: BatchBinding) -> None:

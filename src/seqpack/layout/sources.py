@@ -16,7 +16,7 @@ import numpy as np
 
 from .._limits import INT32_MAX
 from ..data.binding import BatchBinding, Partition, check_expectations, check_owner
-from ..data.examples import SequenceExample
+from ..data.examples import SequenceExample, check_stored
 from ..data.table import ExampleTable
 from ..errors import CapacityError, InvalidInputError
 
@@ -92,6 +92,7 @@ def check_examples(examples: Sequence[SequenceExample], partition: Partition, bi
             raise InvalidInputError(
                 f"example {index} is a {type(example).__name__}, not a SequenceExample"
             )
+        check_stored(example, index)
         check_owner(f"example {example.id!r} (index {index})", example.binding, example.partition,
                     binding, partition)
     return np.fromiter((len(example) for example in examples), dtype=np.int64, count=len(examples))

@@ -96,6 +96,8 @@ class Decoder:
     """
 
     def __init__(self, config: DecoderConfig, seed: int, attention: str = "fused"):
+        if not isinstance(config, DecoderConfig):
+            raise InvalidInputError(f"config must be a DecoderConfig, not {type(config).__name__}")
         if attention not in ATTENTION_MODES:
             raise InvalidInputError(f"attention must be one of {ATTENTION_MODES}, not {attention!r}")
         seed = check_int("seed", seed, minimum=0)

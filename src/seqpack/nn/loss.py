@@ -164,7 +164,8 @@ def masked_loss(logits, batch, *, binding=None) -> MaskedLoss:
 
     The logits must match the batch's shape and its binding's vocabulary size; with
     ``binding`` the batch must also carry exactly that binding. ``backward()`` returns
-    ``{"logits": d mean / d logits}``, in the logits' dtype for an array.
+    ``{"logits": d mean / d logits}``; for an array, in the precision the logits are read
+    in: float32 or float64 as given, float32 for float16, float64 for integers.
     """
     if not isinstance(batch, BatchLayout):
         raise InvalidInputError(f"masked_loss takes a padded or packed batch, not {type(batch).__name__}")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..errors import InvalidInputError
+from .._limits import batch_index
 
 
 class Epoch:
@@ -22,16 +20,13 @@ class Epoch:
         return iter(self.batches)
 
     def __getitem__(self, index):
-        check_index(index)
-        return self.batches[index]
+        """``epoch[i]``: batch ``i`` (negative counts from the end); a slice gives a list."""
+        if isinstance(index, slice):
+            return self.batches[index]
+        return self.batches[batch_index(index, len(self.batches), "this epoch")]
 
     @property
     def target_count(self) -> int:
         """Supervised targets of the whole epoch."""
         return sum(batch.target_count for batch in self.batches)
 
-
-def check_index(index) -> None:
-    """A bool is not a batch number (a list would take ``True`` as batch 1)."""
-    if isinstance(index, (bool, np.bool_)):
-        raise InvalidInputError(f"batch {index!r} is a bool, not a batch number")

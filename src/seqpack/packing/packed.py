@@ -8,7 +8,8 @@ import numpy as np
 
 from ..layout.batch import BatchLayout
 from ..layout.fields import FieldArrays, Placements
-from .epoch import Epoch, check_index
+from .._limits import batch_index
+from .epoch import Epoch
 
 
 class PackedBatch(BatchLayout):
@@ -49,8 +50,7 @@ class EpochBatches(Sequence):
     def __getitem__(self, index):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        check_index(index)
-        number = range(len(self))[index]  # IndexError (or TypeError) like a list's
+        number = batch_index(index, len(self), "this epoch")
         batch = self._made[number]
         if batch is None:
             first_row = number * self._rows_per_batch

@@ -12,13 +12,12 @@ all give identical batches.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterator, Sequence
 from typing import Union
 
 import numpy as np
 
-from .._limits import check_bool, check_threads, is_int
+from .._limits import batch_index, batch_number, check_bool, check_threads
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
 from ..data.table import ExampleTable
@@ -34,17 +33,13 @@ from .report import EfficiencyReport
 Examples = Union[Sequence[SequenceExample], ExampleTable]
 
 
-def batch_at(batches, index):
-    """``batches[index]`` for anything with ``len`` and ``batch(i)``: one batch (a negative
-    number counts from the end), or a list of them for a slice."""
+def batch_at(batches, index, owner: str):
+    """``batches[index]`` for anything with ``len`` and ``batch(i)`` (``owner`` names it in
+    errors): one batch (a negative number counts from the end), or a list of them for a
+    slice."""
     if isinstance(index, slice):
         return [batches.batch(i) for i in range(*index.indices(len(batches)))]
-    if is_int(index) and index < 0:
-        index = operator.index(index)  # a Python int: a numpy int8 would overflow below
-        if index < -len(batches):
-            raise InvalidInputError(f"batch {index} is outside the batches [0, {len(batches)})")
-        index += len(batches)
-    return batches.batch(index)
+    return batches.batch(batch_index(index, len(batches), owner))
 
 
 class PackingPlan:
@@ -97,9 +92,7 @@ class PackingPlan:
 
     def _number(self, number) -> int:
         """``number`` as a Python int in ``[0, batch_count)``, else InvalidInputError naming it."""
-        if not is_int(number) or not 0 <= number < self.batch_count:
-            raise InvalidInputError(f"batch {number!r} is outside this plan's batches [0, {self.batch_count})")
-        return int(number)
+        return batch_number(number, self.batch_count, "this plan")
 
     def batch_rows(self, number: int) -> int:
         """Rows of batch ``number``: ``rows_per_batch`` except for a smaller final batch."""
@@ -112,7 +105,7 @@ class PackingPlan:
 
     def __getitem__(self, index):
         """``plan[i]``: batch ``i`` (negative counts from the end); a slice gives a list."""
-        return batch_at(self, index)
+        return batch_at(self, index, "this plan")
 
     def _batch(self, number: int, buffers) -> PackedBatch:
         first, end = int(self._bounds[number]), int(self._bounds[number + 1])

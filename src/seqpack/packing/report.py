@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._limits import permitted_edges
+
 
 @dataclass(frozen=True)
 class EfficiencyReport:
@@ -36,7 +38,7 @@ class EfficiencyReport:
             batches=int(batch_targets.shape[0]),
             cells=rows * capacity,
             valid_targets=int(lengths.sum()),
-            permitted_edges=int((lengths * (lengths + 1) // 2).sum()),
+            permitted_edges=permitted_edges(lengths),
             dense_score_positions=rows * capacity**2,
             batch_targets=tuple(batch_targets.tolist()),
         )

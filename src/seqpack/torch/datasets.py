@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from .._limits import check_bool, check_int, is_int
+from .._limits import batch_index, check_bool, check_int
 from ..errors import InvalidInputError
 from ..io.dataset import PackedBatches
 from ..packing.epoch import Epoch
@@ -57,9 +57,7 @@ class PackedDataset(Dataset):
         return len(self._batches)
 
     def __getitem__(self, index) -> dict[str, torch.Tensor]:
-        if not is_int(index) or not -len(self) <= index < len(self):
-            raise IndexError(f"batch {index!r} is outside this dataset's batches [0, {len(self)})")
-        return tensors(self._batches.get(int(index) % len(self)))
+        return tensors(self._batches.get(batch_index(index, len(self), "this dataset")))
 
 
 def deal_to_ranks(targets: np.ndarray, order: np.ndarray, world_size: int) -> np.ndarray:
