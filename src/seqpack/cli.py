@@ -56,7 +56,7 @@ def _add_pack(commands) -> None:
     pack.add_argument("--ids-field", metavar="NAME", help="read pre-tokenized IDs from this field or column")
     pack.add_argument("--framed", action="store_true",
                       help="pre-tokenized documents already start with BOS and end with EOS")
-    pack.add_argument("--glob", metavar="PATTERN", help="only files matching PATTERN inside directories (e.g. '*.py')")
+    pack.add_argument("--glob", metavar="PATTERN", help="only files whose names match PATTERN inside directories (e.g. '*.py'; a name, not a path)")
     pack.add_argument("--capacity", type=int, default=2048, help="columns (predictions) per row (default 2048)")
     pack.add_argument("--rows-per-batch", type=int, default=8, help="rows per batch (default 8)")
     pack.add_argument("--policy", choices=POLICY_CHOICES, default="next-fit", help="placement policy (default next-fit)")
@@ -168,6 +168,9 @@ def _pack(args) -> int:
         raise UsageError("--address goes with --engine ray")
     if args.workers is not None and args.engine != "ray":
         raise UsageError("--workers goes with --engine ray")
+    if args.glob is not None and ("/" in args.glob or os.sep in args.glob):
+        raise UsageError(f"--glob matches file names in every subdirectory, not paths: {args.glob!r} has a "
+                         f"'/' (try {Path(args.glob).name!r})")
     if args.threads is not None:
         os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # tokenizers' pool, read when it starts
     if not args.split.strip():
@@ -230,8 +233,9 @@ def _check_input_flags(args, readers) -> None:
         "--glob": (any(Path(path).is_dir() for path in args.inputs), "no INPUT is a directory"),
         "--text-field": (bool(structured), "no INPUT is JSONL, Parquet or Arrow"),
         "--ids-field": (bool(structured), "no INPUT is JSONL, Parquet or Arrow"),
-        "--framed": (args.ids_field is not None or any(isinstance(r, kinds.Megatron) for r in readers),
-                     "it applies to pre-tokenized inputs (--ids-field or Megatron)"),
+        "--framed": (args.ids_field is not None or any(isinstance(r, kinds.Megatron) for r in readers)
+                     or any(isinstance(r, kinds.ArrowBatches) and r.reads_ids() for r in readers),
+                     "it applies to pre-tokenized inputs (--ids-field, an 'input_ids' column or Megatron)"),
     }
     for flag, (used, reason) in uses.items():
         given = getattr(args, flag[2:].replace("-", "_"))

@@ -28,7 +28,7 @@ from ..data import _validate
 from ..data.binding import BatchBinding
 from ..data.tokenizer import TokenizerIdentity
 from ..errors import InvalidInputError, SeqpackError
-from .readers import DocumentChunk, Input, missing_extra
+from .readers import DocumentChunk, Input, missing_extra, not_a_file
 
 
 def file_sha256(path) -> str:
@@ -96,13 +96,19 @@ class TokenizerFile:
     def __init__(self, path, *, bos, eos):
         tokenizers = _tokenizers()
         self.path = Path(path)
+        if not self.path.is_file():
+            raise not_a_file(self.path, "no such tokenizer file")
         try:
             self.tokenizer = tokenizers.Tokenizer.from_file(str(self.path))
         except Exception as error:  # tokenizers raises its own Exception subclasses
             raise InvalidInputError(f"{path}: not a tokenizers JSON file: {error}") from None
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
-        self.vocabulary_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        # The highest ID + 1: a vocabulary's IDs may have gaps (get_vocab_size counts tokens).
+        ids = self.tokenizer.get_vocab(with_added_tokens=True).values()
+        if not ids:
+            raise InvalidInputError(f"{path}: the tokenizer has an empty vocabulary")
+        self.vocabulary_size = max(ids) + 1
         self.bos_id = self._token_id("bos", bos)
         self.eos_id = self._token_id("eos", eos)
         self.identity = TokenizerIdentity(self.vocabulary_size, self.bos_id, self.eos_id, file_sha256(self.path))

@@ -45,8 +45,14 @@ BZIP2_MARKS = (b"\x31\x41\x59\x26\x53\x59", b"\x17\x72\x45\x38\x50\x90")
 MAGIC_BYTES = 10
 
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
-#: The first bytes of the binary corpus formats seqpack reads by their own readers.
-BINARY_MAGIC = ((b"PAR1", "a Parquet file"), (b"ARROW1", "an Arrow file"), (MEGATRON_MAGIC, "a Megatron index"))
+#: The binary corpus formats seqpack reads by their own readers: their first bytes, their
+#: last bytes (None: any), and their name. A text that merely begins with ``PAR1`` is text.
+BINARY_FORMATS = ((b"PAR1", b"PAR1", "a Parquet file"), (b"ARROW1", b"ARROW1", "an Arrow file"),
+                  (b"FEA1", b"FEA1", "a Feather (version 1) file"),
+                  (b"\xff\xff\xff\xff", None, "an Arrow stream (a datasets.save_to_disk shard is one)"),
+                  (MEGATRON_MAGIC, None, "a Megatron index"))
+#: Suffixes of files that hold JSON lines: read as JSONL when given, refused inside a directory.
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
 MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
                    7: np.float32, 8: np.uint16}
 
@@ -79,15 +85,19 @@ def cannot_read(path, error: OSError) -> InvalidInputError:
     return InvalidInputError(f"{path}: cannot read: {error.strerror or error}")
 
 
-def check_text_file(name, head: bytes, kind: str) -> None:
-    """Refuse a file read as ``kind`` (text or JSONL) whose first bytes ``head`` (at least
-    ``MAGIC_BYTES`` of them when the file has that many) mark it as gzip, bzip2, xz, zstd
-    or zip data, or as a Parquet, Arrow or Megatron file, whatever its name."""
+def check_text_file(name, head: bytes, tail: bytes, kind: str) -> None:
+    """Refuse a file read as ``kind`` (text or JSONL) whose first bytes ``head`` and last
+    bytes ``tail`` (``MAGIC_BYTES`` of each when the file has that many) mark it as gzip,
+    bzip2, xz, zstd or zip data, or as a Parquet, Arrow, Feather or Megatron file,
+    whatever its name; and a ``.jsonl`` file read as text (a directory's file)."""
     bzip2 = head[:3] == b"BZh" and b"1" <= head[3:4] <= b"9" and head[4:10] in BZIP2_MARKS
     found = "bzip2" if bzip2 else next((codec for magic, codec in COMPRESSED_MAGIC if head.startswith(magic)), None)
     if found is not None:
         raise InvalidInputError(f"{name}: {found}-compressed; decompress it first")
-    binary = next((what for magic, what in BINARY_MAGIC if head.startswith(magic)), None)
+    binary = next((what for first, last, what in BINARY_FORMATS
+                   if head.startswith(first) and (last is None or tail.endswith(last))), None)
+    if binary is None and kind == "text" and Path(name).suffix.lower() in JSONL_SUFFIXES:
+        binary = "a JSONL file"
     if binary is not None:
         raise InvalidInputError(
             f"{name}: {binary}, not {kind}: give it as an input of its own, named by its extension (a "
@@ -240,11 +250,13 @@ def _files_under(path: Path, pattern: str | None) -> tuple[list[Path], list[Path
     """``(files, datasets)``: the regular files under a directory, sorted, hidden names
     skipped, matching ``pattern``, and the packed datasets left out of them (subdirectories
     :func:`~seqpack.io.format.is_packed_dataset` recognizes). Linked directories are
-    followed; a link to a directory's own ancestor (a cycle), or a matching name that is
-    not a regular file (a dangling link, a pipe), is an error."""
+    followed; a link to a directory's own ancestor (a cycle), a directory reached a second
+    time through links (its files would be inputs twice), or a matching name that is not a
+    regular file (a dangling link, a pipe), is an error."""
     found, datasets = [], []
     top = os.fspath(path)
     ancestors = {top: {_directory_key(top): top}}  # each directory to visit: the directories above it and itself
+    reached = {_directory_key(top): top}  # every directory met so far
     for root, dirs, files in os.walk(top, onerror=_walk_error, followlinks=True):
         above = ancestors.pop(root)
         visible = sorted(d for d in dirs if not d.startswith("."))
@@ -256,6 +268,10 @@ def _files_under(path: Path, pattern: str | None) -> tuple[list[Path], list[Path
             key = _directory_key(directory)
             if key in above:
                 raise InvalidInputError(f"{directory}: a directory link cycle (it leads back to {above[key]})")
+            if key in reached:  # found now, not after walking every path to it (2**depth of them)
+                raise InvalidInputError(f"{directory}: the directory {reached[key]} again, through a link: its "
+                                        f"files would be inputs twice")
+            reached[key] = directory
             ancestors[directory] = {**above, key: directory}
         for name in sorted(files):
             if name.startswith(".") or (pattern and not Path(name).match(pattern)):
@@ -281,6 +297,9 @@ class TextFiles:
     def __init__(self, paths, pattern: str | None = None):
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
+        if pattern is not None and (not isinstance(pattern, str) or "/" in pattern or os.sep in pattern):
+            raise InvalidInputError(f"the pattern {pattern!r} must be a file name pattern such as '*.py' (it "
+                                    f"matches names in every subdirectory, not paths)")
         self.paths, self.inputs, self.skipped = [], [], []
         for path in map(input_path, paths):
             if path.is_dir():
@@ -305,7 +324,7 @@ class TextFiles:
                 texts.append(path.read_bytes())
             except OSError as error:
                 raise cannot_read(path, error) from None
-            check_text_file(path, texts[-1][:MAGIC_BYTES], "text")
+            check_text_file(path, texts[-1][:MAGIC_BYTES], texts[-1][-MAGIC_BYTES:], "text")
             size += len(texts[-1])
             if size >= CHUNK_BYTES or len(texts) >= CHUNK_DOCUMENTS or index == len(self.paths) - 1:
                 inputs = np.arange(first_input + first, first_input + index + 1, dtype=np.int64)
@@ -382,7 +401,9 @@ class JsonLines:
         check_fields(str(path), text_field, ids_field)
         try:
             with open(self.path, "rb") as handle:
-                check_text_file(path, handle.read(MAGIC_BYTES), "JSONL")
+                head = handle.read(MAGIC_BYTES)
+                handle.seek(max(0, os.fstat(handle.fileno()).st_size - MAGIC_BYTES))
+                check_text_file(path, head, handle.read(MAGIC_BYTES), "JSONL")
         except OSError as error:
             raise cannot_read(path, error) from None
         self.field = ids_field if ids_field is not None else text_field if text_field is not None else "text"
@@ -430,7 +451,11 @@ class JsonLines:
                 try:
                     record = json.loads(line)
                 except ValueError as error:
-                    raise InvalidInputError(f"{where.where(number)}: not valid JSON: {error}") from None
+                    hint = (" (a .json input is read as JSON lines: one object per line)"
+                            if self.path.suffix.lower() == ".json" else "")
+                    raise InvalidInputError(f"{where.where(number)}: not valid JSON: {error}{hint}") from None
+                except RecursionError:
+                    raise InvalidInputError(f"{where.where(number)}: JSON nested too deeply to read") from None
                 if not isinstance(record, dict):
                     raise InvalidInputError(f"{where.where(number)}: a JSON {_json_kind(record)}, not an object "
                                             f"with field {self.field!r}")
@@ -493,6 +518,8 @@ def _column_field(schema_names, text_field: str | None, ids_field: str | None, n
         raise InvalidInputError(f"{name}: no 'text' or 'input_ids' column; name one with --text-field or --ids-field")
     if chosen not in schema_names:
         raise InvalidInputError(f"{name}: no column {chosen!r} (columns: {', '.join(schema_names)})")
+    if list(schema_names).count(chosen) > 1:
+        raise InvalidInputError(f"{name}: {list(schema_names).count(chosen)} columns are named {chosen!r}")
     return chosen, ids
 
 
@@ -588,24 +615,45 @@ class ArrowBatches:
         if isinstance(source, pa.Table):
             return source.column_names, iter(source.to_batches(max_chunksize=self.BATCH_ROWS))
         if hasattr(source, "with_format") and hasattr(source, "column_names"):  # datasets.Dataset
-            return source.column_names, source.with_format("arrow").iter(batch_size=self.BATCH_ROWS)
+            names = source.column_names
+            if isinstance(names, dict):
+                raise InvalidInputError(f"{type(source).__name__} of splits {sorted(names)}: give one split, "
+                                        f"such as dataset[{next(iter(names))!r}]")
+            if names is None:
+                raise InvalidInputError(f"{type(source).__name__} with unknown columns (no features): "
+                                        f"give it features, or a Dataset")
+            return names, source.with_format("arrow").iter(batch_size=self.BATCH_ROWS)
         raise InvalidInputError(
             f"expected a path, a pyarrow.Table or a datasets.Dataset, not {type(source).__name__}"
         )
 
+    def reads_ids(self) -> bool:
+        """Whether the column read holds token IDs (by the fields given, else by the
+        columns there are: this opens the file)."""
+        names, _ = self._batches()
+        return _column_field(names, self.text_field, self.ids_field, self.inputs[0].name)[1]
+
     def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
-        pa = import_pyarrow()
         names, batches = self._batches()
         where = self.inputs[0]
         column, ids = _column_field(names, self.text_field, self.ids_field, where.name)
-        row = 0
-        try:
-            for batch in batches:
-                if batch.num_rows:
-                    yield arrow_chunk(batch.column(column), first_input, row, where, ids)
-                row += batch.num_rows
-        except (pa.ArrowInvalid, OSError) as error:  # damage found while reading (a truncated file)
-            raise InvalidInputError(f"{where.where(row)}: cannot read as {where.kind}: {error}") from None
+        yield from batch_chunks(batches, column, ids, first_input, 0, where)
+
+
+def batch_chunks(batches, column: str, ids: bool, first_input: int, first_row: int,
+                 where: Input) -> Iterator[DocumentChunk]:
+    """The chunks of record ``batches`` (``column`` of each; rows from ``first_row``);
+    damage found while reading them (a truncated file, a corrupt page) is one error naming
+    the file and the first row of the read that failed."""
+    pa = import_pyarrow()
+    row = first_row
+    try:
+        for batch in batches:
+            if batch.num_rows:
+                yield arrow_chunk(batch.column(column), first_input, row, where, ids)
+            row += batch.num_rows
+    except (pa.ArrowInvalid, OSError) as error:
+        raise InvalidInputError(f"{where.where(row)}: cannot read as {where.kind}: {error}") from None
 
 
 MEGATRON_PARTNERS = {".idx": ".bin", ".bin": ".idx"}
@@ -691,12 +739,18 @@ def read_megatron_index(path: Path) -> tuple[np.ndarray, np.ndarray, np.dtype]:
         raise InvalidInputError(f"{path}: truncated index ({data.shape[0]} bytes; {need} needed)")
     lengths = np.frombuffer(data, dtype="<i4", count=count, offset=34).astype(np.int64)
     pointers = np.frombuffer(data, dtype="<i8", count=count, offset=34 + 4 * count).astype(np.int64)
+    starts = np.frombuffer(data, dtype="<i8", count=documents, offset=34 + 12 * count)
+    # The document index: where each document's sequences start, from 0 up to the count
+    # (each sequence is packed as a document of its own; a broken index marks a broken file).
+    if documents and (starts[0] != 0 or starts[-1] != count or (np.diff(starts) < 0).any()):
+        raise InvalidInputError(f"{path}: a broken document index (it must rise from 0 to the {count} "
+                                f"sequences; it holds {documents} entries from {int(starts[0])} to {int(starts[-1])})")
     return lengths, pointers, dtype
 
 
 def reader_for(path, *, text_field=None, ids_field=None, pattern=None) -> Reader:
     """The reader of one input path, by its kind: a directory or other file is text,
-    ``.jsonl``/``.json`` JSON lines, ``.parquet`` Parquet, ``.arrow``/``.feather`` Arrow,
+    ``.jsonl``/``.ndjson``/``.json`` JSON lines, ``.parquet`` Parquet, ``.arrow``/``.arrows``/``.feather`` Arrow,
     ``.idx``/``.bin`` a Megatron dataset (the other file must be beside it), and a path
     that does not exist but names ``PATH.idx`` or ``PATH.bin`` a Megatron prefix;
     suffixes match in any case."""
@@ -706,9 +760,9 @@ def reader_for(path, *, text_field=None, ids_field=None, pattern=None) -> Reader
         return TextFiles([path], pattern)
     if not path.exists() and any(Path(f"{path}{end}").is_file() for end in MEGATRON_PARTNERS):
         return Megatron(path)
-    if suffix in (".jsonl", ".json"):
+    if suffix in (*JSONL_SUFFIXES, ".json"):
         return JsonLines(path, text_field=text_field, ids_field=ids_field)
-    if suffix in (".parquet", ".arrow", ".feather"):
+    if suffix in (".parquet", ".arrow", ".arrows", ".feather"):
         return ArrowBatches(path, text_field=text_field, ids_field=ids_field)
     if suffix in MEGATRON_PARTNERS:
         return Megatron(path)

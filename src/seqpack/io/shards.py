@@ -39,7 +39,7 @@ from .readers import (
     Reader,
     TextFiles,
     _column_field,
-    arrow_chunk,
+    batch_chunks,
     import_pyarrow,
 )
 from .writer import (STAGED_TOKENS, Stage, check_arguments, check_readers, describe_binding, manifest_of,
@@ -69,12 +69,9 @@ class RowGroups:
         except (pa.ArrowInvalid, OSError) as error:
             raise InvalidInputError(f"{where.name}: cannot read as parquet: {error}") from None
         column, ids = _column_field(handle.schema_arrow.names, self.text_field, self.ids_field, where.name)
-        row = self.first_row
-        for batch in handle.iter_batches(batch_size=ArrowBatches.BATCH_ROWS, row_groups=list(self.groups),
-                                         columns=[column]):
-            if batch.num_rows:
-                yield arrow_chunk(batch.column(column), first_input, row, where, ids)
-            row += batch.num_rows
+        batches = handle.iter_batches(batch_size=ArrowBatches.BATCH_ROWS, row_groups=list(self.groups),
+                                      columns=[column])
+        yield from batch_chunks(batches, column, ids, first_input, self.first_row, where)
 
 
 @dataclass(frozen=True)
