@@ -248,3 +248,103 @@ def test_a_running_clusters_address_passes_the_probe(cluster):
     address = ray.get_runtime_context().gcs_address
     pipeline.check_reachable(address)
     pipeline.check_reachable(address, timeout=1.0)
+
+
+class FailingJsonLines(io.JsonLines):
+    """A JSONL reader whose file vanishes (an OSError) or that breaks (any other error)
+    when the task reads it."""
+
+    def __init__(self, path, error):
+        super().__init__(path)
+        self.error = error
+
+    def chunks(self, first_input):
+        raise self.error
+        yield
+
+
+def test_a_task_failure_is_one_line_or_the_error_itself(cluster, corpus, tmp_path):
+    """An error that is not seqpack's came back as Ray's remote traceback, in colour, as
+    the 'one-line' message; an OSError now comes back as itself, naming its file."""
+    vanished = FileNotFoundError(2, "No such file or directory", str(corpus[1]))
+    with pytest.raises(FileNotFoundError) as caught:
+        on_ray([io.JsonLines(corpus[0]), FailingJsonLines(corpus[1], vanished)], tmp_path / "out", 2)
+    assert caught.value.filename == str(corpus[1]) and caught.value.errno == 2
+    with pytest.raises(sp.SeqpackError) as caught:
+        on_ray([io.JsonLines(corpus[0]), FailingJsonLines(corpus[1], RuntimeError("broken reader"))],
+               tmp_path / "out", 2)
+    message = str(caught.value)
+    assert re.fullmatch(r"shard \d of 2 \(.*part1.jsonl\): the Ray task failed: RuntimeError: broken reader", message)
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_more_threads_than_a_node_has_is_an_error_not_a_wait(cluster, corpus, tmp_path):
+    """threads=4 on a cluster of 2-CPU nodes waited for ever for a node Ray could not find."""
+    began = time.monotonic()
+    with pytest.raises(InvalidInputError, match=r"threads=3 CPUs, but the largest node of the Ray cluster has 2"):
+        pack_corpus(corpus[:1], tmp_path / "out", config=CONFIG, threads=3, long="cut")
+    with pytest.raises(InvalidInputError, match="threads is 1025; the maximum is 1024"):
+        pack_corpus(corpus[:1], tmp_path / "out", config=CONFIG, threads=1025, long="cut")
+    assert time.monotonic() - began < 30 and not (tmp_path / "out").exists()
+
+
+def test_an_address_cannot_choose_a_cluster_once_ray_is_initialized(cluster, corpus, tmp_path):
+    """address= was ignored when this process had already initialized Ray."""
+    with pytest.raises(InvalidInputError, match="Ray is already initialized in this process"):
+        pack_corpus(corpus[:1], tmp_path / "out", config=CONFIG, address="127.0.0.1:1", long="cut")
+
+
+def test_the_output_is_checked_before_a_cluster_starts(corpus, tmp_path, monkeypatch):
+    """A missing parent directory was found after Ray had started (12 to 26 s)."""
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+
+    def no_start(*args):
+        raise AssertionError("a cluster was started before the output was checked")
+
+    monkeypatch.setattr(pipeline, "_join_or_start", no_start)
+    with pytest.raises(InvalidInputError, match="nowhere"):
+        pack_corpus(corpus[:1], tmp_path / "nowhere" / "x", config=CONFIG, long="cut")
+    with pytest.raises(InvalidInputError, match="out must be a path"):
+        pack_corpus(corpus[:1], 5, config=CONFIG, long="cut")
+
+
+class FakeRay:
+    """What ``_join_or_start`` calls: ``init``, here replacing the SIGTERM handler as Ray's does."""
+
+    def __init__(self, error=None):
+        self.error, self.calls = error, []
+
+    def init(self, **options):
+        self.calls.append(options)
+        signal.signal(signal.SIGTERM, lambda *args: sys.exit(15))
+        if self.error is not None:
+            raise self.error
+
+
+def test_joining_names_a_malformed_or_silent_address_and_keeps_the_signal_handlers(monkeypatch):
+    """A malformed address was a traceback; RAY_ADDRESS was joined without the probe; and
+    Ray's SIGTERM handler replaced the command line's (exit 15 and a native stack dump)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for address, error in (("localhost", ValueError("Invalid address format: localhost")),
+                           ("http://127.0.0.1:8265", ValueError("Invalid Ray address"))):
+        with pytest.raises(InvalidInputError, match=rf"cannot join the Ray cluster at {re.escape(address)}: Invalid"):
+            pipeline._join_or_start(FakeRay(error), address)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    fake = FakeRay()
+    with pytest.raises(InvalidInputError, match="cannot reach a Ray cluster at 127.0.0.1:1"):
+        pipeline._join_or_start(fake, None)
+    assert fake.calls == []
+    monkeypatch.delenv("RAY_ADDRESS")
+
+    def ours(*args):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, ours)
+    try:
+        fake = FakeRay()
+        with pipeline._signal_handlers_kept():
+            pipeline._join_or_start(fake, None)
+        assert fake.calls == [{"address": None, "logging_level": logging.WARNING, "include_dashboard": False}]
+        assert signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -43,7 +43,7 @@ from .readers import (
     import_pyarrow,
 )
 from .writer import (STAGED_TOKENS, Stage, check_arguments, check_readers, describe_binding, manifest_of,
-                     no_content, stage_documents, write_part)
+                     no_content, output_path, stage_documents, write_part)
 
 #: What the manifest says about placement in a sharded dataset.
 PLACEMENT_SCOPE = "each shard (part) is placed on its own; rows and batches never span shards"
@@ -285,7 +285,7 @@ def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer
     (default :func:`run_serially`); ``progress`` draws a bar over shards and tokens. Example ordinals, documents, rows and batches
     are global in shard order, then input order. Every runner gives the same bytes.
     """
-    out = Path(out)
+    out = output_path(out)
     check_arguments(binding, tokenizer, config, policy, partition, long)
     readers = check_readers(readers)
     inputs, planned = plan_shards(readers, shards)

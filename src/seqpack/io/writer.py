@@ -282,6 +282,14 @@ def manifest_of(parts: list[dict], *, binding: dict, partition: Partition, confi
     }
 
 
+def output_path(out) -> Path:
+    """``out`` (a ``str`` or ``os.PathLike``) as a ``Path``; anything else is an
+    :class:`InvalidInputError`."""
+    if not isinstance(out, (str, os.PathLike)):
+        raise InvalidInputError(f"out must be a path (str or os.PathLike), not {type(out).__name__}")
+    return Path(out)
+
+
 def check_arguments(binding: BatchBinding, tokenizer, config: PackConfig, policy: str, partition: Partition,
                     long: str) -> None:
     """The checks :func:`pack_corpus` (and the sharded packers) make before reading anything."""
@@ -331,9 +339,7 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
     An existing ``out`` is refused unless ``force``. The dataset appears at ``out`` only
     once complete (see :mod:`seqpack.io.format`).
     """
-    if not isinstance(out, (str, os.PathLike)):
-        raise InvalidInputError(f"out must be a path (str or os.PathLike), not {type(out).__name__}")
-    out = Path(out)
+    out = output_path(out)
     check_arguments(binding, tokenizer, config, policy, partition, long)
     readers = check_readers(readers)
     if progress is not None and not isinstance(progress, Progress):

@@ -24,14 +24,20 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import signal
 import socket
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
-from .._limits import check_int
+from .._limits import MAX_THREADS, check_int
 from ..data import BatchBinding, ByteTokenizer, Partition
 from ..errors import InvalidInputError, SeqpackError
+from ..io import format as fmt
 from ..io.readers import missing_extra, reader_for
 from ..io.shards import ShardJob, pack_shard, pack_sharded
+from ..io.writer import output_path
 from ..packing import PackConfig
 
 #: Times Ray reruns a shard whose worker process died.
@@ -105,20 +111,35 @@ def pack_shard_task(job: ShardJob, shard, staging: str, directory: str):
     """A Ray task: pack one shard, in the driver's working ``directory`` (so that relative
     paths name the same files, and the manifest and errors name them as the user did).
     Returns ``(result, None)``, or ``(None, failure)`` for a seqpack error (its class,
-    message and attributes: not every error class pickles)."""
+    message and attributes: not every error class pickles) or an OSError or MemoryError
+    (the error itself: a file that vanished or could not be read is named as the serial
+    engine names it)."""
     os.chdir(directory)
     try:
         return pack_shard(job, shard, Path(staging)), None
     except SeqpackError as error:
         return None, (type(error), str(error), vars(error))
+    except (OSError, MemoryError) as error:
+        return None, error
 
 
 def _raise_failure(failure) -> None:
+    if isinstance(failure, BaseException):
+        raise failure
     kind, message, attributes = failure
     error = kind.__new__(kind)
     error.args = (message,)
     error.__dict__.update(attributes)
     raise error
+
+
+def _task_failure(error) -> str:
+    """One line for a failed Ray task: the exception it raised (not Ray's remote traceback,
+    in colour), or the first line of Ray's own error (a worker that died)."""
+    cause = getattr(error, "cause", None)
+    text = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(error)
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", text).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None = None):
@@ -149,7 +170,7 @@ def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None
                 try:
                     result, failure = ray.get(done[0])
                 except ray.exceptions.RayError as error:
-                    raise SeqpackError(f"{shard.label}: the Ray task failed: {error}") from None
+                    raise SeqpackError(f"{shard.label}: the Ray task failed: {_task_failure(error)}") from None
                 if failure is not None:
                     _raise_failure(failure)
                 yield shard.index, result
@@ -178,13 +199,16 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
     default one per 64 MiB of input). Each task takes ``threads`` CPUs and runs the
     tokenizer and kernels on that many threads; at most ``workers`` tasks run at once
     (default: as many as the cluster's CPUs take). ``address`` is the cluster to join
-    (``"auto"``, ``"ray://host:10001"``...; a ``host:port`` that does not accept a TCP
-    connection within :data:`CONNECT_TIMEOUT` seconds is an error); without one, and without
-    a Ray already initialized in this process, a local cluster is started and shut down at the end.
+    (``"auto"``, ``"ray://host:10001"``...; a ``host:port`` that does not answer as a Ray
+    cluster within :data:`CONNECT_TIMEOUT` seconds is an error); without one, the cluster in
+    ``RAY_ADDRESS`` (probed the same way) or, without that, a local cluster started here
+    and shut down at the end. A Ray already initialized in this process is used as it
+    is (then ``address`` is an error). ``threads`` must fit the cluster's largest node,
+    and the output is checked before any cluster starts.
     The dataset's bytes equal :func:`seqpack.io.shards.pack_sharded`'s with the same
     shards, whatever the number of workers or the order in which they finish.
     """
-    threads = check_int("threads", threads)
+    threads = 1 if threads is None else check_int("threads", threads, maximum=MAX_THREADS)
     max_retries = check_int("max_retries", max_retries, minimum=0)
     workers = None if workers is None else check_int("workers", workers)
     if isinstance(inputs, (str, bytes, os.PathLike)):  # not read as one input per character
@@ -200,15 +224,17 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
                 f"tokenizer must be a ByteTokenizer or a TokenizerFile, not {type(tokenizer).__name__}")
         binding = BatchBinding.for_tokenizer(identity, split="corpus")
     readers = [reader_for(item) if isinstance(item, (str, os.PathLike)) else item for item in inputs]
+    out = output_path(out)
+    fmt.check_output(out, force, [i for reader in readers for i in getattr(reader, "inputs", ())])  # before Ray starts
     started = not ray.is_initialized()
-    if started:
-        options = {"include_dashboard": False} if address is None else {}
-        check_reachable(address)
-        try:
-            ray.init(address=address, logging_level=logging.WARNING, **options)
-        except ConnectionError as error:
-            raise InvalidInputError(f"cannot join the Ray cluster at {address}: {error}") from None
+    if not started and address is not None:
+        raise InvalidInputError(f"Ray is already initialized in this process, so address {address!r} cannot choose "
+                                f"the cluster: leave address out, or call ray.shutdown() first")
     try:
+        with _signal_handlers_kept():
+            if started:
+                _join_or_start(ray, address)
+        _check_cpus(ray, threads)
         return pack_sharded(
             readers, out, binding=binding, tokenizer=tokenizer, config=config, shards=shards, policy=policy,
             partition=partition, long=long, framed=framed, force=force, progress=progress, threads=threads,
@@ -216,4 +242,44 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
         )
     finally:
         if started:
-            ray.shutdown()
+            with _signal_handlers_kept():
+                ray.shutdown()
+
+
+def _join_or_start(ray, address: str | None) -> None:
+    """``ray.init``: join ``address`` (or ``RAY_ADDRESS``, as Ray would), probed first, or
+    start a local cluster; a malformed address is an error naming it."""
+    joined = address if address is not None else os.environ.get("RAY_ADDRESS") or None
+    check_reachable(joined)
+    options = {"include_dashboard": False} if joined is None else {}
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, **options)
+    except (ConnectionError, ValueError) as error:
+        source = "" if address is not None else " (from RAY_ADDRESS)"
+        raise InvalidInputError(f"cannot join the Ray cluster at {joined}{source}: {error}") from None
+
+
+@contextmanager
+def _signal_handlers_kept():
+    """Keep this process's SIGTERM and SIGINT handlers across ``ray.init`` and
+    ``ray.shutdown`` (Ray installs its own, which exit with the signal's number and stay
+    after the cluster stops), so a signal still cleans up as the caller arranged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for number, handler in kept.items():
+            if handler is not None:
+                signal.signal(number, handler)
+
+
+def _check_cpus(ray, threads: int) -> None:
+    """A task of ``threads`` CPUs must fit a node: Ray would wait for one for ever. (A
+    cluster whose nodes have no CPUs yet is left alone: an autoscaler may add them.)"""
+    largest = max((node.get("Resources", {}).get("CPU", 0) for node in ray.nodes() if node.get("Alive")), default=0)
+    if 0 < largest < threads:
+        raise InvalidInputError(f"each task takes threads={threads} CPUs, but the largest node of the Ray cluster "
+                                f"has {largest:g}: give at most that many threads")
