@@ -348,3 +348,17 @@ def test_joining_names_a_malformed_or_silent_address_and_keeps_the_signal_handle
         assert signal.getsignal(signal.SIGTERM) is ours
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_signal_raised_inside_rays_wait_arrives_as_itself():
+    """SIGTERM's exception raised inside Ray's signal check came out as a SystemError
+    traceback instead of the command line's 'seqpack: terminated' (exit 143)."""
+    from seqpack.cli import Terminated
+
+    for signalled in (Terminated(), KeyboardInterrupt()):
+        with pytest.raises(type(signalled)):
+            with pipeline._signals_raised():
+                raise SystemError("returned a result with an exception set") from signalled
+    with pytest.raises(SystemError):  # any other SystemError stays one
+        with pipeline._signals_raised():
+            raise SystemError("other") from ValueError("a cause")

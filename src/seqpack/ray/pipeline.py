@@ -142,6 +142,19 @@ def _task_failure(error) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+@contextmanager
+def _signals_raised():
+    """Raise a signal handler's exception (SIGTERM's, not an ``Exception``) as itself:
+    raised inside Ray's own signal check, it arrives wrapped in a SystemError."""
+    try:
+        yield
+    except SystemError as error:
+        cause = error.__cause__
+        if isinstance(cause, BaseException) and not isinstance(cause, Exception):
+            raise cause from None
+        raise
+
+
 def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None = None):
     """A :data:`seqpack.io.shards.Runner` that packs each shard as a Ray task, at most
     ``workers`` at once (default: as many as the cluster's CPUs take).
@@ -165,7 +178,8 @@ def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None
                 while waiting and (workers is None or len(pending) < workers):
                     shard = waiting.pop()
                     pending[remote.remote(settings, shard, str(staging), os.getcwd())] = shard
-                done, _ = ray.wait(list(pending), num_returns=1)
+                with _signals_raised():
+                    done, _ = ray.wait(list(pending), num_returns=1)
                 shard = pending.pop(done[0])
                 try:
                     result, failure = ray.get(done[0])
