@@ -179,7 +179,7 @@ def main(argv=None) -> None:
         print(f"| {dtype} | {name} | {1e3 * raw:.1f} | {1e3 * wrapped:.1f} | {100 * (ratio - 1):+.1f}% "
               f"({100 * (low - 1):+.1f}% to {100 * (high - 1):+.1f}%) | {1e3 * outside:.2f} / {1e3 * inside:.1f} "
               f"| {100 * share:.2f}% |")
-    print(f"\n| dtype | pass | MHA 8:8 ms | GQA 8:2 ms | GQA / MHA (median of rounds) |")
+    print("\n| dtype | pass | MHA 8:8 ms | GQA 8:2 ms | GQA / MHA (median of rounds) |")
     print("| --- | --- | --- | --- | --- |")
     for dtype, name, mha, gqa, ratio, _ in grouped:
         print(f"| {dtype} | {name} | {1e3 * mha:.1f} | {1e3 * gqa:.1f} | {ratio:.3f} |")

@@ -216,3 +216,15 @@ def test_framed_goes_with_a_default_input_ids_column(tmp_path):
     assert json.loads(result.stdout)["counts"]["tokens"] == 7
     result = run("pack", tmp_path / "framed.parquet", "--out", tmp_path / "other", "--quiet")
     assert "control token 0 (BOS)" in one_error_line(result, 1)
+
+
+def test_a_directory_given_twice_is_named_as_a_directory(tmp_path, monkeypatch):
+    """``seqpack pack d ./d`` said 'd/a.txt (inside d) is an input twice (also inside d)'."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("hello")
+    monkeypatch.chdir(tmp_path)
+    result = run("pack", "d", "./d", "--out", "out")
+    assert one_error_line(result, 1) == ("seqpack: error: the directory d is an input twice (its file d/a.txt among "
+                                         "others): give each directory once")
+    result = run("pack", "d", "d/a.txt", "--out", "out")
+    assert "d/a.txt is an input twice (also inside d)" in one_error_line(result, 1)

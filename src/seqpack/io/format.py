@@ -199,6 +199,9 @@ def is_packed_dataset(directory: Path) -> bool:
 def _input_twice(item, first) -> InvalidInputError:
     """The error for ``item`` naming the file ``first`` named already, each said as given
     or as found inside its directory."""
+    if item.within and item.within == first.within:
+        return InvalidInputError(f"the directory {item.within} is an input twice (its file {item.name} among "
+                                 f"others): give each directory once")
     name = f"{item.name} (inside {item.within})" if item.within else item.name
     also = f"inside {first.within}" if first.within else f"as {first.name}"
     return InvalidInputError(f"{name} is an input twice (also {also}): give each file once")
