@@ -251,16 +251,20 @@ def test_a_running_clusters_address_passes_the_probe(cluster):
 
 
 class FailingJsonLines(io.JsonLines):
-    """A JSONL reader whose file vanishes (an OSError) or that breaks (any other error)
-    when the task reads it."""
+    """A JSONL reader that raises its ``error`` when the task reads it: its file vanished
+    (an OSError), or it broke (any other error)."""
 
-    def __init__(self, path, error):
-        super().__init__(path)
-        self.error = error
+    error: BaseException
 
     def chunks(self, first_input):
         raise self.error
         yield
+
+
+def failing(path, error) -> FailingJsonLines:
+    reader = FailingJsonLines(path)
+    reader.error = error
+    return reader
 
 
 def test_a_task_failure_is_one_line_or_the_error_itself(cluster, corpus, tmp_path):
@@ -268,10 +272,10 @@ def test_a_task_failure_is_one_line_or_the_error_itself(cluster, corpus, tmp_pat
     the 'one-line' message; an OSError now comes back as itself, naming its file."""
     vanished = FileNotFoundError(2, "No such file or directory", str(corpus[1]))
     with pytest.raises(FileNotFoundError) as caught:
-        on_ray([io.JsonLines(corpus[0]), FailingJsonLines(corpus[1], vanished)], tmp_path / "out", 2)
+        on_ray([io.JsonLines(corpus[0]), failing(corpus[1], vanished)], tmp_path / "out", 2)
     assert caught.value.filename == str(corpus[1]) and caught.value.errno == 2
     with pytest.raises(sp.SeqpackError) as caught:
-        on_ray([io.JsonLines(corpus[0]), FailingJsonLines(corpus[1], RuntimeError("broken reader"))],
+        on_ray([io.JsonLines(corpus[0]), failing(corpus[1], RuntimeError("broken reader"))],
                tmp_path / "out", 2)
     message = str(caught.value)
     assert re.fullmatch(r"shard \d of 2 \(.*part1.jsonl\): the Ray task failed: RuntimeError: broken reader", message)
