@@ -75,6 +75,24 @@ def test_low_precision_logits_are_read_in_float32():
     assert loss.item() == st.token_weighted_loss(logits.bfloat16().float(), batch).item()
 
 
+def test_unsigned_targets_are_all_targets():
+    """An unsigned tensor cannot hold -100, but torch finds uint8(156) == -100 and
+    uint16(65436) == -100: each such target counts and weighs like any other."""
+    generator = torch.Generator().manual_seed(2)
+    logits = torch.randn(1, 4, 65437, generator=generator, dtype=torch.float64)
+    for dtype, value in ((torch.uint8, 156), (torch.uint16, 65436), (torch.uint32, 65436), (torch.uint64, 65436)):
+        targets = torch.tensor([[3, value, 200, 7]], dtype=dtype)
+        gold = torch.tensor([3, value, 200, 7])
+        expected = torch.nn.functional.cross_entropy(logits[0], gold, reduction="mean")
+        assert st.token_weighted_loss(logits, targets).item() == expected.item(), dtype
+        assert st.step_target_count([targets]) == 4, dtype
+        accumulator = st.LossAccumulator([targets])
+        assert accumulator.denominator == 4, dtype
+    past_int64 = torch.tensor([[2**63 + 1, 1]], dtype=torch.uint64)
+    with pytest.raises(sp.InvalidInputError, match="a uint64 value past int64"):
+        st.step_target_count([past_int64])
+
+
 def test_errors_and_their_exact_twins():
     batch = padded_epoch([3, 5])[0]
     logits = torch.zeros(batch.shape + (VOCABULARY,), requires_grad=True)
