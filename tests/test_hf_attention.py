@@ -384,3 +384,23 @@ def test_half_precision_is_computed_in_float32_and_returned_in_its_dtype(dtype):
     assert all(p.grad.dtype == dtype and torch.isfinite(p.grad).all() for p in ours.parameters())
     difference = (out.logits[valid].float() - want.logits[valid].float()).abs().max()
     assert difference <= 0.02 * want.logits[valid].float().abs().max()
+
+
+def test_double_backward_is_an_error_and_gradient_checkpointing_runs():
+    """Differentiating the gradients again (a gradient penalty) is refused by name; gradient
+    checkpointing, which recomputes the forward inside the backward, gives the gradients of
+    the plain step bit for bit."""
+    batch, _ = packed(seed=3)
+    plain, want = packed_step(model("llama", torch.float64), batch)
+    net = model("llama", torch.float64)
+    enable = getattr(net, "activation_checkpointing_enable", None) or net.gradient_checkpointing_enable  # renamed in 5.x
+    enable()
+    net.train()
+    out, grads = packed_step(net, batch)
+    assert torch.equal(out.logits, plain.logits)
+    for name, gradient in grads.items():
+        assert torch.equal(gradient, want[name]), name
+    net = model("llama", torch.float64)
+    loss = net(**sph.rows(batch)).loss
+    with pytest.raises(InvalidInputError, match="differentiable once"):
+        torch.autograd.grad(loss, list(net.parameters()), create_graph=True)

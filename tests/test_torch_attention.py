@@ -231,3 +231,17 @@ def test_sparse_tensors_are_refused_and_negated_views_read_as_their_values():
     out.backward(gradient)
     expected.backward(gradient.resolve_neg())
     assert torch.equal(negated.grad, plain.grad)
+
+
+def test_double_backward_is_an_error_not_a_silent_zero():
+    """A gradient penalty differentiates the gradient again; the kernels' gradients are not
+    differentiable, and torch's once_differentiable would let the second-order terms
+    through as zero. A first-order backward, with or without retain_graph, is unchanged."""
+    q, k, v = (x.requires_grad_() for x in inputs(4, 2))
+    out = ours(q, k, v)
+    gradients = torch.autograd.grad(out.square().sum(), (q, k, v), retain_graph=True)
+    assert all(torch.isfinite(g).all() for g in gradients)
+    with pytest.raises(sp.InvalidInputError, match="differentiable once: its gradients cannot be differentiated"):
+        torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(sp.InvalidInputError, match="differentiable once"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)  # an incoming gradient needing no graph

@@ -42,12 +42,18 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._limits import check_int
 from ..errors import InvalidInputError
 from ..nn.attention import range_attention_backward, range_attention_forward
-from ..torch.attention import WIDENED, check_kernel_tensor, int_array, kernel_gradient, kernel_view
+from ..torch.attention import (
+    WIDENED,
+    check_first_order,
+    check_kernel_tensor,
+    int_array,
+    kernel_gradient,
+    kernel_view,
+)
 
 #: The name under which :func:`register` installs seqpack attention.
 NAME = "seqpack"
@@ -435,8 +441,8 @@ class AttentionIntoCells(torch.autograd.Function):
         return cells if cells.dtype == q.dtype else cells.to(q.dtype)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dcells):
+        check_first_order()
         q, k, v, out, lse = ctx.saved_tensors
         lengths, starts, scale = ctx.layout
         dcells = kernel_gradient(dcells, out.dtype)

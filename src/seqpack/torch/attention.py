@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._limits import integer_array
 from ..errors import InvalidInputError
@@ -103,6 +102,18 @@ def kernel_view(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+def check_first_order() -> None:
+    """Refuse a backward asked to build a graph (``create_graph=True``: a gradient penalty,
+    double backward): the kernels' gradients are not differentiable, and torch's
+    ``once_differentiable`` lets such a graph through with the second-order terms
+    silently zero when the incoming gradient needs none."""
+    if torch.is_grad_enabled():
+        raise InvalidInputError(
+            "seqpack attention is differentiable once: its gradients cannot be differentiated again "
+            "(create_graph=True, double backward, gradient penalties)"
+        )
+
+
 def kernel_gradient(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """An incoming gradient in the forward's compute ``dtype``, rows of head_dim contiguous
     (an expanded gradient has stride 0 there), never a lazily negated view."""
@@ -125,8 +136,8 @@ class RangeAttention(torch.autograd.Function):
         return out.to(q.dtype)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout):
+        check_first_order()
         q, k, v, out, lse = ctx.saved_tensors
         lengths, starts, scale = ctx.layout
         dout = kernel_gradient(dout, out.dtype)
