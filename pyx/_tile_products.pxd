@@ -10,11 +10,15 @@
 # multiply-adds in inner-axis order, started from zero, then scaled by alpha and added to
 # C; the AVX2 path and the portable path (C99 ``fma``) compute exactly that, so every path
 # gives the same bits, and the thread count never enters. A causal ``shape`` skips work
-# known to be zero or unwanted, by blocks of 6 rows (the same blocks on every path):
+# known to be zero or unwanted:
 #   LOWER_OUTPUT  only C[i, j] with j <= i + diagonal is wanted: 16-column strips that
-#                 lie wholly right of it are skipped (others are computed whole);
-#   LOWER_A       A[i, p] == 0 for p > i + diagonal: a block stops after its last row's p;
-#   UPPER_A       A[i, p] == 0 for p < i - diagonal: a block starts at its first row's p.
+#                 lie wholly right of it for a block of 6 rows are skipped (others are
+#                 computed whole);
+#   LOWER_A       A[i, p] == 0 for p > i + diagonal: row i's chain stops after its own p;
+#   UPPER_A       A[i, p] == 0 for p < i - diagonal: row i's chain starts at its own p.
+# A row's chain never takes those zeros, so an infinity or NaN in a row of B that only
+# zeros of A meet (a later key's value, say) cannot reach C as 0 * inf; for finite B the
+# skipped terms would have added exact zeros, which change no bit.
 
 cdef extern from *:
     """
@@ -56,6 +60,14 @@ cdef extern from *:
         *last = end;
     }
 
+    /* Whether row i's chain takes inner step p (its A[i, p] may be nonzero). */
+    static inline int seqpack_row_takes(const seqpack_product *g, ptrdiff_t i, ptrdiff_t p)
+    {
+        if (g->shape == SEQPACK_LOWER_A) return p <= i + g->diagonal;
+        if (g->shape == SEQPACK_UPPER_A) return p >= i - g->diagonal;
+        return 1;
+    }
+
     /* Whether the strip at column j0 of the block at row i0 is skipped (LOWER_OUTPUT). */
     static inline int seqpack_strip_skipped(const seqpack_product *g, ptrdiff_t i0,
                                             ptrdiff_t rows, ptrdiff_t j0)
@@ -82,6 +94,7 @@ cdef extern from *:
                 for (ptrdiff_t p = first; p < last; p++) {                                     \\
                     const T *bp = b + j0 / NR * g->b_strip + p * g->ldb;                       \\
                     for (ptrdiff_t r = 0; r < rows; r++) {                                     \\
+                        if (!seqpack_row_takes(g, i0 + r, p)) continue;                        \\
                         T x = a[(i0 + r) * g->a_row + p * g->a_inner];                         \\
                         for (ptrdiff_t j = 0; j < width; j++)                                  \\
                             sums[r][j] = FMA(x, bp[j], sums[r][j]);                            \\
@@ -119,9 +132,34 @@ cdef extern from *:
         x = BROADCAST(a3 + o); c30 = FMADD(x, b0, c30); c31 = FMADD(x, b1, c31);           \\
         x = BROADCAST(a4 + o); c40 = FMADD(x, b0, c40); c41 = FMADD(x, b1, c41);           \\
         x = BROADCAST(a5 + o); c50 = FMADD(x, b0, c50); c51 = FMADD(x, b1, c51);
+    /* One row's step: the ``SEQPACK_SIX_ROWS`` step of row R alone. */
+    #define SEQPACK_ONE_ROW(R, BROADCAST, FMADD)                                               \\
+        x = BROADCAST(a##R + o); c##R##0 = FMADD(x, b0, c##R##0); c##R##1 = FMADD(x, b1, c##R##1);
+    /* Rows N to 5 of a block (a switch falling through: one jump per step). */
+    #define SEQPACK_ROWS_FROM(N, BROADCAST, FMADD)                                             \\
+        switch (N) {                                                                           \\
+        case 0: SEQPACK_ONE_ROW(0, BROADCAST, FMADD) __attribute__((fallthrough));             \\
+        case 1: SEQPACK_ONE_ROW(1, BROADCAST, FMADD) __attribute__((fallthrough));             \\
+        case 2: SEQPACK_ONE_ROW(2, BROADCAST, FMADD) __attribute__((fallthrough));             \\
+        case 3: SEQPACK_ONE_ROW(3, BROADCAST, FMADD) __attribute__((fallthrough));             \\
+        case 4: SEQPACK_ONE_ROW(4, BROADCAST, FMADD) __attribute__((fallthrough));             \\
+        case 5: SEQPACK_ONE_ROW(5, BROADCAST, FMADD) __attribute__((fallthrough));             \\
+        default: break;                                                                        \\
+        }
+    /* Rows 0 to N - 1 of a block. */
+    #define SEQPACK_ROWS_BELOW(N, BROADCAST, FMADD)                                            \\
+        switch (N) {                                                                           \\
+        case 6: SEQPACK_ONE_ROW(5, BROADCAST, FMADD) __attribute__((fallthrough));             \\
+        case 5: SEQPACK_ONE_ROW(4, BROADCAST, FMADD) __attribute__((fallthrough));             \\
+        case 4: SEQPACK_ONE_ROW(3, BROADCAST, FMADD) __attribute__((fallthrough));             \\
+        case 3: SEQPACK_ONE_ROW(2, BROADCAST, FMADD) __attribute__((fallthrough));             \\
+        case 2: SEQPACK_ONE_ROW(1, BROADCAST, FMADD) __attribute__((fallthrough));             \\
+        case 1: SEQPACK_ONE_ROW(0, BROADCAST, FMADD) __attribute__((fallthrough));             \\
+        default: break;                                                                        \\
+        }
     #define SEQPACK_PRODUCT_AVX2(T, V, W, I, NAME, LOADU, STOREU, MASKLOAD, MASKSTORE,         \\
-                                 BROADCAST, FMADD, MUL, ADD, ZERO, SET1, LANES)                \\
-    __attribute__((target("avx2,fma"))) static void NAME(const seqpack_product *g)            \\
+                                 BROADCAST, FMADD, MUL, ADD, ZERO, SET1, LANES, BY_ROWS)       \\
+    __attribute__((target("avx2,fma"), noinline)) static void NAME(const seqpack_product *g)  \\
     {                                                                                          \\
         const T *a = (const T *)g->a, *b = (const T *)g->b;                                    \\
         T *c = (T *)g->c;                                                                      \\
@@ -167,19 +205,39 @@ cdef extern from *:
                 c30 = LOADU(saved + 6 * W), c31 = LOADU(saved + 7 * W), c40 = LOADU(saved + 8 * W); \\
                 c41 = LOADU(saved + 9 * W), c50 = LOADU(saved + 10 * W), c51 = LOADU(saved + 11 * W); \\
             }                                                                                  \\
-            ptrdiff_t steps = to - from, s, o = 0;                                             \\
+            /* Every row takes the steps [all_from, all_to); before them (UPPER_A) and after  \\
+               them (LOWER_A) only the rows whose own chain has begun or not yet ended. */    \\
+            ptrdiff_t all_from = from, all_to = to;                                            \\
+            if (BY_ROWS && g->shape == SEQPACK_UPPER_A) {                                           \\
+                ptrdiff_t begun = i0 + rows - 1 - g->diagonal;                                 \\
+                all_from = begun < from ? from : begun > to ? to : begun;                      \\
+            }                                                                                  \\
+            if (BY_ROWS && g->shape == SEQPACK_LOWER_A) {                                           \\
+                ptrdiff_t ended = i0 + 1 + g->diagonal;                                        \\
+                all_to = ended < from ? from : ended > to ? to : ended;                        \\
+            }                                                                                  \\
+            /* Step s is inner index from + s. */                                              \\
+            ptrdiff_t head = all_from - from, body = all_to - from, steps = to - from, s = 0, o = 0; \\
+            for (; s < head; s++, o += ai, bp += ldb) {                                        \\
+                V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + W, mask1), x;                   \\
+                SEQPACK_ROWS_BELOW(from + s - i0 + g->diagonal + 1, BROADCAST, FMADD)          \\
+            }                                                                                  \\
             if (width == 2 * W) {                                                              \\
-                for (s = 0; s < steps; s++, o += ai, bp += ldb) {                              \\
+                for (; s < body; s++, o += ai, bp += ldb) {                                    \\
                     V b0 = LOADU(bp), b1 = LOADU(bp + W), x;                                   \\
                     /* The next strip's B (a hint: never faults, even past the end). */        \\
-                    _mm_prefetch((const char *)(bp + g->b_strip), _MM_HINT_T0);               \\
+                    _mm_prefetch((const char *)(bp + g->b_strip), _MM_HINT_T0);                \\
                     SEQPACK_SIX_ROWS(BROADCAST, FMADD)                                         \\
                 }                                                                              \\
             } else {                                                                           \\
-                for (s = 0; s < steps; s++, o += ai, bp += ldb) {                              \\
+                for (; s < body; s++, o += ai, bp += ldb) {                                    \\
                     V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + W, mask1), x;               \\
                     SEQPACK_SIX_ROWS(BROADCAST, FMADD)                                         \\
                 }                                                                              \\
+            }                                                                                  \\
+            for (; s < steps; s++, o += ai, bp += ldb) {                                       \\
+                V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + W, mask1), x;                   \\
+                SEQPACK_ROWS_FROM(from + s - i0 - g->diagonal, BROADCAST, FMADD)               \\
             }                                                                                  \\
             if (!ends) {                                                                       \\
                 STOREU(saved, c00), STOREU(saved + W, c01), STOREU(saved + 2 * W, c10);        \\
@@ -222,14 +280,32 @@ cdef extern from *:
         long long n = count < 0 ? 0 : count > 4 ? 4 : (long long)count;
         return _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), lane);
     }
-    SEQPACK_PRODUCT_AVX2(float, __m256, 8, __m256i, seqpack_product_f_avx2, _mm256_loadu_ps,
-                         _mm256_storeu_ps, _mm256_maskload_ps, _mm256_maskstore_ps,
-                         _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_mul_ps, _mm256_add_ps,
-                         _mm256_setzero_ps, _mm256_set1_ps, seqpack_lanes_f)
-    SEQPACK_PRODUCT_AVX2(double, __m256d, 4, __m256i, seqpack_product_d_avx2, _mm256_loadu_pd,
-                         _mm256_storeu_pd, _mm256_maskload_pd, _mm256_maskstore_pd,
-                         _mm256_broadcast_sd, _mm256_fmadd_pd, _mm256_mul_pd, _mm256_add_pd,
-                         _mm256_setzero_pd, _mm256_set1_pd, seqpack_lanes_d)
+    #define SEQPACK_PRODUCT_AVX2_F(NAME, BY_ROWS)                                                 \\
+        SEQPACK_PRODUCT_AVX2(float, __m256, 8, __m256i, NAME, _mm256_loadu_ps, _mm256_storeu_ps,   \\
+                             _mm256_maskload_ps, _mm256_maskstore_ps, _mm256_broadcast_ss,         \\
+                             _mm256_fmadd_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_setzero_ps,     \\
+                             _mm256_set1_ps, seqpack_lanes_f, BY_ROWS)
+    #define SEQPACK_PRODUCT_AVX2_D(NAME, BY_ROWS)                                                 \\
+        SEQPACK_PRODUCT_AVX2(double, __m256d, 4, __m256i, NAME, _mm256_loadu_pd, _mm256_storeu_pd, \\
+                             _mm256_maskload_pd, _mm256_maskstore_pd, _mm256_broadcast_sd,         \\
+                             _mm256_fmadd_pd, _mm256_mul_pd, _mm256_add_pd, _mm256_setzero_pd,     \\
+                             _mm256_set1_pd, seqpack_lanes_d, BY_ROWS)
+    /* Compiled twice: the shapes with per-row chains (LOWER_A, UPPER_A) apart, so that the
+       other products' code is what it was before rows had chains of their own. */
+    SEQPACK_PRODUCT_AVX2_F(seqpack_product_f_avx2_blocks, 0)
+    SEQPACK_PRODUCT_AVX2_F(seqpack_product_f_avx2_rows, 1)
+    SEQPACK_PRODUCT_AVX2_D(seqpack_product_d_avx2_blocks, 0)
+    SEQPACK_PRODUCT_AVX2_D(seqpack_product_d_avx2_rows, 1)
+    static void seqpack_product_f_avx2(const seqpack_product *g)
+    {
+        if (g->shape == SEQPACK_LOWER_A || g->shape == SEQPACK_UPPER_A) seqpack_product_f_avx2_rows(g);
+        else seqpack_product_f_avx2_blocks(g);
+    }
+    static void seqpack_product_d_avx2(const seqpack_product *g)
+    {
+        if (g->shape == SEQPACK_LOWER_A || g->shape == SEQPACK_UPPER_A) seqpack_product_d_avx2_rows(g);
+        else seqpack_product_d_avx2_blocks(g);
+    }
     #else
     #define SEQPACK_PRODUCT_X86 0
     #endif

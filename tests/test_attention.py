@@ -268,6 +268,52 @@ def test_nan_in_other_segments_leaves_a_segment_bit_identical():
     assert np.isnan(range_attention_forward(q, k_bad, v, lengths, starts)[0][0, 0, 40]).all()
 
 
+# (where, cell): a non-finite value put in one valid cell of the long segment [20, 320).
+POISONED_CELLS = [(name, cell) for name in ("q", "k", "v", "dout") for cell in (20, 83, 84, 150, 319)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_non_finite_cell_reaches_only_the_results_that_read_it(dtype):
+    """An inf or NaN in a valid cell of a segment meets the zeros that stand for later
+    keys (or earlier queries) in the tile products; 0 * inf is NaN, so every row's chain
+    must skip them. Queries before a poisoned key or value, every other query of a
+    poisoned query or upstream gradient, and the keys after it keep their exact results,
+    on every CPU path, across query tiles (64) and product chunks (256 keys), with
+    grouped-query heads."""
+    from seqpack.nn import _attention
+
+    rng = np.random.default_rng(13)
+    width = 330
+    starts_row, used = starts_from_lengths([20, 300, 5], width, rng)
+    lengths, starts = np.array([used]), starts_row[None]
+    q, dout = tensors(rng, (1, 4, width, 40), dtype, count=2)
+    k, v = tensors(rng, (1, 2, width, 40), dtype, count=2)
+    before_segment, segment_end = 20, 320
+    try:
+        for path in _attention.cpu_paths():
+            assert _attention.use_cpu_path(_attention.CPU_PATHS.index(path)) >= 0
+            clean = dict(zip(NAMES, run_both(q, k, v, dout, lengths, starts)))
+            for (name, cell), bad in [(poisoned, bad) for bad in (np.inf, np.nan) for poisoned in POISONED_CELLS]:
+                inputs = {"q": q.copy(), "k": k.copy(), "v": v.copy(), "dout": dout.copy()}
+                inputs[name][0, 1, cell, 7] = bad  # query head 1 or key/value head 1 (query heads 2 and 3)
+                results = dict(zip(NAMES, run_both(*inputs.values(), lengths, starts)))
+                cells = np.arange(width)
+                outside = (cells < before_segment) | (cells >= segment_end)
+                if name in ("k", "v"):  # queries before it never see it
+                    kept = {"out": outside | (cells < cell), "lse": outside | (cells < cell),
+                            "dq": outside | (cells < cell), "dk": outside, "dv": outside}
+                else:  # its own query's results only, and keys up to it
+                    kept = {"out": cells != cell, "lse": cells != cell, "dq": cells != cell,
+                            "dk": outside | (cells > cell), "dv": outside | (cells > cell)}
+                    if name == "dout":
+                        kept["out"] = kept["lse"] = np.ones(width, dtype=bool)
+                for result, keep in kept.items():
+                    assert np.array_equal(clean[result][:, :, keep], results[result][:, :, keep]), \
+                        (path, name, cell, bad, result)
+    finally:
+        assert _attention.use_cpu_path(-1) >= 0
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_results_are_bitwise_equal_across_runs_and_thread_counts(dtype):
     rng = np.random.default_rng(5)
