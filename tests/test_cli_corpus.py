@@ -274,7 +274,7 @@ def test_the_readme_training_snippet_runs_on_a_packed_directory(tmp_path, docs, 
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     (block,) = re.findall(r"```python corpus\n(.*?)```", readme, flags=re.S)
-    assert run("pack", docs, "--out", "packed/", "--cut-long", "--quiet", cwd=tmp_path).returncode == 0
+    assert run("pack", docs, "--out", "stdlib/", "--cut-long", "--quiet", cwd=tmp_path).returncode == 0
     monkeypatch.chdir(tmp_path)
     namespace = {}
     exec(compile(block, "README.md", "exec"), namespace)

@@ -4,6 +4,7 @@ a traceback or a walk that never ended before its fix."""
 import json
 import os
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -228,3 +229,47 @@ def test_a_directory_given_twice_is_named_as_a_directory(tmp_path, monkeypatch):
                                          "others): give each directory once")
     result = run("pack", "d", "d/a.txt", "--out", "out")
     assert "d/a.txt is an input twice (also inside d)" in one_error_line(result, 1)
+
+
+def test_megatron_halves_in_a_directory_are_refused_by_name_and_json_is_text(tmp_path):
+    """Megatron token data has no magic bytes: a lone .bin in a directory was packed as a
+    text document of its tokens. A .json file there stays text (only a given one is JSONL)."""
+    directory = tmp_path / "mixed"
+    directory.mkdir()
+    (directory / "a.txt").write_text("plain")
+    (directory / "tokens.BIN").write_bytes(np.arange(40, dtype=np.uint16).tobytes())
+    with pytest.raises(sp.InvalidInputError, match=r"tokens.BIN: a .bin file \(half of a Megatron dataset, by its "
+                                                   r"name\), not text: give it as an input of its own"):
+        pack([io.TextFiles([directory])], tmp_path / "out")
+    (directory / "tokens.BIN").rename(directory / "tokens.idx")
+    with pytest.raises(sp.InvalidInputError, match=r"tokens.idx: a .idx file"):
+        pack([io.TextFiles([directory])], tmp_path / "out")
+    (directory / "tokens.idx").rename(directory / "config.json")
+    (directory / "config.json").write_text('{"text": "kept as written"}\n')
+    report = pack([io.TextFiles([directory])], tmp_path / "out")
+    assert report["counts"]["documents"] == 2
+    assert report["counts"]["document_tokens"] == len("plain") + len('{"text": "kept as written"}\n') + 4
+
+
+@pytest.mark.filterwarnings("ignore:Feather V1:DeprecationWarning")
+def test_a_feather_version_1_file_is_read(tmp_path):
+    """A Feather v1 file, which a directory walk sends to be given on its own, failed there
+    with pyarrow's 'Expected to read ... metadata bytes'; it now reads like version 2."""
+    pa = pyarrow()
+    import pyarrow.feather as feather
+
+    table = pa.table({"text": ["hello world", "second doc", ""]})
+    outputs = {}
+    for version in (1, 2):
+        path = tmp_path / f"v{version}.feather"
+        with warnings.catch_warnings():  # pyarrow deprecates writing version 1
+            warnings.simplefilter("ignore", DeprecationWarning)
+            feather.write_feather(table, path, version=version)
+        outputs[version] = pack([io.reader_for(path)], tmp_path / f"out{version}")
+        assert outputs[version]["counts"]["documents"] == 2
+    assert ((tmp_path / "out1" / "part-00000" / "tokens.bin").read_bytes()
+            == (tmp_path / "out2" / "part-00000" / "tokens.bin").read_bytes())
+    broken = tmp_path / "broken.feather"
+    broken.write_bytes((tmp_path / "v1.feather").read_bytes()[:40])
+    with pytest.raises(sp.InvalidInputError, match=r"broken.feather: cannot read as arrow"):
+        pack([io.reader_for(broken)], tmp_path / "out3")

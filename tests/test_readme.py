@@ -40,5 +40,5 @@ def test_from_raw_text_is_short_and_packs_every_prediction():
 
 def test_readme_commands_are_the_setup_commands():
     text = README.read_text()
-    assert 'pip install . && seqpack pack --sample --out packed/ && seqpack verify packed/' in text
+    assert 'pip install . && seqpack pack --sample --out stdlib/ && seqpack verify stdlib/' in text
     assert 'pip install ".[test]" && pytest' in text

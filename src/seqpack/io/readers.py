@@ -53,6 +53,8 @@ BINARY_FORMATS = ((b"PAR1", b"PAR1", "a Parquet file"), (b"ARROW1", b"ARROW1", "
                   (MEGATRON_MAGIC, None, "a Megatron index"))
 #: Suffixes of files that hold JSON lines: read as JSONL when given, refused inside a directory.
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
+#: A Megatron dataset's two files, each by the other's suffix.
+MEGATRON_PARTNERS = {".idx": ".bin", ".bin": ".idx"}
 MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
                    7: np.float32, 8: np.uint16}
 
@@ -89,15 +91,19 @@ def check_text_file(name, head: bytes, tail: bytes, kind: str) -> None:
     """Refuse a file read as ``kind`` (text or JSONL) whose first bytes ``head`` and last
     bytes ``tail`` (``MAGIC_BYTES`` of each when the file has that many) mark it as gzip,
     bzip2, xz, zstd or zip data, or as a Parquet, Arrow, Feather or Megatron file,
-    whatever its name; and a ``.jsonl`` file read as text (a directory's file)."""
+    whatever its name; and a ``.jsonl``, ``.ndjson``, ``.bin`` or ``.idx`` file read as
+    text (a directory's file: Megatron's token data has no magic of its own)."""
     bzip2 = head[:3] == b"BZh" and b"1" <= head[3:4] <= b"9" and head[4:10] in BZIP2_MARKS
     found = "bzip2" if bzip2 else next((codec for magic, codec in COMPRESSED_MAGIC if head.startswith(magic)), None)
     if found is not None:
         raise InvalidInputError(f"{name}: {found}-compressed; decompress it first")
     binary = next((what for first, last, what in BINARY_FORMATS
                    if head.startswith(first) and (last is None or tail.endswith(last))), None)
-    if binary is None and kind == "text" and Path(name).suffix.lower() in JSONL_SUFFIXES:
+    suffix = Path(name).suffix.lower()
+    if binary is None and kind == "text" and suffix in JSONL_SUFFIXES:
         binary = "a JSONL file"
+    if binary is None and kind == "text" and suffix in MEGATRON_PARTNERS:
+        binary = f"a {suffix} file (half of a Megatron dataset, by its name)"
     if binary is not None:
         raise InvalidInputError(
             f"{name}: {binary}, not {kind}: give it as an input of its own, named by its extension (a "
@@ -110,6 +116,7 @@ def import_pyarrow():
     try:
         import pyarrow
         import pyarrow.compute  # noqa: F401
+        import pyarrow.feather  # noqa: F401
         import pyarrow.ipc  # noqa: F401
         import pyarrow.parquet  # noqa: F401
     except ImportError:
@@ -603,6 +610,11 @@ class ArrowBatches:
                     names = handle.schema_arrow.names
                     column, _ = _column_field(names, self.text_field, self.ids_field, path)
                     return names, handle.iter_batches(batch_size=self.BATCH_ROWS, columns=[column])
+                with open(path, "rb") as handle:
+                    feather_v1 = handle.read(4) == b"FEA1"
+                if feather_v1:  # no IPC framing: pyarrow's feather module reads it whole
+                    table = pa.feather.read_table(path, memory_map=True)
+                    return table.column_names, iter(table.to_batches(max_chunksize=self.BATCH_ROWS))
                 try:
                     reader = pa.ipc.open_file(path)
                     batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
@@ -655,8 +667,6 @@ def batch_chunks(batches, column: str, ids: bool, first_input: int, first_row: i
     except (pa.ArrowInvalid, OSError) as error:
         raise InvalidInputError(f"{where.where(row)}: cannot read as {where.kind}: {error}") from None
 
-
-MEGATRON_PARTNERS = {".idx": ".bin", ".bin": ".idx"}
 
 
 class Megatron:
