@@ -273,3 +273,23 @@ def test_a_feather_version_1_file_is_read(tmp_path):
     broken.write_bytes((tmp_path / "v1.feather").read_bytes()[:40])
     with pytest.raises(sp.InvalidInputError, match=r"broken.feather: cannot read as arrow"):
         pack([io.reader_for(broken)], tmp_path / "out3")
+
+
+def test_megatron_suffixes_match_in_any_case_from_the_prefix_too(tmp_path):
+    """The README: a Megatron dataset is given as PREFIX or either file, suffixes in any
+    case; a prefix found only lower-case files, and a mixed-case partner was 'no such file'."""
+    documents = [np.array([5, 6]), np.array([7]), np.array([8, 9, 10])]
+    write_megatron(tmp_path / "m", documents, [0, 1, 2, 3])
+    for index_name, data_name in (("UP.IDX", "UP.BIN"), ("mix.Idx", "mix.Bin")):
+        (tmp_path / "m.idx").rename(tmp_path / index_name)
+        (tmp_path / "m.bin").rename(tmp_path / data_name)
+        prefix = tmp_path / index_name.split(".")[0]
+        for given in (prefix, tmp_path / index_name, tmp_path / data_name):
+            reader = io.reader_for(given)
+            assert (reader.index_path.name, reader.data_path.name) == (index_name, data_name), given
+            assert reader.lengths.tolist() == [2, 1, 3]
+        (tmp_path / index_name).rename(tmp_path / "m.idx")
+        (tmp_path / data_name).rename(tmp_path / "m.bin")
+    (tmp_path / "m.IDX").write_bytes((tmp_path / "m.idx").read_bytes())
+    with pytest.raises(sp.InvalidInputError, match=r"m: m.IDX, m.idx each name its .idx file: keep one"):
+        io.reader_for(tmp_path / "m")

@@ -280,6 +280,7 @@ def _stats(args) -> int:
     from .io import open_dataset
     from .io.stats import dataset_stats, stats_svg, stats_text
 
+    _check_figure_path(args.svg, args.dataset)
     stats = dataset_stats(open_dataset(args.dataset))
     if args.svg is not None:
         _write_text(args.svg, stats_svg(stats))
@@ -298,7 +299,9 @@ def _verify(args) -> int:
     if args.json:
         _print_json(checked)
     else:
-        print(f"{args.dataset}: ok: {checked['files']} files ({checked['bytes']:,} bytes) match their SHA-256, "
+        from .io.render import printable
+
+        print(f"{printable(str(args.dataset))}: ok: {checked['files']} files ({checked['bytes']:,} bytes) match their SHA-256, "
               f"{_counted(checked['examples'], 'example')} placed by the rules, "
               f"{_counted(checked['batches_verified'], 'batch', 'batches')} verified")
     return 0
@@ -316,6 +319,8 @@ def _columns(text: str | None, width: int, default: int) -> range:
         start, stop = (int(v) if v else None for v in text.split(":"))
     except ValueError:
         raise UsageError(f"--columns takes START:STOP, not {text!r}") from None
+    if start is not None and stop is not None and stop <= start:
+        raise UsageError(f"--columns {text} is empty: STOP must be above START")
     return range(start or 0, width if stop is None else stop)
 
 
@@ -325,6 +330,7 @@ def _show(args) -> int:
     if Path(args.target).is_dir():
         from .io import open_dataset
 
+        _check_figure_path(args.svg, args.target)
         dataset = open_dataset(args.target)
         index = 0 if args.batch is None else args.batch
         batch = dataset.batch(index)
@@ -348,6 +354,14 @@ def _show(args) -> int:
     if args.svg is not None:
         _write_text(args.svg, batch_svg(batch, rows=rows, columns=columns, title=title))
     return 0
+
+
+def _check_figure_path(svg: Path | None, dataset) -> None:
+    """Refuse an ``--svg`` file inside the dataset drawn: a dataset holds only its
+    manifest and parts, so ``verify`` would then fail on it."""
+    if svg is not None and Path(svg).resolve().is_relative_to(Path(dataset).resolve()):
+        raise InvalidInputError(f"--svg {svg} is inside the dataset {dataset}, which holds only its manifest "
+                                f"and parts: write the figure elsewhere")
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -669,21 +669,34 @@ def batch_chunks(batches, column: str, ids: bool, first_input: int, first_row: i
 
 
 
+def megatron_file(prefix: Path, suffix: str) -> Path:
+    """``PREFIX`` + ``suffix`` (``.idx`` or ``.bin``) as it is spelled on disk, the suffix
+    in any case; the lower-case name when there is none (to be reported missing), and an
+    error when two spellings are there."""
+    try:
+        found = [entry for entry in os.scandir(prefix.parent or ".")
+                 if entry.name.startswith(prefix.name) and entry.name[len(prefix.name):].lower() == suffix]
+    except OSError:
+        found = []
+    if len(found) > 1:
+        names = ", ".join(sorted(entry.name for entry in found))
+        raise InvalidInputError(f"{prefix}: {names} each name its {suffix} file: keep one")
+    return prefix.parent / found[0].name if found else Path(f"{prefix}{suffix}")
+
+
 class Megatron:
     """A Megatron indexed dataset (``PREFIX.idx`` and ``PREFIX.bin``), memory-mapped; each
     sequence is one document of pre-tokenized IDs (sequences count from 0). ``path`` is
-    the prefix or either file; its suffix matches in any case, and the other file's
-    suffix is upper case when the given one is."""
+    the prefix or either file; both suffixes match in any case."""
 
     def __init__(self, path):
         path = input_path(path)
         suffix = path.suffix.lower()
         if suffix in MEGATRON_PARTNERS:
-            partner = MEGATRON_PARTNERS[suffix]
-            other = path.with_suffix(partner.upper() if path.suffix.isupper() else partner)
+            other = megatron_file(path.with_suffix(""), MEGATRON_PARTNERS[suffix])
             self.index_path, self.data_path = (path, other) if suffix == ".idx" else (other, path)
         else:
-            self.index_path, self.data_path = Path(f"{path}.idx"), Path(f"{path}.bin")
+            self.index_path, self.data_path = megatron_file(path, ".idx"), megatron_file(path, ".bin")
         for required in (self.index_path, self.data_path):
             if not required.is_file():
                 raise not_a_file(required, "no such file (a Megatron dataset is PREFIX.idx + PREFIX.bin)")
@@ -768,7 +781,7 @@ def reader_for(path, *, text_field=None, ids_field=None, pattern=None) -> Reader
     suffix = path.suffix.lower()
     if path.is_dir():
         return TextFiles([path], pattern)
-    if not path.exists() and any(Path(f"{path}{end}").is_file() for end in MEGATRON_PARTNERS):
+    if not path.exists() and any(megatron_file(path, end).is_file() for end in MEGATRON_PARTNERS):
         return Megatron(path)
     if suffix in (*JSONL_SUFFIXES, ".json"):
         return JsonLines(path, text_field=text_field, ids_field=ids_field)

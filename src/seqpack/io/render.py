@@ -28,6 +28,24 @@ SVG_COLOURS = ("#4477aa", "#ee6677", "#228833", "#ccbb44", "#66ccee", "#aa3377",
 PAD = "·"
 
 
+def printable(text: str) -> str:
+    """``text`` with what a terminal or an XML file cannot show as it is written out as
+    escapes: control characters as ``\\n``, ``\\x1b``..., and the undecodable bytes of a
+    file name (``os.fsdecode``'s surrogates) as ``\\xff``."""
+    if text.isprintable():
+        return text
+    shown = []
+    for character in text:
+        code = ord(character)
+        if 0xDC80 <= code <= 0xDCFF:
+            shown.append(f"\\x{code - 0xDC00:02x}")
+        elif character.isprintable():
+            shown.append(character)
+        else:
+            shown.append(repr(character)[1:-1])
+    return "".join(shown)
+
+
 def shown_window(batch: BatchLayout, rows, columns) -> tuple[list[int], range]:
     """The rows (all by default) and the column window (all by default) to draw, checked."""
     count, width = batch.shape
@@ -84,10 +102,11 @@ def batch_text(batch: BatchLayout, *, rows=None, columns: range | None = None, c
             table.append(name.ljust(name_width) + "".join(
                 paint(_cell_value(batch, field, row, c).rjust(cell_width), c) for c in columns))
         allowed = allowed_matrix(batch, row, columns)
-        matrix = ["keys " + "".join(str(c % 10) for c in columns)]
+        label = max(4, len(str(columns.stop - 1)))  # a query's column, in full
+        matrix = ["keys".ljust(label + 1) + "".join(str(c % 10) for c in columns)]
         for q, column in enumerate(columns):
             marks = "".join(paint("■", column) if allowed[q, k] else PAD for k in range(len(columns)))
-            matrix.append(f"{column % 10000:>4} {marks}")
+            matrix.append(f"{column:>{label}} {marks}")
         table_width = name_width + cell_width * len(columns)
         header = (f"row {row}: {int(batch.valid_lengths[row])} valid cells of {batch.shape[1]}"
                   + (f", columns {columns.start}..{columns.stop - 1} shown" if len(columns) < batch.shape[1] else ""))
@@ -128,7 +147,7 @@ def batch_svg(batch: BatchLayout, *, rows=None, columns: range | None = None, ti
         'font-family="DejaVu Sans Mono, Menlo, Consolas, monospace" font-size="11">',
         "<style>.label{fill:#333}.pad{fill:#f2f2f2}.head{font-weight:bold}</style>",
         f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="10" y="20" class="head">{escape(title or "cells beside permission matrices")}</text>',
+        f'<text x="10" y="20" class="head">{escape(printable(title or "cells beside permission matrices"))}</text>',
     ]
     for block, row in enumerate(rows):
         top = 40 + block * block_h

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..packing.budget import CELL_BYTES, ROW_BYTES
 from .dataset import PackedDataset
+from .render import printable
 
 HISTOGRAM_BINS = 32
 
@@ -51,15 +52,20 @@ def dataset_stats(dataset: PackedDataset) -> dict:
     }
 
 
+def _number(value: float) -> str:
+    """A median: a whole number as one, else with its half (``2.5``)."""
+    return f"{int(value)}" if float(value).is_integer() else f"{value:.1f}"
+
+
 def stats_text(stats: dict) -> str:
     """The stats as aligned lines for a terminal."""
     report, counts, storage = stats["report"], stats["counts"], stats["storage"]
     lengths, fill = stats["example_lengths"], stats["row_fill"]
     lines = [
-        ("dataset", stats["path"]),
+        ("dataset", printable(stats["path"])),
         ("policy", f"{report['policy']}, capacity {report['capacity']}"),
         ("documents", f"{counts['documents']:,}"),
-        ("examples", f"{counts['examples']:,} (lengths: median {lengths['median']:.0f}, "
+        ("examples", f"{counts['examples']:,} (lengths: median {_number(lengths['median'])}, "
                      f"mean {lengths['mean']:.1f}, max {lengths['max']:,})"),
         ("tokens", f"{counts['tokens']:,}"),
         ("rows / batches", f"{report['rows']:,} / {report['batches']:,}"),
