@@ -208,11 +208,11 @@ cdef extern from *:
             /* Every row takes the steps [all_from, all_to); before them (UPPER_A) and after  \\
                them (LOWER_A) only the rows whose own chain has begun or not yet ended. */    \\
             ptrdiff_t all_from = from, all_to = to;                                            \\
-            if (BY_ROWS && g->shape == SEQPACK_UPPER_A) {                                           \\
+            if (BY_ROWS && g->shape == SEQPACK_UPPER_A) {                                      \\
                 ptrdiff_t begun = i0 + rows - 1 - g->diagonal;                                 \\
                 all_from = begun < from ? from : begun > to ? to : begun;                      \\
             }                                                                                  \\
-            if (BY_ROWS && g->shape == SEQPACK_LOWER_A) {                                           \\
+            if (BY_ROWS && g->shape == SEQPACK_LOWER_A) {                                      \\
                 ptrdiff_t ended = i0 + 1 + g->diagonal;                                        \\
                 all_to = ended < from ? from : ended > to ? to : ended;                        \\
             }                                                                                  \\
