@@ -100,3 +100,30 @@ def test_stdlib_table_refuses_a_limit_that_is_not_a_positive_int(limit):
     # Before: -1 kept every file but the last, True kept one file, 1.0 raised a TypeError.
     with pytest.raises(sp.InvalidInputError, match="limit must be"):
         stdlib_table(sp.BatchBinding.fixture(), capacity=64, limit=limit)
+
+
+def test_a_batch_over_the_memory_budget_is_refused_before_it_is_built(tmp_path):
+    """The dataset computed its peak and never compared it with max_memory_bytes: a batch
+    of a 2**24-cell row was built under a 1 MiB budget (a plan of the same config refuses)."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("hello")
+    config = sp.PackConfig(2**24, 8, max_memory_bytes=2**20)
+    io.pack_corpus([io.TextFiles([docs])], tmp_path / "big", binding=BINDING, tokenizer=TOKENIZER, config=config)
+    dataset = io.open_dataset(tmp_path / "big")
+    assert dataset.report().valid_targets == 6  # what needs no batch still works
+    for build in (lambda: dataset[0], lambda: next(dataset.batches(reuse_buffers=True)),
+                  lambda: next(iter(dataset))):
+        with pytest.raises(sp.MemoryBudgetError, match=r"big: a batch with the index needs \d+ bytes; "
+                                                        r"max_memory_bytes is 1048576"):
+            build()
+
+
+def test_a_dataset_batch_takes_no_caller_buffers(tmp_path):
+    """batch(number, buffers) filled buffers of any shape: (8, 1024) for a batch of 2 x 16
+    segfaulted, (2, 4096) returned a batch of the wrong shape. Like a plan's, the public
+    batch takes a number only; reused buffers come from batches(reuse_buffers=True)."""
+    dataset = io.open_dataset(packed(tmp_path, [b"hello", b"world"]))
+    with pytest.raises(TypeError):
+        dataset.batch(0, sp.layout.fields.FieldArrays.allocate(8, 1024))
+    assert [b.shape for b in dataset.batches(reuse_buffers=True)] == [dataset[0].shape]

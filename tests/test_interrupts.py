@@ -59,6 +59,36 @@ SETUP = {
         call = lambda: sp.place(lengths, 2048, "best-fit-decreasing")
         sp.place(lengths[:8], 2048, "best-fit-decreasing")
     """,
+    "longest first by digits": """
+        import numpy as np, seqpack as sp
+        lengths = np.random.default_rng(0).integers(1, 2**30, 20_000_000)  # a capacity past a counter per length
+        call = lambda: sp.place(lengths, 2**30, "first-fit-decreasing")
+        sp.place(lengths[:8], 2**30, "first-fit-decreasing")
+    """,
+    "masked loss forward": """
+        import numpy as np
+        from seqpack.nn import _loss
+        logits = np.ones((2048, 32768), np.float32)
+        rows, gold = np.arange(2048, dtype=np.intp), np.zeros(2048, np.int32)
+        lse, losses = np.empty(2048), np.empty(2048)
+        call = lambda: [_loss.indexed_nll_forward(logits, rows, gold, lse, losses) for _ in range(40)]
+    """,
+    "masked loss backward": """
+        import numpy as np
+        from seqpack.nn import _loss
+        logits = np.ones((2048, 32768), np.float32)
+        rows, gold = np.arange(2048, dtype=np.intp), np.zeros(2048, np.int32)
+        lse, dlogits = np.full(2048, 10.4), np.zeros_like(logits)
+        call = lambda: [_loss.indexed_nll_backward(logits, rows, gold, lse, 1.0, dlogits) for _ in range(40)]
+    """,
+    "range softmax": """
+        import numpy as np
+        from seqpack.nn import _softmax
+        scores = np.ones((4, 2048, 2048))
+        lengths, starts = np.full(4, 2048, np.int64), np.zeros((4, 2048), np.int32)
+        out = np.empty_like(scores)
+        call = lambda: [_softmax.range_softmax_forward(scores, lengths, starts, out) for _ in range(40)]
+    """,
     "epoch fill": """
         import numpy as np
         from seqpack.layout import _fill

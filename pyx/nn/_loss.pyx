@@ -2,11 +2,13 @@
 
 Only the rows listed in ``rows`` are read (the eligible targets, gathered by the Python
 layer before any arithmetic); every other logit cell is never touched, so it may hold
-NaN or inf. Natural logarithm; the log-sum-exp subtracts each row's maximum.
+NaN or inf. Natural logarithm; the log-sum-exp subtracts each row's maximum. Ctrl-C
+stops either kernel between rows (``KeyboardInterrupt``; outputs then undefined).
 """
 
 from libc.math cimport exp, log
 
+from _interrupt cimport Interrupt, interrupt_finish, interrupt_start, interrupted
 from _kernel_types cimport real, cell_t
 
 
@@ -33,11 +35,16 @@ def indexed_nll_forward(
     cdef Py_ssize_t count = rows.shape[0]
     cdef Py_ssize_t item
     cdef double total = 0.0
+    cdef Interrupt interrupt
     with nogil:
+        interrupt_start(&interrupt)
         for item in range(count):
+            if interrupted(&interrupt):
+                break
             logsumexp[item] = _row_logsumexp(logits[rows[item]])
             losses[item] = logsumexp[item] - logits[rows[item], targets[item]]
             total += losses[item]
+    interrupt_finish(&interrupt)
     return total
 
 
@@ -53,11 +60,16 @@ def indexed_nll_backward(
     cdef Py_ssize_t count = rows.shape[0]
     cdef Py_ssize_t classes = logits.shape[1]
     cdef Py_ssize_t item, row, column
+    cdef Interrupt interrupt
     with nogil:
+        interrupt_start(&interrupt)
         for item in range(count):
+            if interrupted(&interrupt):
+                break
             row = rows[item]
             for column in range(classes):
                 dlogits[row, column] += <real>(
                     scale * exp(logits[row, column] - logsumexp[item])
                 )
             dlogits[row, targets[item]] -= <real>scale
+    interrupt_finish(&interrupt)

@@ -6,11 +6,13 @@ entry of its output row is zero. Inactive queries (``t >= lengths[g]``) skip
 normalization and their output and gradient rows are exactly zero. Entries outside a
 permitted range are never read, so they may hold anything, NaN included.
 The Python layer (``seqpack.nn.softmax``) validates lengths and starts before calling.
+Ctrl-C stops either kernel between rows (``KeyboardInterrupt``; outputs then undefined).
 """
 
 from libc.math cimport exp
 from libc.stdint cimport int64_t
 
+from _interrupt cimport Interrupt, interrupt_finish, interrupt_start, interrupted
 from _kernel_types cimport real, cell_t
 
 
@@ -69,15 +71,20 @@ def range_softmax_forward(
     """Write the range causal softmax of every grid into ``probabilities``."""
     cdef Py_ssize_t width = scores.shape[1]
     cdef Py_ssize_t grid, query
+    cdef Interrupt interrupt
     with nogil:
+        interrupt_start(&interrupt)
         for grid in range(scores.shape[0]):
             for query in range(width):
+                if interrupted(&interrupt):
+                    break
                 if query < lengths[grid]:
                     _softmax_row(
                         &scores[grid, query, 0], &probabilities[grid, query, 0], starts[grid, query], query, width
                     )
                 else:
                     _zero_row(&probabilities[grid, query, 0], 0, width)
+    interrupt_finish(&interrupt)
 
 
 def range_softmax_backward(
@@ -90,9 +97,13 @@ def range_softmax_backward(
     """Write the score gradient: ``p * (dp - sum(p * dp))`` inside each range, zero outside."""
     cdef Py_ssize_t width = probabilities.shape[1]
     cdef Py_ssize_t grid, query
+    cdef Interrupt interrupt
     with nogil:
+        interrupt_start(&interrupt)
         for grid in range(probabilities.shape[0]):
             for query in range(width):
+                if interrupted(&interrupt):
+                    break
                 if query < lengths[grid]:
                     _softmax_row_backward(
                         &probabilities[grid, query, 0], &dprobabilities[grid, query, 0],
@@ -100,3 +111,4 @@ def range_softmax_backward(
                     )
                 else:
                     _zero_row(&dscores[grid, query, 0], 0, width)
+    interrupt_finish(&interrupt)

@@ -402,8 +402,18 @@ class PackedDataset:
         part, local = self._locate(number)
         return min(self.config.rows_per_batch, part.row_count - local * self.config.rows_per_batch)
 
-    def batch(self, number: int, buffers: FieldArrays | None = None) -> PackedBatch:
-        """Build batch ``number`` from its tokens on disk (rows local to it, ordinals global)."""
+    def batch(self, number: int) -> PackedBatch:
+        """Build batch ``number`` from its tokens on disk (rows local to it, ordinals global).
+        Holding it and the index over the config's ``max_memory_bytes`` is a
+        ``MemoryBudgetError``, raised before anything is allocated."""
+        return self._batch(number, None)
+
+    def _require_budget(self) -> None:
+        budget.require(self.memory_peak, self.config.max_memory_bytes, f"{self.path}: a batch with the index")
+
+    def _batch(self, number: int, buffers: FieldArrays | None) -> PackedBatch:
+        """Batch ``number`` in ``buffers`` (at least the largest batch), or in fresh arrays."""
+        self._require_budget()
         part, local = self._locate(number)
         per_batch = self.config.rows_per_batch
         first, end = int(part.bounds[local]), int(part.bounds[local + 1])
@@ -428,9 +438,10 @@ class PackedDataset:
         """Every batch in order; with ``reuse_buffers=True`` all share one set of field
         arrays, each valid only until the next is requested."""
         reuse = check_bool("reuse_buffers", reuse_buffers)
+        self._require_budget()
         buffers = FieldArrays.allocate(self.largest_batch_rows, self.config.capacity) if reuse else None
         for number in range(self.batch_count):
-            yield self.batch(number, buffers)
+            yield self._batch(number, buffers)
 
     def __iter__(self) -> Iterator[PackedBatch]:
         return self.batches()

@@ -160,17 +160,19 @@ def _longest_first(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.n
     """Example indices longest first (equal lengths in input order), and their lengths.
 
     A counting sort when its ``capacity + 1`` counters cost no more than the examples
-    themselves (or 64 Ki), else numpy's stable sort.
+    themselves (or 64 Ki), else a radix sort by 16-bit digits (both interruptible).
     """
     count = lengths.shape[0]
+    order = np.empty(count, dtype=np.int64)
+    sorted_lengths = np.empty(count, dtype=np.int64)
     if counting_sort_fits(count, capacity):
-        order = np.empty(count, dtype=np.int64)
-        sorted_lengths = np.empty(count, dtype=np.int64)
         counts = np.empty(capacity + 1, dtype=np.int64)
         _placement.order_longest_first(lengths, capacity, counts, order, sorted_lengths)
-        return order, sorted_lengths
-    order = np.ascontiguousarray(np.argsort(capacity - lengths, kind="stable"), dtype=np.int64)
-    return order, lengths[order]
+    else:
+        passes = -(-(capacity - 1).bit_length() // 16)
+        _placement.order_longest_first_by_digits(lengths, capacity, passes, np.empty(2**16, dtype=np.int64),
+                                                 np.empty(count, dtype=np.int64), order, sorted_lengths)
+    return order, sorted_lengths
 
 
 def counting_sort_fits(count: int, capacity: int) -> bool:
