@@ -225,7 +225,7 @@ def test_the_command_line_engine_ray_equals_serial_shards(cluster, corpus, tmp_p
     monkeypatch.setattr(pipeline, "ray_runner", recording_runner)
     assert main([*common, "--out", str(tmp_path / "one"), "--engine", "ray", "--workers", "1"]) == 0
     assert json.loads(capsys.readouterr().out) == serial_manifest
-    assert runners == [{"cpus_per_task": 1, "max_retries": 3, "workers": 1}]
+    assert runners == [{"cpus_per_task": 1, "max_retries": 3, "workers": 1, "shutdown": False}]  # its cluster
     assert_same_bytes(tmp_path / "serial", tmp_path / "one")
     assert json.loads((tmp_path / "ray" / fmt.MANIFEST).read_text())["shards"]["count"] == 3
 
@@ -366,3 +366,63 @@ def test_a_signal_raised_inside_rays_wait_arrives_as_itself():
     with pytest.raises(SystemError):  # any other SystemError stays one
         with pipeline._signals_raised():
             raise SystemError("other") from ValueError("a cause")
+
+
+class InProcessRay:
+    """Enough of Ray's API for ``ray_runner``: each task runs when it is submitted, in this
+    process; ``shutdown`` raises ``interrupt`` (a Ctrl-C while Ray stops) and records the call."""
+
+    exceptions = ray.exceptions
+
+    def __init__(self, interrupt=None):
+        self.interrupt, self.calls = interrupt, []
+
+    def remote(self, function):
+        fake = self
+
+        class Task:
+            def options(self, **options):
+                return self
+
+            def remote(self, *args):
+                fake.calls.append("task")
+                reference = type("Reference", (), {})()  # hashed by identity, like Ray's
+                reference.value = function(*args)
+                return reference
+
+        return Task()
+
+    def put(self, value):
+        return value
+
+    def wait(self, refs, num_returns):
+        return refs[:num_returns], refs[num_returns:]
+
+    def get(self, ref):
+        return ref.value
+
+    def cancel(self, ref, force):
+        pass
+
+    def shutdown(self):
+        self.calls.append("shutdown")
+        if self.interrupt is not None:
+            raise self.interrupt
+
+
+def test_ray_is_shut_down_before_the_dataset_is_published(corpus, tmp_path):
+    """A Ctrl-C during ray.shutdown (a second or more), which ran after the dataset was
+    published, made the command exit 130 with a complete dataset left behind; the runner
+    now shuts Ray down once the last shard is in, so the Ctrl-C leaves nothing."""
+    readers = [io.JsonLines(p) for p in corpus[:3]]
+    fake = InProcessRay(interrupt=KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        pack_sharded(readers, tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=3,
+                     long="cut", run=ray_runner(fake, cpus_per_task=1, max_retries=0, shutdown=True))
+    assert fake.calls == ["task"] * 3 + ["shutdown"]
+    assert os.listdir(tmp_path) == []  # no output, no hidden partial sibling
+    fake = InProcessRay()
+    manifest = pack_sharded(readers, tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
+                            shards=3, long="cut", run=ray_runner(fake, cpus_per_task=1, max_retries=0, shutdown=True))
+    assert fake.calls == ["task"] * 3 + ["shutdown"] and len(manifest["parts"]) == 3
+    assert io.open_dataset(tmp_path / "out").report().valid_targets == manifest["report"]["valid_targets"]

@@ -155,9 +155,13 @@ def _signals_raised():
         raise
 
 
-def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None = None):
+def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None = None,
+               shutdown: bool = False):
     """A :data:`seqpack.io.shards.Runner` that packs each shard as a Ray task, at most
-    ``workers`` at once (default: as many as the cluster's CPUs take).
+    ``workers`` at once (default: as many as the cluster's CPUs take); with ``shutdown``,
+    it shuts Ray down once every shard is in, before the dataset is published, so that a
+    Ctrl-C during the shutdown (a second or more) never leaves a complete dataset behind a
+    failed command.
 
     The tokenizers library sizes its thread pool once per process, from
     ``RAYON_NUM_THREADS``; the tasks' runtime environment sets it, so Ray runs them in
@@ -188,6 +192,9 @@ def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None
                 if failure is not None:
                     _raise_failure(failure)
                 yield shard.index, result
+            if shutdown:
+                with _signal_handlers_kept():
+                    ray.shutdown()
         finally:
             for ref in pending:  # nothing may still write into the directory the driver removes
                 ray.cancel(ref, force=True)
@@ -252,7 +259,7 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
         return pack_sharded(
             readers, out, binding=binding, tokenizer=tokenizer, config=config, shards=shards, policy=policy,
             partition=partition, long=long, framed=framed, force=force, progress=progress, threads=threads,
-            run=ray_runner(ray, cpus_per_task=threads, max_retries=max_retries, workers=workers),
+            run=ray_runner(ray, cpus_per_task=threads, max_retries=max_retries, workers=workers, shutdown=started),
         )
     finally:
         if started:
