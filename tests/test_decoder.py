@@ -11,6 +11,7 @@ from seqpack import (
     Decoder,
     DecoderConfig,
     InvalidInputError,
+    MemoryBudgetError,
     SequenceExample,
 )
 from seqpack.nn import ops as F
@@ -192,3 +193,19 @@ def test_fused_and_reference_attention_agree():
     grads_a, grads_b = a.backward(), b.backward()
     for name in grads_a:
         np.testing.assert_allclose(grads_b[name], grads_a[name], rtol=1e-9, atol=1e-10)
+
+
+def test_parameters_over_the_memory_budget_are_refused_before_allocation():
+    """DecoderConfig(300_000, 4096, ...) asked numpy for 9.2 GiB: a raw MemoryError, or
+    with overcommit gigabytes of random initialisation."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(MemoryBudgetError, match=r"the decoder's float64 parameters needs 10367762432 bytes; "
+                                                   r"max_memory_bytes is 8589934592"):
+        Decoder(DecoderConfig(300_000, 4096, 2, 4, 1, 4), 0)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KiB: nothing was allocated
+    small = DecoderConfig.small()
+    Decoder(small, 0, max_memory_bytes=8 * 266 * 4 + 10_000)
+    with pytest.raises(MemoryBudgetError, match="max_memory_bytes is 1000"):
+        Decoder(small, 0, max_memory_bytes=1000)

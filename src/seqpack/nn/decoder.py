@@ -26,12 +26,15 @@ same :meth:`Decoder.forward_arrays`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .._limits import INT32_MAX, check_int, integer_array
 from ..errors import CapacityError, InvalidInputError
+from ..packing import budget
+from ..packing.config import DEFAULT_MEMORY_BYTES
 from ..packing.packed import PackedBatch
 from ..packing.padding import PaddedBatch
 from . import ops as F
@@ -92,10 +95,13 @@ class Decoder:
 
     ``attention="fused"`` (the default) calls the edge-only range attention kernels;
     ``"reference"`` computes the chapters' dense score grids and the range causal
-    softmax kernel. Both give the same results within float64 rounding.
+    softmax kernel. Both give the same results within float64 rounding. Parameters
+    (float64) over ``max_memory_bytes`` (default 8 GiB) are a ``MemoryBudgetError``,
+    raised before any is allocated.
     """
 
-    def __init__(self, config: DecoderConfig, seed: int, attention: str = "fused"):
+    def __init__(self, config: DecoderConfig, seed: int, attention: str = "fused", *,
+                 max_memory_bytes: int = DEFAULT_MEMORY_BYTES):
         if not isinstance(config, DecoderConfig):
             raise InvalidInputError(f"config must be a DecoderConfig, not {type(config).__name__}")
         if attention not in ATTENTION_MODES:
@@ -103,6 +109,8 @@ class Decoder:
         seed = check_int("seed", seed, minimum=0)
         self.config = config
         self.attention = attention
+        required = 8 * sum(math.prod(shape) for shape in self.parameter_shapes().values())
+        budget.require(required, check_int("max_memory_bytes", max_memory_bytes), "the decoder's float64 parameters")
         rng = np.random.default_rng(seed)
         self._parameters: dict[str, Tensor] = {}
         for name, shape in self.parameter_shapes().items():
