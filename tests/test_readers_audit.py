@@ -293,3 +293,18 @@ def test_megatron_suffixes_match_in_any_case_from_the_prefix_too(tmp_path):
     (tmp_path / "m.IDX").write_bytes((tmp_path / "m.idx").read_bytes())
     with pytest.raises(sp.InvalidInputError, match=r"m: m.IDX, m.idx each name its .idx file: keep one"):
         io.reader_for(tmp_path / "m")
+
+
+def test_megatron_chunks_are_bounded_in_bytes_too(tmp_path, monkeypatch):
+    """Chunks were 4,096 sequences whatever their lengths: long sequences (or pointers that
+    all name the same long run) made one chunk of gigabytes. Now a chunk also stops at
+    CHUNK_BYTES of tokens, a longer sequence alone."""
+    from seqpack.io import readers
+
+    monkeypatch.setattr(readers, "CHUNK_BYTES", 64)  # 32 uint16 tokens
+    documents = [np.arange(n, dtype=np.int64) + 2 for n in (10, 10, 10, 40, 1, 0, 31, 32, 33, 5)]
+    write_megatron(tmp_path / "m", documents, [])
+    chunks = list(io.Megatron(tmp_path / "m").chunks(0))
+    assert [chunk.locations.tolist() for chunk in chunks] == [[0, 1, 2], [3], [4, 5, 6], [7], [8], [9]]
+    flat = np.concatenate([chunk.ids[0] for chunk in chunks])
+    assert flat.tolist() == np.concatenate(documents).tolist()

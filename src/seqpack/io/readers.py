@@ -727,12 +727,16 @@ class Megatron:
         itemsize = self.dtype.itemsize
         self._check(size)
         tokens = np.memmap(self.data_path, dtype=self.dtype, mode="r") if size else np.zeros(0, self.dtype)
-        for first in range(0, self.lengths.shape[0], CHUNK_DOCUMENTS):
-            stop = min(first + CHUNK_DOCUMENTS, self.lengths.shape[0])
+        first, count = 0, self.lengths.shape[0]
+        while first < count:
+            # At most CHUNK_DOCUMENTS sequences and CHUNK_BYTES of tokens (one longer sequence alone).
+            window = self.lengths[first: min(first + CHUNK_DOCUMENTS, count)]
+            ends = np.cumsum(window)
+            stop = first + max(1, int(np.searchsorted(ends, CHUNK_BYTES // itemsize, side="right")))
             lengths = self.lengths[first:stop]
             begins = self.pointers[first:stop] // itemsize
             offsets = np.zeros(stop - first + 1, dtype=np.int64)
-            np.cumsum(lengths, out=offsets[1:])
+            offsets[1:] = ends[: stop - first]
             if np.array_equal(begins, begins[0] + offsets[:-1]):  # stored back to back: one slice
                 flat = np.asarray(tokens[begins[0]: begins[0] + offsets[-1]])
             else:
@@ -740,6 +744,7 @@ class Megatron:
             yield DocumentChunk(np.full(stop - first, first_input, dtype=np.int64),
                                 np.arange(first, stop, dtype=np.int64), int(offsets[-1]) * itemsize,
                                 ids=(flat, offsets))
+            first = stop
 
 
 def read_megatron_index(path: Path) -> tuple[np.ndarray, np.ndarray, np.dtype]:
