@@ -81,3 +81,9 @@ def test_the_median_length_keeps_its_half(tmp_path):
     assert run("pack", corpus, "--out", tmp_path / "o", "--capacity", 8, "--quiet").returncode == 0
     result = run("stats", tmp_path / "o")
     assert "(lengths: median 2.5, mean 2.5, max 3)" in result.stdout
+
+
+def test_a_figure_that_cannot_be_written_fails_before_anything_is_printed(tmp_path):
+    result = run("show", "packed", "--svg", tmp_path / "missing" / "figure.svg")
+    assert "figure.svg: cannot write: No such file or directory" in one_error_line(result, 1)
+    assert result.stdout == ""

@@ -350,9 +350,10 @@ def _show(args) -> int:
     else:
         raise InvalidInputError(f"{args.target}: neither a packed dataset directory nor 'padded' or 'packed'")
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
-    print(batch_text(batch, rows=rows, columns=columns, colour=colour))
-    if args.svg is not None:
+    text = batch_text(batch, rows=rows, columns=columns, colour=colour)
+    if args.svg is not None:  # first: a figure that cannot be written fails the command before it prints
         _write_text(args.svg, batch_svg(batch, rows=rows, columns=columns, title=title))
+    print(text)
     return 0
 
 
