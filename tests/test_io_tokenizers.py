@@ -148,3 +148,66 @@ def test_the_binding_must_be_the_tokenizers(tmp_path, tokenizer_file):
         io.pack_corpus([io.JsonLines(lines)], tmp_path / "packed", tokenizer=bound, config=sp.PackConfig(64),
                        binding=sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="tests"))
     assert np.all([not p.name.startswith(".") for p in tmp_path.iterdir()])
+
+
+def pack_lines(tmp_path, tokenizer, lines, **options):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    binding = sp.BatchBinding.for_tokenizer(tokenizer.identity, split="tests")
+    out = tmp_path / "out"
+    io.pack_corpus([io.reader_for(path, **options)], out, config=sp.PackConfig(64, 2), tokenizer=tokenizer,
+                   binding=binding)
+    return out
+
+
+def word_level(tmp_path, vocab, name="words.json"):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / name))
+    return tmp_path / name
+
+
+def test_a_text_the_tokenizer_cannot_encode_names_its_line(tmp_path):
+    """The library's own error (an unknown token missing from a WordLevel vocabulary) was a
+    traceback naming nothing; it is one InvalidInputError naming the file and line."""
+    tokenizer = io.TokenizerFile(word_level(tmp_path, {"[BOS]": 0, "[EOS]": 1, "a": 2, "b": 3}), bos=0, eos=1)
+    with pytest.raises(sp.InvalidInputError, match=r"in.jsonl:3: the tokenizer failed: .*Missing \[UNK\] token"):
+        pack_lines(tmp_path, tokenizer, [{"text": "a b"}, {"text": "b"}, {"text": "a zzz"}])
+    assert not (tmp_path / "out").exists()
+
+
+def test_bpe_dropout_in_the_file_is_turned_off(tmp_path, tokenizer_file):
+    """A file with BPE dropout gave other tokens on every run under one identity."""
+    settings = json.loads(tokenizer_file.read_text())
+    settings["model"]["dropout"] = 0.5
+    path = tmp_path / "dropout.json"
+    path.write_text(json.dumps(settings))
+    tokenizer = io.TokenizerFile(path, bos="<|bos|>", eos="<|eos|>")
+    plain = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    plain.no_truncation()
+    for text in TEXTS[:4]:
+        expected = plain.encode(text, add_special_tokens=False).ids
+        assert all(tokenizer.encode([text] * 8)[0].tolist() == expected * 8 for _ in range(5))
+
+
+def test_ids_in_a_gap_of_the_vocabulary_are_refused(tmp_path):
+    """Pre-tokenized IDs that name no token passed the range check (and verify)."""
+    path = word_level(tmp_path, {"[UNK]": 0, "[BOS]": 1, "[EOS]": 2, "a": 3, "b": 10})
+    tokenizer = io.TokenizerFile(path, bos="[BOS]", eos="[EOS]")
+    with pytest.raises(sp.InvalidInputError, match=r"in.jsonl:2: token ID 5 names no token of words.json "
+                                                   r"\(a gap in its IDs\)"):
+        pack_lines(tmp_path, tokenizer, [{"input_ids": [3, 10]}, {"input_ids": [3, 5, 6]}], ids_field="input_ids")
+    out = pack_lines(tmp_path, tokenizer, [{"input_ids": [3, 10]}], ids_field="input_ids")
+    assert io.open_dataset(out).example(0).document.token_ids.tolist() == [1, 3, 10, 2]
+
+
+def test_a_directory_or_an_id_past_int32_is_named(tmp_path):
+    with pytest.raises(sp.InvalidInputError, match=r"model: a directory, not a tokenizers JSON file \(a model "
+                                                   r"directory holds one as .*model/tokenizer.json\)"):
+        (tmp_path / "model").mkdir()
+        io.TokenizerFile(tmp_path / "model", bos=0, eos=1)
+    path = word_level(tmp_path, {"[UNK]": 0, "[BOS]": 1, "[EOS]": 2, "big": 2**31}, name="huge.json")
+    with pytest.raises(sp.InvalidInputError, match=r"huge.json: token ID 2147483648 does not fit int32"):
+        io.TokenizerFile(path, bos=1, eos=2)

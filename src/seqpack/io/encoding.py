@@ -87,8 +87,10 @@ class TokenizerFile:
     """A Hugging Face ``tokenizers`` JSON file, bound by identity.
 
     ``bos`` and ``eos`` are IDs or token strings of the vocabulary (they may be equal,
-    as GPT-2's ``<|endoftext|>``). Truncation and padding configured in the file are
-    turned off, and no special tokens are added: seqpack frames each document itself.
+    as GPT-2's ``<|endoftext|>``; a string of digits is an ID). Truncation, padding and
+    BPE dropout configured in the file are turned off (the tokens of a text are then one
+    function of the file, as its identity says), and no special tokens are added:
+    seqpack frames each document itself.
     It pickles as its tokenizer's JSON (workers need not see the file); the copies
     unpickled in one process share one ``tokenizers.Tokenizer``.
     """
@@ -96,6 +98,9 @@ class TokenizerFile:
     def __init__(self, path, *, bos, eos):
         tokenizers = _tokenizers()
         self.path = Path(path)
+        if self.path.is_dir():
+            raise InvalidInputError(f"{path}: a directory, not a tokenizers JSON file (a model directory holds "
+                                    f"one as {Path(path) / 'tokenizer.json'})")
         if not self.path.is_file():
             raise not_a_file(self.path, "no such tokenizer file")
         try:
@@ -104,11 +109,18 @@ class TokenizerFile:
             raise InvalidInputError(f"{path}: not a tokenizers JSON file: {error}") from None
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
+        if getattr(self.tokenizer.model, "dropout", None) is not None:
+            self.tokenizer.model.dropout = None  # a training-time augmentation: random merges
         # The highest ID + 1: a vocabulary's IDs may have gaps (get_vocab_size counts tokens).
         ids = self.tokenizer.get_vocab(with_added_tokens=True).values()
         if not ids:
             raise InvalidInputError(f"{path}: the tokenizer has an empty vocabulary")
+        if max(ids) > INT32_MAX:
+            raise InvalidInputError(f"{path}: token ID {max(ids)} does not fit int32 (a vocabulary holds at most "
+                                    f"2**31 IDs)")
         self.vocabulary_size = max(ids) + 1
+        #: The IDs that name a token, sorted, when some below the highest name none (else None).
+        self.known_ids = np.sort(np.fromiter(ids, dtype=np.int64)) if len(ids) < self.vocabulary_size else None
         self.bos_id = self._token_id("bos", bos)
         self.eos_id = self._token_id("eos", eos)
         self.identity = TokenizerIdentity(self.vocabulary_size, self.bos_id, self.eos_id, file_sha256(self.path))
@@ -133,6 +145,16 @@ class TokenizerFile:
         state = {name: value for name, value in vars(self).items() if name != "tokenizer"}
         return _restore_tokenizer_file, (state, self.tokenizer.to_str())
 
+    def first_unknown(self, values: np.ndarray) -> int:
+        """The index of the first of ``values`` in ``[0, vocabulary_size)`` that names no
+        token (a gap in the file's IDs), or -1."""
+        if self.known_ids is None or not values.size:
+            return -1
+        inside = (values >= 0) & (values < self.vocabulary_size)
+        found = self.known_ids[np.searchsorted(self.known_ids, values).clip(max=self.known_ids.shape[0] - 1)]
+        unknown = np.flatnonzero(inside & (found != values))
+        return int(unknown[0]) if unknown.size else -1
+
     def describe(self) -> dict:
         """The tokenizer as the manifest records it."""
         return {"kind": "tokenizers", "file": self.path.name, "vocabulary_size": self.vocabulary_size,
@@ -140,12 +162,30 @@ class TokenizerFile:
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Content IDs of every text back to back (int64) and their offsets, in one
-        parallel ``encode_batch_fast`` call."""
-        encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        parallel ``encode_batch_fast`` call. A text the tokenizer cannot encode (a
+        WordLevel or BPE whose unknown token is not in its vocabulary, say) is a
+        :class:`TokenizerFailure` naming its index."""
+        try:
+            encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        except Exception as error:  # tokenizers raises plain Exceptions
+            for index, text in enumerate(texts):  # which text: the rare error path pays
+                try:
+                    self.tokenizer.encode(text, add_special_tokens=False)
+                except Exception:
+                    raise TokenizerFailure(index, f"the tokenizer failed: {error}") from None
+            raise TokenizerFailure(0, f"the tokenizer failed: {error}") from None
         offsets = np.zeros(len(encodings) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encodings], out=offsets[1:])
         flat = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=int(offsets[-1]))
         return flat, offsets
+
+
+class TokenizerFailure(InvalidInputError):
+    """The tokenizers library could not encode text ``index`` of a batch."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(message)
+        self.index = index
 
 
 def frame(content: np.ndarray, offsets: np.ndarray, bos: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
@@ -208,13 +248,20 @@ class ChunkEncoder:
             if values.size and values.dtype.kind not in "iu":
                 raise InvalidInputError(f"{self.where(chunk, 0)}: token IDs must be integers, not {values.dtype}")
             self._check_int32(chunk, values, offsets)
+            if isinstance(self.tokenizer, TokenizerFile) and (bad := self.tokenizer.first_unknown(values)) >= 0:
+                document = int(np.searchsorted(offsets, bad, side="right")) - 1
+                raise InvalidInputError(f"{self.where(chunk, document)}: token ID {int(values[bad])} names no token of "
+                                        f"{self.tokenizer.path.name} (a gap in its IDs)")
             if self.framed:
                 tokens = np.ascontiguousarray(values, dtype=np.int32)
             else:
                 tokens, offsets = frame(values, offsets, binding.bos_id, binding.eos_id)
         elif isinstance(self.tokenizer, TokenizerFile):
             texts = [self._text(chunk, i, t) for i, t in enumerate(chunk.text_list())]
-            content, offsets = self.tokenizer.encode(texts)
+            try:
+                content, offsets = self.tokenizer.encode(texts)
+            except TokenizerFailure as failure:
+                raise InvalidInputError(f"{self.where(chunk, failure.index)}: {failure}") from None
             tokens, offsets = frame(content, offsets, binding.bos_id, binding.eos_id)
         elif not self.tokenizer.merges:  # bytes: ID = byte + 2, no merges to apply
             data, offsets = chunk.joined_bytes()
