@@ -8,10 +8,12 @@
     in the byte tokenizer's vocabulary, in one Parquet file (a list<int32> column, written
     untimed). seqpack: ``pack_corpus`` with best-fit-decreasing at capacity 2048 (read,
     validate, place, write ``tokens.bin`` in placement order, checksums, fsync, publish),
-    and for reference the same table packed in memory (``ExampleTable.from_arrays`` +
-    ``seqpack.plan``) and reading the file alone. TRL (when installed): ``pack_dataset(...,
-    strategy="bfd")`` on the same table as a ``datasets.Dataset`` in memory, and TRL's
-    path to disk: ``Dataset.from_parquet`` + ``pack_dataset`` + ``save_to_disk``.
+    and for reference the same table placed in memory (``ExampleTable.from_arrays`` +
+    ``seqpack.plan``), then with every batch's rows built as well (what TRL's in-memory
+    packing also does: every token copied into its packed row), and reading the file
+    alone. TRL (when installed): ``pack_dataset(..., strategy="bfd")`` on the same table as
+    a ``datasets.Dataset`` in memory, and TRL's path to disk: ``Dataset.from_parquet`` +
+    ``pack_dataset`` + ``save_to_disk``.
 (b) Raw text through a byte-level BPE (``tokenizers``, vocabulary 8192, trained here on
     the first files of the Python standard library): tokenizing alone
     (``encode_batch_fast`` on texts already in memory) against ``pack_corpus`` of the same
@@ -21,8 +23,9 @@
 (c) Bytes on disk per token of (a), against the 19 bytes per cell (plus 8 per row) of the
     eager epoch of the same placement.
 
-Every timing is the median of ``--repeats`` runs. The CPU, the threads, the in-run
-sequential write+fsync speed of the output disk and the process's peak RSS are printed.
+Every timing is the median of ``--repeats`` runs after one untimed run. The CPU and its
+vector flags, the threads, the load average before and after, the in-run sequential
+write+fsync speed of the output disk and the process's peak RSS are printed.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
 import statistics
@@ -44,21 +46,13 @@ import numpy as np
 import seqpack as sp
 from seqpack import io
 from seqpack._limits import default_threads
+from seqpack.bench.measure import cpu_description
 from seqpack.data.corpus import stdlib_sources
 from seqpack.packing.budget import CELL_BYTES, ROW_BYTES
+from timing import positive
 
 CAPACITY = 2048
 MEDIAN_TOKENS = 250
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def timed(call, before=None) -> float:
@@ -70,6 +64,8 @@ def timed(call, before=None) -> float:
 
 
 def median_time(call, repeats: int, before=None) -> float:
+    """The median of ``repeats`` timed calls, after one untimed call (imports, caches, first pages)."""
+    timed(call, before)
     return statistics.median(timed(call, before) for _ in range(repeats))
 
 
@@ -132,13 +128,19 @@ def workload_a(work: Path, count: int, repeats: int) -> tuple[list[dict], dict]:
         examples = sp.ExampleTable.from_arrays(flat, starts, binding)
         return sp.plan(examples, config, partition=sp.Partition.TRAIN, binding=binding, policy="best-fit-decreasing")
 
+    def rows_built():  # what TRL's pack_dataset also does: every token copied into its packed row
+        for _ in in_memory().batches(reuse_buffers=True):
+            pass
+
     seqpack_disk = median_time(pack, repeats, clear)
     records.append({"workload": "a", "method": "seqpack pack_corpus: Parquet -> packed dataset on disk (BFD)",
                     "seconds": seqpack_disk})
     records.append({"workload": "a", "method": "seqpack: reading the Parquet file alone (flat values + offsets)",
                     "seconds": median_time(read_only, repeats)})
-    records.append({"workload": "a", "method": "seqpack in memory: from_arrays + plan (BFD), nothing written",
+    records.append({"workload": "a", "method": "seqpack in memory: from_arrays + plan (BFD), placement only",
                     "seconds": median_time(in_memory, repeats)})
+    records.append({"workload": "a", "method": "seqpack in memory: from_arrays + plan (BFD) + every batch's rows built",
+                    "seconds": median_time(rows_built, repeats)})
     manifest = json.loads((out / "manifest.json").read_text())
     try:
         import datasets
@@ -216,7 +218,10 @@ def workload_b(work: Path, files: int, repeats: int) -> list[dict]:
         io.pack_corpus([io.TextFiles(paths)], out, binding=binding, tokenizer=bound, config=sp.PackConfig(CAPACITY, 8),
                        policy="best-fit-decreasing", long="cut")
 
-    # In turns, so that a drift of the machine's speed hits both alike.
+    # In turns, so that a drift of the machine's speed hits both alike; one untimed round first.
+    tokenize_only()
+    pack()
+    inside.clear()
     turns = [(timed(tokenize_only), timed(pack, lambda: shutil.rmtree(out, ignore_errors=True)))
              for _ in range(repeats)]
     tokenize, whole = (statistics.median(column) for column in zip(*turns))
@@ -246,19 +251,21 @@ def storage(manifest: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=200_000)
-    parser.add_argument("--files", type=int, default=600, help="standard-library files for workload (b)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--examples", type=positive, default=200_000)
+    parser.add_argument("--files", type=positive, default=600, help="standard-library files for workload (b)")
+    parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temporary directory)")
     args = parser.parse_args()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(dir=args.workdir) as temporary:
         work = Path(temporary)
         disk = disk_write_speed(work)
         records_a, manifest = workload_a(work, args.examples, args.repeats)
         records_b = workload_b(work, args.files, args.repeats)
         bytes_record = storage(manifest)
-    conditions = {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": default_threads(),
+    conditions = {"cpu": cpu_description(), "cores": os.cpu_count(), "threads": default_threads(),
+                  "load_average_before": load_before, "load_average_after": os.getloadavg(),
                   "disk_write_fsync_mb_per_s": disk,
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "examples": args.examples, "repeats": args.repeats}
@@ -267,9 +274,10 @@ def main() -> None:
         json.dump({"conditions": conditions, "records": records, "storage": bytes_record}, sys.stdout, indent=2)
         print()
         return
+    before, after = (" ".join(f"{v:.2f}" for v in conditions[k]) for k in ("load_average_before", "load_average_after"))
     print(f"CPU {conditions['cpu']}, {conditions['cores']} cores, {conditions['threads']} threads; "
-          f"in-run disk write+fsync {disk:.0f} MB/s; peak RSS {conditions['peak_rss_mib']:.0f} MiB; "
-          f"medians of {args.repeats}")
+          f"load average before {before}, after {after}; in-run disk write+fsync {disk:.0f} MB/s; "
+          f"peak RSS {conditions['peak_rss_mib']:.0f} MiB; medians of {args.repeats} (after one untimed call)")
     reference = {r["workload"]: r["seconds"] for r in records if r["method"].startswith("seqpack pack_corpus")}
     print("| workload | method | median s | vs seqpack pack_corpus |")
     print("| --- | --- | --- | --- |")

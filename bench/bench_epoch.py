@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 import tracemalloc
 
 import numpy as np
 
 import seqpack as sp
-from timing import conditions, median_seconds
+from timing import conditions, median_seconds, positive
 from seqpack.data.corpus import stdlib_table
 
 from seqpack.packing.placement import POLICIES
@@ -113,20 +112,16 @@ def traced_peak(function) -> int:
 def epoch_rows(count: int, repeats: int) -> list[dict]:
     binding = sp.BatchBinding.fixture()
     arrays = workload(count)
-    cells = columnar_epoch(binding, *arrays).row_count * CAPACITY  # untimed warm-up and the cell count
+    cells = columnar_epoch(binding, *arrays).row_count * CAPACITY
     columnar = median_seconds(lambda: columnar_epoch(binding, *arrays), repeats)
     table = sp.ExampleTable.from_arrays(*arrays[:2], binding, ranges=arrays[2])
     packing = median_seconds(lambda: columnar_pack(binding, table), repeats)
     lazy = median_seconds(lambda: columnar_stream_of_calls(binding, table), repeats)
-    columnar_reused(binding, *arrays)  # warm-up
     reused = median_seconds(lambda: columnar_reused(binding, *arrays), repeats)
     chunks = [table.chunk(i, min(i + 1000, count)) for i in range(0, count, 1000)]
     streamed = median_seconds(lambda: columnar_stream(binding, [table]), repeats)
     streamed_chunks = median_seconds(lambda: columnar_stream(binding, chunks), repeats)
-    started = time.perf_counter()
     examples = example_objects(binding, *arrays)
-    objects = time.perf_counter() - started
-    list_epoch(binding, examples)  # warm-up
     listed = median_seconds(lambda: list_epoch(binding, examples), repeats)
     peaks = {
         "columnar": traced_peak(lambda: columnar_epoch(binding, *arrays)),
@@ -136,8 +131,12 @@ def epoch_rows(count: int, repeats: int) -> list[dict]:
         "list": traced_peak(lambda: list_epoch(binding, examples)),
     }
     examples = None  # released before the next measurement
-    peaks["objects"] = traced_peak(lambda: example_objects(binding, *arrays))
-    listed_total = objects + listed
+
+    def objects_then_pack():
+        list_epoch(binding, example_objects(binding, *arrays))
+
+    listed_total = median_seconds(objects_then_pack, repeats)
+    peaks["objects and list"] = traced_peak(objects_then_pack)
     rows = [
         ("columnar: from_arrays + pack", columnar, peaks["columnar"]),
         ("columnar: pack (table built)", packing, peaks["packing"]),
@@ -146,7 +145,7 @@ def epoch_rows(count: int, repeats: int) -> list[dict]:
         ("columnar: stream, one table", streamed, traced_peak(lambda: columnar_stream(binding, [table]))),
         ("columnar: stream, 1k chunks", streamed_chunks, traced_peak(lambda: columnar_stream(binding, chunks))),
         ("list: seqpack.pack", listed, peaks["list"]),
-        ("list: build objects + pack", listed_total, peaks["objects"] + peaks["list"]),
+        ("list: build objects + pack", listed_total, peaks["objects and list"]),
     ]
     return [{"path": path, "seconds": seconds, "cells": cells, "peak": peak, "ratio": listed_total / seconds}
             for path, seconds, peak in rows]
@@ -177,8 +176,8 @@ def stdlib_lengths() -> np.ndarray:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--count", type=int, default=COUNT, help="examples in the epoch workload")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--count", type=positive, default=COUNT, help="examples in the epoch workload")
+    parser.add_argument("--repeats", type=positive, default=3)
     args = parser.parse_args(argv)
     print(conditions())
     print(f"epoch build: {args.count} examples, capacity {CAPACITY}, {ROWS_PER_CALL} rows per call")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from timing import conditions, median_seconds
+from timing import conditions, median_seconds, positive
 
 import seqpack as sp
 
@@ -48,14 +48,19 @@ def reference(examples):
     return _reference.packed_rows([e.source_tokens.tolist() for e in examples], CAPACITY, ROWS_PER_CALL)
 
 
+def counts_list(text: str) -> list[int]:
+    """An ``argparse`` type: positive example counts, comma-separated."""
+    return [positive(part) for part in text.split(",")]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--counts", default="30000,200000", help="example counts, comma-separated")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--counts", default="30000,200000", type=counts_list, help="example counts, comma-separated")
+    parser.add_argument("--repeats", type=positive, default=3)
     args = parser.parse_args(argv)
     print(conditions())
     print(f"{'examples':>9} {'method':<22} {'median s':>9} {'examples/s':>12} {'cells/s':>12} {'vs reference':>13}")
-    for count in (int(c) for c in args.counts.split(",")):
+    for count in args.counts:
         binding, examples = workload(count)
         cells = sum(b.cell_count for b in pack(binding, examples).batches)
         fast = median_seconds(lambda: pack(binding, examples), args.repeats)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from timing import conditions, median_seconds
+from timing import conditions, median_seconds, positive
 
 from seqpack.packing import lower_bound_rows, place, real_target_fraction
 from seqpack.packing.placement import POLICIES
@@ -73,9 +73,9 @@ def measure(count, reference_count, repeat, capacity=CAPACITY):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=10_000_000, help="examples placed by each policy")
-    parser.add_argument("--reference-n", type=int, default=1_000_000, help="examples for the Python loop")
-    parser.add_argument("--repeat", type=int, default=3, help="calls per method (median reported)")
+    parser.add_argument("--n", type=positive, default=10_000_000, help="examples placed by each policy")
+    parser.add_argument("--reference-n", type=positive, default=1_000_000, help="examples for the Python loop")
+    parser.add_argument("--repeat", type=positive, default=3, help="calls per method (median reported)")
     args = parser.parse_args()
     reference_count = min(args.n, args.reference_n)
     results, bound, best = measure(args.n, reference_count, args.repeat)

@@ -31,6 +31,7 @@ import torch
 
 from seqpack._limits import default_threads
 from seqpack.bench.measure import matmul_peak
+from timing import positive
 from seqpack.bench.workloads import workload
 from seqpack.nn.attention import range_attention_backward, range_attention_forward
 from seqpack.torch import attention as torch_attention, range_attention
@@ -131,15 +132,24 @@ def attention_calls(q, k, v, dout, lengths, starts, threads):
     return raw_forward, raw_both, torch_forward, torch_both
 
 
+def dtype_list(text: str) -> list[str]:
+    """An ``argparse`` type: float32 and/or float64, comma-separated (the kernels' dtypes)."""
+    names = text.split(",")
+    if not names or any(name not in ("float32", "float64") for name in names):
+        raise argparse.ArgumentTypeError(f"expected float32 and/or float64, comma-separated, got {text!r}")
+    return names
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--dtype", default="float32,float64")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeats", type=positive, default=7)
+    parser.add_argument("--dtype", default="float32,float64", type=dtype_list,
+                        help="comma-separated: float32, float64")
+    parser.add_argument("--threads", type=positive, default=None)
     options = parser.parse_args(argv)
     threads = default_threads() if options.threads is None else options.threads
     torch.set_num_threads(threads)
-    dtypes = options.dtype.split(",")
+    dtypes = options.dtype
     w = workload("a")
     rows, heads, width, head_dim = w.shape
     lengths = np.ascontiguousarray(w.valid_lengths, dtype=np.int64)

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
 
+def positive(text: str) -> int:
+    """An ``argparse`` type: a positive integer (a count or a size), else a usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def timings(call, repeat: int) -> list[float]:
-    """Seconds of ``repeat`` calls of ``call``."""
+    """Seconds of ``repeat`` calls of ``call``, after one untimed call (imports, caches,
+    first touches of memory)."""
+    call()
     seconds = []
     for _ in range(repeat):
         start = time.perf_counter()

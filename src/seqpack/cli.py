@@ -407,7 +407,7 @@ def _check_flag_ranges(args) -> None:
 
     ranges = {"capacity": (1, INT32_MAX), "rows_per_batch": (1, INT32_MAX), "threads": (1, MAX_THREADS),
               "shards": (1, None), "workers": (1, None), "batch": (0, None), "row": (0, None),
-              "repeats": (1, None), "layers": (1, None), "max_document_tokens": (3, 1 << 40)}
+              "repeats": (1, 1000), "layers": (1, 256), "max_document_tokens": (3, 1 << 40)}
     for name, (minimum, maximum) in ranges.items():
         value = getattr(args, name, None)
         if value is None:

@@ -20,6 +20,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import sys
 
 import numpy as np
@@ -293,6 +294,7 @@ def run(workloads, dtypes, repeats, threads):
     if torch is not None:
         torch.set_num_threads(threads)
     cpu = cpu_description()
+    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     for name in workloads:
         w = workload(name)
         for dtype in dtypes or w.dtypes:
@@ -301,7 +303,7 @@ def run(workloads, dtypes, repeats, threads):
             for method, build in METHODS:
                 record = {"workload": name, "dtype": dtype, "method": method_label(method, w), "threads": threads}
                 record.update(edges=w.edges, dense_cells=w.dense_cells, peak_source=peak_source,
-                              cpu=cpu)
+                              cpu=cpu, load_average_before=load)
                 records.append(record)
                 calls = build(w, dtype, threads)
                 if isinstance(calls, str):
@@ -382,7 +384,8 @@ def print_table(records, out=sys.stdout):
             f"matmul peak {first['peak_gflops']:.0f} GFLOP/s ({first['peak_source']}, median "
             f"of its turns among the fwd+bwd samples, "
             f"{first['peak_gflops_range'][0]:.0f}-{first['peak_gflops_range'][1]:.0f}); "
-            f"CPU {first.get('cpu', 'unknown')}",
+            f"CPU {first.get('cpu', 'unknown')}; load average before the run "
+            f"{' '.join(f'{v:.2f}' for v in first['load_average_before']) if first.get('load_average_before') else 'unknown'}",
             file=out,
         )
         fused = next((r for r in group if r["method"] == "seqpack fused"), {})

@@ -250,6 +250,9 @@ def run_command(options: argparse.Namespace) -> int:
     print("| --- | --- | --- | --- |")
     for name, times in samples.items():
         print(f"| {name} | {statistics.median(times):.3f} | {min(times):.3f}..{max(times):.3f} | {rate[name]:,.0f} |")
+    baselines = [name for name in samples if name.startswith(BASELINES) or name.startswith("HF packed")]
+    fastest = min(baselines, key=lambda name: statistics.median(samples[name]))
+    print(f"\nbest HF baseline: the fastest HF method of each round (by median: {fastest})")
     print("\n| seqpack packed | against | speed ratio (median of rounds) | round range |")
     print("| --- | --- | --- | --- |")
     for (name, label), (median, low, high) in ratios.items():
