@@ -65,6 +65,13 @@ SETUP = {
         call = lambda: sp.place(lengths, 2**30, "first-fit-decreasing")
         sp.place(lengths[:8], 2**30, "first-fit-decreasing")
     """,
+    "stable order": """
+        import numpy as np
+        from seqpack.packing.placement import stable_order
+        keys = np.random.default_rng(0).integers(0, 2**40, 30_000_000)  # a plan's (row, start) keys
+        call = lambda: stable_order(keys, 2**40)
+        stable_order(keys[:8], 2**40)
+    """,
     "masked loss forward": """
         import numpy as np
         from seqpack.nn import _loss

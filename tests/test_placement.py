@@ -331,3 +331,16 @@ def test_placement_bytes_of_nothing_and_its_errors():
         placement_bytes([9], 8)
     with pytest.raises(InvalidInputError, match="unknown placement policy"):
         placement_bytes([1], 8, "any-fit")
+
+
+@pytest.mark.parametrize("largest", [0, 1, 2**16 - 1, 2**16, 2**31 - 1, 2**40, 2**48 + 5, 2**63 - 1])
+@pytest.mark.parametrize("count", [0, 1, 7, 70_000])
+def test_the_radix_order_is_numpys_stable_argsort(largest, count):
+    """The interruptible radix sort behind large-capacity decreasing orders and a plan's
+    (row, start) order: every pass count, ties in index order, empty input."""
+    from seqpack.packing.placement import stable_order
+
+    rng = np.random.default_rng(count)
+    keys = rng.integers(0, largest, count, endpoint=True, dtype=np.int64) if largest else np.zeros(count, np.int64)
+    keys[::5] = keys[0] if count else 0  # ties
+    assert np.array_equal(stable_order(keys, largest), np.argsort(keys, kind="stable"))

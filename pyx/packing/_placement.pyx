@@ -92,47 +92,45 @@ def order_longest_first(
     interrupt_finish(&interrupt)
 
 
-cdef bint _stable_pass(const int64_t[::1] lengths, int64_t capacity, int shift, const int64_t *source,
-                       int64_t *target, int64_t[::1] counts, Interrupt *state) noexcept nogil:
-    """One stable counting pass by the 16-bit digit of ``capacity - length`` at ``shift``:
-    ``target`` lists ``source``'s indices (all indices in order when NULL) by that digit.
-    True when interrupted."""
+cdef bint _stable_pass(const int64_t[::1] keys, int shift, const int64_t *source, int64_t *target,
+                       int64_t[::1] counts, Interrupt *state) noexcept nogil:
+    """One stable counting pass by the 16-bit digit of the keys at ``shift``: ``target``
+    lists ``source``'s indices (every index in order when NULL) by that digit. True when
+    interrupted."""
     cdef Py_ssize_t k
     cdef int64_t index, digit, total = 0, count
     counts[:] = 0
-    for k in range(lengths.shape[0]):
+    for k in range(keys.shape[0]):
         if (k & (CHECK_EVERY - 1)) == 0 and interrupted(state):
             return True
         index = k if source == NULL else source[k]
-        counts[((capacity - lengths[index]) >> shift) & 0xFFFF] += 1
+        counts[(keys[index] >> shift) & 0xFFFF] += 1
     for digit in range(1 << 16):
         count = counts[digit]
         counts[digit] = total
         total += count
-    for k in range(lengths.shape[0]):
+    for k in range(keys.shape[0]):
         if (k & (CHECK_EVERY - 1)) == 0 and interrupted(state):
             return True
         index = k if source == NULL else source[k]
-        digit = ((capacity - lengths[index]) >> shift) & 0xFFFF
+        digit = (keys[index] >> shift) & 0xFFFF
         target[counts[digit]] = index
         counts[digit] += 1
     return False
 
 
-def order_longest_first_by_digits(
-    const int64_t[::1] lengths not None,
-    int64_t capacity,
+def stable_order(
+    const int64_t[::1] keys not None,
     int passes,
     int64_t[::1] counts not None,
     int64_t[::1] scratch not None,
     int64_t[::1] order not None,
-    int64_t[::1] sorted_lengths not None,
 ):
-    """``order_longest_first``'s order when one counter per length would cost too much:
-    ``passes`` stable counting passes over the 16-bit digits of ``capacity - length``,
-    lowest first (a radix sort; ``capacity - 1 < 2 ** (16 * passes)``). ``counts`` is a
-    ``2**16`` cell workspace and ``scratch`` one of ``len(lengths)`` cells."""
-    cdef Py_ssize_t n = lengths.shape[0], k
+    """``order`` lists the indices of ``keys`` (each in ``[0, 2 ** (16 * passes))``) by
+    key, equal keys in index order: a radix sort of ``passes`` stable counting passes over
+    16-bit digits, lowest first. ``counts`` is a ``2**16`` cell workspace and ``scratch``
+    one of ``len(keys)`` cells."""
+    cdef Py_ssize_t n = keys.shape[0]
     cdef int p
     cdef int64_t *source = NULL
     cdef int64_t *target
@@ -143,14 +141,9 @@ def order_longest_first_by_digits(
         interrupt_start(&interrupt)
         for p in range(passes):  # the last pass writes ``order``
             target = &order[0] if (passes - 1 - p) % 2 == 0 else &scratch[0]
-            if _stable_pass(lengths, capacity, 16 * p, source, target, counts, &interrupt):
+            if _stable_pass(keys, 16 * p, source, target, counts, &interrupt):
                 break
             source = target
-        if not interrupt.stop:
-            for k in range(n):
-                if (k & (CHECK_EVERY - 1)) == 0 and interrupted(&interrupt):
-                    break
-                sorted_lengths[k] = lengths[order[k]]
     interrupt_finish(&interrupt)
 
 

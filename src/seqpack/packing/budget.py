@@ -118,8 +118,9 @@ def checked_placement_bytes(lengths: np.ndarray, capacity: int, policy: str) -> 
     required = 16 * count
     if policy == "next-fit":
         return required
-    # Counting sort counters, or numpy's keys plus its merge buffer (at most one index per key).
-    required += 32 * count + (8 * (capacity + 1) if counting_sort_fits(count, capacity) else 16 * count)
+    # Counting sort counters, or the radix sort's keys and scratch and its 2**16 counters.
+    sort = 8 * (capacity + 1) if counting_sort_fits(count, capacity) else 16 * count + (8 << 16)
+    required += 32 * count + sort
     max_rows = any_fit_row_bound(lengths, capacity)
     if policy == "first-fit-decreasing":
         return required + 16 * power_of_two_at_least(max_rows)

@@ -163,16 +163,26 @@ def _longest_first(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.n
     themselves (or 64 Ki), else a radix sort by 16-bit digits (both interruptible).
     """
     count = lengths.shape[0]
-    order = np.empty(count, dtype=np.int64)
     sorted_lengths = np.empty(count, dtype=np.int64)
     if counting_sort_fits(count, capacity):
+        order = np.empty(count, dtype=np.int64)
         counts = np.empty(capacity + 1, dtype=np.int64)
         _placement.order_longest_first(lengths, capacity, counts, order, sorted_lengths)
     else:
-        passes = -(-(capacity - 1).bit_length() // 16)
-        _placement.order_longest_first_by_digits(lengths, capacity, passes, np.empty(2**16, dtype=np.int64),
-                                                 np.empty(count, dtype=np.int64), order, sorted_lengths)
+        order = stable_order(capacity - lengths, capacity - 1)
+        np.take(lengths, order, out=sorted_lengths)
     return order, sorted_lengths
+
+
+def stable_order(keys: np.ndarray, largest: int) -> np.ndarray:
+    """The indices of int64 ``keys`` (each in ``[0, largest]``) by key, equal keys in index
+    order: numpy's stable argsort, as an interruptible radix sort over 16-bit digits."""
+    count = keys.shape[0]
+    order = np.empty(count, dtype=np.int64)
+    passes = max(1, -(-int(largest).bit_length() // 16))
+    _placement.stable_order(np.ascontiguousarray(keys, dtype=np.int64), passes, np.empty(2**16, dtype=np.int64),
+                            np.empty(count, dtype=np.int64), order)
+    return order
 
 
 def counting_sort_fits(count: int, capacity: int) -> bool:

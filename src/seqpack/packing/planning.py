@@ -27,7 +27,7 @@ from ..layout.sources import check_example_count, reject_longer, source_of
 from . import budget
 from .config import PackConfig
 from .packed import EpochBatches, PackedBatch, PackedEpoch, packed_batch
-from .placement import check_policy, placed
+from .placement import check_policy, placed, stable_order
 from .report import EfficiencyReport
 
 Examples = Union[Sequence[SequenceExample], ExampleTable]
@@ -70,7 +70,7 @@ class PackingPlan:
             self._order = None
             self._rows, self._starts = placement.rows, placement.starts
         else:
-            order = np.argsort(placement.rows * capacity + placement.starts, kind="stable")
+            order = stable_order(placement.rows * capacity + placement.starts, self.row_count * capacity)
             self._order = order
             self._rows, self._starts = placement.rows[order], placement.starts[order]
         first_rows = np.arange(self.batch_count, dtype=np.int64) * per_batch
