@@ -9,18 +9,13 @@ import pytest
 import seqpack as sp
 from seqpack.io.render import batch_text
 
-from test_cli_audit import one_error_line, run
+from test_cli_audit import one_error_line, run, textdir  # noqa: F401 (a fixture)
 
 
 @pytest.fixture
-def dataset(tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "a.txt").write_text("hello world, a longer document here")
-    (corpus / "b.txt").write_text("second one")
+def dataset(tmp_path, textdir):  # noqa: F811
     out = tmp_path / "d"
-    assert run("pack", corpus, "--out", out, "--capacity", 16, "--rows-per-batch", 3, "--cut-long",
-               "--quiet").returncode == 0
+    assert run("pack", textdir, "--out", out, "--capacity", 16, "--rows-per-batch", 3, "--quiet").returncode == 0
     return out
 
 
