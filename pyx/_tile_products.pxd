@@ -84,6 +84,7 @@ cdef extern from *:
         const T *a = (const T *)g->a, *b = (const T *)g->b;                                    \\
         T *c = (T *)g->c;                                                                      \\
         const T alpha = (T)g->alpha;                                                           \\
+        const int by_rows = g->shape == SEQPACK_LOWER_A || g->shape == SEQPACK_UPPER_A;        \\
         for (ptrdiff_t j0 = 0; j0 < g->n; j0 += NR) {                                          \\
             ptrdiff_t width = g->n - j0 < NR ? g->n - j0 : NR;                                 \\
             for (ptrdiff_t i0 = 0; i0 < g->m; i0 += SEQPACK_MR) {                              \\
@@ -94,7 +95,7 @@ cdef extern from *:
                 for (ptrdiff_t p = first; p < last; p++) {                                     \\
                     const T *bp = b + j0 / NR * g->b_strip + p * g->ldb;                       \\
                     for (ptrdiff_t r = 0; r < rows; r++) {                                     \\
-                        if (!seqpack_row_takes(g, i0 + r, p)) continue;                        \\
+                        if (by_rows && !seqpack_row_takes(g, i0 + r, p)) continue;             \\
                         T x = a[(i0 + r) * g->a_row + p * g->a_inner];                         \\
                         for (ptrdiff_t j = 0; j < width; j++)                                  \\
                             sums[r][j] = FMA(x, bp[j], sums[r][j]);                            \\
@@ -185,7 +186,7 @@ cdef extern from *:
             /* This chunk's part [from, to) of the block's chain; an empty chain ends in the   \\
                first chunk. */                                                                 \\
             ptrdiff_t from = first > k0 ? first : k0, to = last < k0 + chunk ? last : k0 + chunk; \\
-            int starts = first >= k0 || k0 == 0, ends = last <= k0 + chunk;                    \\
+            int starts = first >= k0 || k0 == 0, ends = last <= k0 + chunk || first == last;   \\
             if (first == last ? k0 != 0 : from >= to) continue;                                \\
             const I mask0 = LANES(width), mask1 = LANES(width - W);                            \\
             T *saved = partial + (block * strips + strip) * SEQPACK_MR * 2 * W;                \\

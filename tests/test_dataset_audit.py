@@ -114,7 +114,7 @@ def test_a_batch_over_the_memory_budget_is_refused_before_it_is_built(tmp_path):
     assert dataset.report().valid_targets == 6  # what needs no batch still works
     for build in (lambda: dataset[0], lambda: next(dataset.batches(reuse_buffers=True)),
                   lambda: next(iter(dataset))):
-        with pytest.raises(sp.MemoryBudgetError, match=r"big: a batch with the index needs \d+ bytes; "
+        with pytest.raises(sp.MemoryBudgetError, match=r"big: one batch needs \d+ bytes; "
                                                         r"max_memory_bytes is 1048576"):
             build()
 
@@ -127,3 +127,19 @@ def test_a_dataset_batch_takes_no_caller_buffers(tmp_path):
     with pytest.raises(TypeError):
         dataset.batch(0, sp.layout.fields.FieldArrays.allocate(8, 1024))
     assert [b.shape for b in dataset.batches(reuse_buffers=True)] == [dataset[0].shape]
+
+
+def test_the_budget_caps_a_batch_not_the_memory_mapped_index(tmp_path):
+    """A budget that one batch fits in opens and reads every batch, however large the index
+    (it is memory-mapped); counting the index refused every batch of a large corpus."""
+    texts = [b"x" * 5] * 3000
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for index, text in enumerate(texts):
+        (docs / f"doc{index:04d}.txt").write_bytes(text)
+    config = sp.PackConfig(16, 2, max_memory_bytes=64 * 1024)
+    io.pack_corpus([io.TextFiles([docs])], tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=config)
+    dataset = io.open_dataset(tmp_path / "out")
+    assert dataset.memory_peak > 64 * 1024 > dataset.batch_peak
+    assert sum(batch.target_count for batch in dataset.batches(reuse_buffers=True)) == 3000 * 6
+    assert io.verify_dataset(tmp_path / "out")["batches_verified"] == len(dataset)

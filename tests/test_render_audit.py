@@ -82,3 +82,13 @@ def test_a_figure_that_cannot_be_written_fails_before_anything_is_printed(tmp_pa
     result = run("show", "packed", "--svg", tmp_path / "missing" / "figure.svg")
     assert "figure.svg: cannot write: No such file or directory" in one_error_line(result, 1)
     assert result.stdout == ""
+
+
+def test_printable_escapes_only_what_cannot_be_shown():
+    """Control characters, line separators, undecodable bytes and noncharacters are escaped;
+    wide spaces, joiners and marks (a name's ordinary text) are kept."""
+    from seqpack.io.render import printable
+
+    assert printable("a\x1bb\n\u2028\ufffe" + os.fsdecode(b"\xff")) == "a\\x1bb\\n\\u2028\\ufffe\\xff"
+    kept = "nb\u00a0sp, zw\u200dj, e\u0301, \u3000, \u00ad, é"
+    assert printable(kept) == kept

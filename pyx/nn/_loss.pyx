@@ -11,6 +11,11 @@ from libc.math cimport exp, log
 from _interrupt cimport Interrupt, interrupt_finish, interrupt_start, interrupted
 from _kernel_types cimport real, cell_t
 
+# Logit cells between two looks at pending signals (a row of a small vocabulary is cheaper
+# than the clock read).
+cdef enum:
+    CHECK_CELLS = 1 << 16
+
 
 cdef inline double _row_logsumexp(const real[::1] logits) noexcept nogil:
     cdef Py_ssize_t column
@@ -35,12 +40,16 @@ def indexed_nll_forward(
     cdef Py_ssize_t count = rows.shape[0]
     cdef Py_ssize_t item
     cdef double total = 0.0
+    cdef Py_ssize_t since = 0
     cdef Interrupt interrupt
     with nogil:
         interrupt_start(&interrupt)
         for item in range(count):
-            if interrupted(&interrupt):
-                break
+            since += logits.shape[1]
+            if since >= CHECK_CELLS:
+                since = 0
+                if interrupted(&interrupt):
+                    break
             logsumexp[item] = _row_logsumexp(logits[rows[item]])
             losses[item] = logsumexp[item] - logits[rows[item], targets[item]]
             total += losses[item]
@@ -59,13 +68,16 @@ def indexed_nll_backward(
     """Add ``scale * (softmax - onehot(target))`` into each selected row of ``dlogits``."""
     cdef Py_ssize_t count = rows.shape[0]
     cdef Py_ssize_t classes = logits.shape[1]
-    cdef Py_ssize_t item, row, column
+    cdef Py_ssize_t item, row, column, since = 0
     cdef Interrupt interrupt
     with nogil:
         interrupt_start(&interrupt)
         for item in range(count):
-            if interrupted(&interrupt):
-                break
+            since += classes
+            if since >= CHECK_CELLS:
+                since = 0
+                if interrupted(&interrupt):
+                    break
             row = rows[item]
             for column in range(classes):
                 dlogits[row, column] += <real>(

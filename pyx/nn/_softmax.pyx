@@ -15,6 +15,10 @@ from libc.stdint cimport int64_t
 from _interrupt cimport Interrupt, interrupt_finish, interrupt_start, interrupted
 from _kernel_types cimport real, cell_t
 
+# Score cells between two looks at pending signals (a short row is cheaper than the clock read).
+cdef enum:
+    CHECK_CELLS = 1 << 16
+
 
 cdef inline void _zero_row(real* row, Py_ssize_t first, Py_ssize_t stop) noexcept nogil:
     cdef Py_ssize_t key
@@ -70,14 +74,19 @@ def range_softmax_forward(
 ):
     """Write the range causal softmax of every grid into ``probabilities``."""
     cdef Py_ssize_t width = scores.shape[1]
-    cdef Py_ssize_t grid, query
+    cdef Py_ssize_t grid, query, since = 0
     cdef Interrupt interrupt
     with nogil:
         interrupt_start(&interrupt)
         for grid in range(scores.shape[0]):
+            if interrupt.stop:
+                break
             for query in range(width):
-                if interrupted(&interrupt):
-                    break
+                since += width
+                if since >= CHECK_CELLS:
+                    since = 0
+                    if interrupted(&interrupt):
+                        break
                 if query < lengths[grid]:
                     _softmax_row(
                         &scores[grid, query, 0], &probabilities[grid, query, 0], starts[grid, query], query, width
@@ -96,14 +105,19 @@ def range_softmax_backward(
 ):
     """Write the score gradient: ``p * (dp - sum(p * dp))`` inside each range, zero outside."""
     cdef Py_ssize_t width = probabilities.shape[1]
-    cdef Py_ssize_t grid, query
+    cdef Py_ssize_t grid, query, since = 0
     cdef Interrupt interrupt
     with nogil:
         interrupt_start(&interrupt)
         for grid in range(probabilities.shape[0]):
+            if interrupt.stop:
+                break
             for query in range(width):
-                if interrupted(&interrupt):
-                    break
+                since += width
+                if since >= CHECK_CELLS:
+                    since = 0
+                    if interrupted(&interrupt):
+                        break
                 if query < lengths[grid]:
                     _softmax_row_backward(
                         &probabilities[grid, query, 0], &dprobabilities[grid, query, 0],

@@ -351,9 +351,10 @@ class PackedDataset:
         largest = max(int(np.diff(part.bounds).max()) for part in self.parts)
         tokens = max(int(np.diff(part.token_offsets[part.bounds]).max()) for part in self.parts)
         index_bytes = sum(8 * (4 * part.example_count + part.batch_count) for part in self.parts)
-        #: Bytes held: the index arrays, one built batch and its int32 tokens.
-        self.memory_peak = index_bytes + budget.batch_bytes(self.largest_batch_rows, largest,
-                                                            self.config.capacity) + 4 * tokens
+        #: Bytes one built batch holds, with its int32 tokens: what ``max_memory_bytes`` caps.
+        self.batch_peak = budget.batch_bytes(self.largest_batch_rows, largest, self.config.capacity) + 4 * tokens
+        #: Bytes held: the index arrays (memory-mapped from the files) and one built batch.
+        self.memory_peak = index_bytes + self.batch_peak
 
     def _check_counts(self, records: list, counts: dict) -> None:
         """Each part's firsts are the running sums of the parts before it, every total is
@@ -404,12 +405,12 @@ class PackedDataset:
 
     def batch(self, number: int) -> PackedBatch:
         """Build batch ``number`` from its tokens on disk (rows local to it, ordinals global).
-        Holding it and the index over the config's ``max_memory_bytes`` is a
-        ``MemoryBudgetError``, raised before anything is allocated."""
+        A batch over the config's ``max_memory_bytes`` is a ``MemoryBudgetError``, raised
+        before anything is allocated (the index is memory-mapped, not counted)."""
         return self._batch(number, None)
 
     def _require_budget(self) -> None:
-        budget.require(self.memory_peak, self.config.max_memory_bytes, f"{self.path}: a batch with the index")
+        budget.require(self.batch_peak, self.config.max_memory_bytes, f"{self.path}: one batch")
 
     def _batch(self, number: int, buffers: FieldArrays | None) -> PackedBatch:
         """Batch ``number`` in ``buffers`` (at least the largest batch), or in fresh arrays."""

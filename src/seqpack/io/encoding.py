@@ -164,7 +164,7 @@ class TokenizerFile:
         """Content IDs of every text back to back (int64) and their offsets, in one
         parallel ``encode_batch_fast`` call. A text the tokenizer cannot encode (a
         WordLevel or BPE whose unknown token is not in its vocabulary, say) is a
-        :class:`TokenizerFailure` naming its index."""
+        :class:`TokenizerFailure` naming its index (None when each text alone encodes)."""
         try:
             encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
         except Exception as error:  # tokenizers raises plain Exceptions
@@ -173,7 +173,7 @@ class TokenizerFile:
                     self.tokenizer.encode(text, add_special_tokens=False)
                 except Exception:
                     raise TokenizerFailure(index, f"the tokenizer failed: {error}") from None
-            raise TokenizerFailure(0, f"the tokenizer failed: {error}") from None
+            raise TokenizerFailure(None, f"the tokenizer failed on these texts together: {error}") from None
         offsets = np.zeros(len(encodings) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encodings], out=offsets[1:])
         flat = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=int(offsets[-1]))
@@ -181,9 +181,9 @@ class TokenizerFile:
 
 
 class TokenizerFailure(InvalidInputError):
-    """The tokenizers library could not encode text ``index`` of a batch."""
+    """The tokenizers library could not encode text ``index`` of a batch (None: the batch)."""
 
-    def __init__(self, index: int, message: str):
+    def __init__(self, index: int | None, message: str):
         super().__init__(message)
         self.index = index
 
@@ -261,7 +261,9 @@ class ChunkEncoder:
             try:
                 content, offsets = self.tokenizer.encode(texts)
             except TokenizerFailure as failure:
-                raise InvalidInputError(f"{self.where(chunk, failure.index)}: {failure}") from None
+                where = (self.where(chunk, failure.index) if failure.index is not None
+                         else f"{self.where(chunk, 0)} to {self.where(chunk, len(texts) - 1)}")
+                raise InvalidInputError(f"{where}: {failure}") from None
             tokens, offsets = frame(content, offsets, binding.bos_id, binding.eos_id)
         elif not self.tokenizer.merges:  # bytes: ID = byte + 2, no merges to apply
             data, offsets = chunk.joined_bytes()

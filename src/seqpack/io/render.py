@@ -11,6 +11,7 @@ storage cell and one ``class="edge"`` square per permitted (query, key) pair.
 
 from __future__ import annotations
 
+import unicodedata
 from html import escape
 from itertools import zip_longest
 
@@ -30,19 +31,19 @@ PAD = "·"
 
 def printable(text: str) -> str:
     """``text`` with what a terminal or an XML file cannot show as it is written out as
-    escapes: control characters as ``\\n``, ``\\x1b``..., and the undecodable bytes of a
-    file name (``os.fsdecode``'s surrogates) as ``\\xff``."""
-    if text.isprintable():
-        return text
+    escapes: control characters and line or paragraph separators as ``\\n``, ``\\x1b``,
+    ``\\u2028``..., the undecodable bytes of a file name (``os.fsdecode``'s surrogates) as
+    ``\\xff``, and the noncharacters U+FFFE and U+FFFF. Everything else (spaces of any
+    width, joiners, marks) is kept. For display only: a name may itself hold a backslash."""
     shown = []
     for character in text:
         code = ord(character)
         if 0xDC80 <= code <= 0xDCFF:
             shown.append(f"\\x{code - 0xDC00:02x}")
-        elif character.isprintable():
-            shown.append(character)
-        else:
+        elif unicodedata.category(character) in ("Cc", "Cs", "Zl", "Zp") or code in (0xFFFE, 0xFFFF):
             shown.append(repr(character)[1:-1])
+        else:
+            shown.append(character)
     return "".join(shown)
 
 
