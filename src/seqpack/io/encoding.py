@@ -180,6 +180,11 @@ class TokenizerFile:
         return flat, offsets
 
 
+def _document_of(offsets: np.ndarray, index: int) -> int:
+    """The document whose tokens hold flat ``index`` (``offsets`` rise from 0)."""
+    return int(np.searchsorted(offsets, index, side="right")) - 1
+
+
 class TokenizerFailure(InvalidInputError):
     """The tokenizers library could not encode text ``index`` of a batch (None: the batch)."""
 
@@ -249,9 +254,8 @@ class ChunkEncoder:
                 raise InvalidInputError(f"{self.where(chunk, 0)}: token IDs must be integers, not {values.dtype}")
             self._check_int32(chunk, values, offsets)
             if isinstance(self.tokenizer, TokenizerFile) and (bad := self.tokenizer.first_unknown(values)) >= 0:
-                document = int(np.searchsorted(offsets, bad, side="right")) - 1
-                raise InvalidInputError(f"{self.where(chunk, document)}: token ID {int(values[bad])} names no token of "
-                                        f"{self.tokenizer.path.name} (a gap in its IDs)")
+                raise InvalidInputError(f"{self.where(chunk, _document_of(offsets, bad))}: token ID {int(values[bad])} "
+                                        f"names no token of {self.tokenizer.path.name} (a gap in its IDs)")
             if self.framed:
                 tokens = np.ascontiguousarray(values, dtype=np.int32)
             else:
@@ -290,8 +294,8 @@ class ChunkEncoder:
         if low >= -INT32_MAX - 1 and high <= INT32_MAX:
             return
         bad = np.flatnonzero((values < -INT32_MAX - 1) | (values > INT32_MAX))[0]
-        document = int(np.searchsorted(offsets, bad, side="right")) - 1
-        raise InvalidInputError(f"{self.where(chunk, document)}: token ID {int(values[bad])} does not fit int32")
+        raise InvalidInputError(f"{self.where(chunk, _document_of(offsets, bad))}: token ID {int(values[bad])} "
+                                f"does not fit int32")
 
     def _validated(self, chunk: DocumentChunk, tokens: np.ndarray, offsets: np.ndarray) -> Encoded:
         """Skip empty documents, check the rest in one kernel pass, name the first bad one."""
