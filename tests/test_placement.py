@@ -344,3 +344,5 @@ def test_the_radix_order_is_numpys_stable_argsort(largest, count):
     keys = rng.integers(0, largest, count, endpoint=True, dtype=np.int64) if largest else np.zeros(count, np.int64)
     keys[::5] = keys[0] if count else 0  # ties
     assert np.array_equal(stable_order(keys, largest), np.argsort(keys, kind="stable"))
+    # Flipped (longest first, no flipped copy): the stable argsort of largest - key.
+    assert np.array_equal(stable_order(keys, largest, flip_from=largest), np.argsort(largest - keys, kind="stable"))

@@ -169,19 +169,23 @@ def _longest_first(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.n
         counts = np.empty(capacity + 1, dtype=np.int64)
         _placement.order_longest_first(lengths, capacity, counts, order, sorted_lengths)
     else:
-        order = stable_order(capacity - lengths, capacity - 1)
+        order = stable_order(lengths, capacity - 1, flip_from=capacity)
         np.take(lengths, order, out=sorted_lengths)
     return order, sorted_lengths
 
 
-def stable_order(keys: np.ndarray, largest: int) -> np.ndarray:
-    """The indices of int64 ``keys`` (each in ``[0, largest]``) by key, equal keys in index
-    order: numpy's stable argsort, as an interruptible radix sort over 16-bit digits."""
+def stable_order(keys: np.ndarray, largest: int, flip_from: int | None = None) -> np.ndarray:
+    """The indices of int64 ``keys`` by sort key, equal keys in index order: numpy's
+    stable argsort, as an interruptible radix sort over 16-bit digits.
+
+    The sort key is the key, or ``flip_from - key`` when ``flip_from`` is given (longest
+    first without a flipped copy of the keys); every sort key is in ``[0, largest]``.
+    """
     count = keys.shape[0]
     order = np.empty(count, dtype=np.int64)
     passes = max(1, -(-int(largest).bit_length() // 16))
-    _placement.stable_order(np.ascontiguousarray(keys, dtype=np.int64), passes, np.empty(2**16, dtype=np.int64),
-                            np.empty(count, dtype=np.int64), order)
+    _placement.stable_order(np.ascontiguousarray(keys, dtype=np.int64), -1 if flip_from is None else int(flip_from),
+                            passes, np.empty(2**16, dtype=np.int64), np.empty(count, dtype=np.int64), order)
     return order
 
 
