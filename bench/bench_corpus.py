@@ -13,7 +13,9 @@
     packing also does: every token copied into its packed row), and reading the file
     alone. TRL (when installed): ``pack_dataset(..., strategy="bfd")`` on the same table as
     a ``datasets.Dataset`` in memory, and TRL's path to disk: ``Dataset.from_parquet`` +
-    ``pack_dataset`` + ``save_to_disk``.
+    ``pack_dataset`` + ``save_to_disk``. Printed after the table: the floor of any job from
+    this file to disk here (reading the file alone; writing the output at the in-run disk
+    speed) and each TRL time over the longer of the two, the most such a job could reach.
 (b) Raw text through a byte-level BPE (``tokenizers``, vocabulary 8192, trained here on
     the first files of the Python standard library): tokenizing alone
     (``encode_batch_fast`` on texts already in memory) against ``pack_corpus`` of the same
@@ -249,6 +251,19 @@ def storage(manifest: dict) -> dict:
             "eager_bytes_per_token": eager / manifest["counts"]["tokens"], "eager_over_disk": eager / disk}
 
 
+def job_floor(records_a: list[dict], storage_record: dict, disk_mb_per_s: float) -> dict:
+    """What workload (a) cannot go below on this machine: reading its Parquet file and
+    writing its output at the measured disk speed, and each TRL method's time over the
+    longer of the two (the most any Parquet-to-disk job could be faster than TRL here)."""
+    seconds = {record["method"]: record["seconds"] for record in records_a}
+    read = next(value for method, value in seconds.items() if method.startswith("seqpack: reading"))
+    write = storage_record["bytes_on_disk"] / (disk_mb_per_s * 2**20)
+    peers = {"TRL in memory": "TRL pack_dataset", "TRL to disk": "TRL: Dataset.from_parquet"}
+    ceilings = {label: value / max(read, write) for label, prefix in peers.items()
+                for method, value in seconds.items() if method.startswith(prefix)}
+    return {"read_seconds": read, "write_seconds": write, "ceilings": ceilings}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=positive, default=200_000)
@@ -270,8 +285,10 @@ def main() -> None:
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "examples": args.examples, "repeats": args.repeats}
     records = records_a + records_b
+    floor = job_floor(records_a, bytes_record, disk)
     if args.json:
-        json.dump({"conditions": conditions, "records": records, "storage": bytes_record}, sys.stdout, indent=2)
+        json.dump({"conditions": conditions, "records": records, "storage": bytes_record, "floor_a": floor},
+                  sys.stdout, indent=2)
         print()
         return
     before, after = (" ".join(f"{v:.2f}" for v in conditions[k]) for k in ("load_average_before", "load_average_after"))
@@ -284,6 +301,13 @@ def main() -> None:
     for record in records:
         ratio = record["seconds"] / reference[record["workload"]]
         print(f"| ({record['workload']}) | {record['method']} | {record['seconds']:.3f} | {ratio:.2f}x |")
+    print(f"(a) floor of any Parquet-to-disk job here: reading the file alone {floor['read_seconds']:.3f} s, writing "
+          f"the output at the in-run disk speed {floor['write_seconds']:.3f} s", end="")
+    if floor["ceilings"]:
+        print("; so at most " + ", ".join(f"{ratio:.1f}x {peer}" for peer, ratio in floor["ceilings"].items())
+              + " (the longer step alone, everything else free and overlapped)")
+    else:
+        print()
     if records_b:
         print(f"(b) reading, validating, packing and writing add {records_b[1]['overhead_over_tokenizing']:.1%} "
               f"to tokenizing alone, and {records_b[2]['overhead_over_tokenizing']:.1%} to the time spent "

@@ -143,6 +143,29 @@ def test_bench_attention_json_on_the_fixture_shape():
     assert "heads/4" not in table.getvalue()
 
 
+@pytest.mark.slow
+@pytest.mark.bench
+def test_bench_corpus_json_reports_every_workload_and_the_floor_of_workload_a():
+    """The floor of (a): reading the file alone and writing the output at the in-run disk
+    speed, and each TRL time over the longer of the two (the most any job could reach)."""
+    pytest.importorskip("trl", reason="bench_corpus.py's TRL rows need the bench extra: pip install 'seqpack[bench]'")
+    result = subprocess.run([sys.executable, str(BENCH / "bench_corpus.py"), "--examples", "2000", "--files", "5",
+                             "--repeats", "1", "--json"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    seconds = {record["method"]: record["seconds"] for record in report["records"]}
+    assert {record["workload"] for record in report["records"]} == {"a", "b"}
+    assert all(value > 0 for value in seconds.values())
+    floor = report["floor_a"]
+    assert floor["read_seconds"] == seconds["seqpack: reading the Parquet file alone (flat values + offsets)"]
+    disk = report["conditions"]["disk_write_fsync_mb_per_s"]
+    assert floor["write_seconds"] == pytest.approx(report["storage"]["bytes_on_disk"] / (disk * 2**20))
+    longer = max(floor["read_seconds"], floor["write_seconds"])
+    in_memory = seconds["TRL pack_dataset(strategy='bfd') on the table in memory"]
+    to_disk = seconds["TRL: Dataset.from_parquet + pack_dataset(bfd) + save_to_disk"]
+    assert floor["ceilings"] == pytest.approx({"TRL in memory": in_memory / longer, "TRL to disk": to_disk / longer})
+
+
 def test_bench_attention_gqa_label_names_the_ratio_it_runs():
     """The row was labelled "kv heads = heads/4" on workloads with 2 heads and 1 key/value head."""
     from seqpack.bench.attention import GQA, gqa_kv_heads, method_label
