@@ -192,7 +192,7 @@ KILLERS = {
     # part (tokens.bin written, the tables not yet), after the rename, before the manifest.
     "reading": "seqpack.io.progress.Progress.reading",
     "writing": "seqpack.io.format.write_array",
-    "publishing": "seqpack.io.format.write_manifest",
+    "publishing": "seqpack.io.format.signals_deferred",
 }
 KILL_SCRIPT = """
 import importlib, os, signal, sys

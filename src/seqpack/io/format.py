@@ -26,9 +26,16 @@ counts and every file's byte size and SHA-256. A part's example ``i`` has the gl
 ordinal ``first_example + i`` (its segment in every batch). Batches never span parts.
 
 Writing: everything goes into a hidden temporary sibling directory, each file flushed
-and fsynced; the directory is renamed into place and ``manifest.json`` is written last,
-atomically (temporary file, fsync, rename). A directory without ``manifest.json`` is
-incomplete and is refused by ``open_dataset`` and ``verify``.
+and fsynced; the directory is renamed into place and ``manifest.json`` is renamed in
+last, atomically, from a temporary name of this writer's own. A directory without
+``manifest.json`` is incomplete and is refused by ``open_dataset`` and ``verify``. The
+rename of the manifest is the commit point: a failure before it puts the old dataset
+back, and a signal (Ctrl-C, SIGTERM) after it no longer fails the publish.
+
+Every temporary name carries its writer's host and process ID
+(``.NAME.seqpack-partial-HOST-PID-XXXXXXXXXXXX``, and ``seqpack-old`` for a replaced
+dataset on its way out), so a later pack into the same directory removes what a killed
+writer left (:func:`remove_leftovers`) and never what a running one is writing.
 """
 
 from __future__ import annotations
@@ -37,7 +44,11 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
+import socket
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -168,12 +179,14 @@ def _is_part(name: str) -> bool:
 
 def _stranger(directory: Path) -> str | None:
     """The first entry of ``directory`` that no packed dataset holds, or None: a dataset
-    holds only its seqpack ``manifest.json`` (or none yet) and part directories
-    (``part-NNNNN``) holding only part files."""
+    holds only its seqpack ``manifest.json`` (or none yet, or one on its way in) and part
+    directories (``part-NNNNN``) holding only part files."""
     for entry in sorted(directory.iterdir()):
         if entry.name == MANIFEST:
             if not is_packed_dataset(directory):
                 return f"{MANIFEST}, which is not a seqpack manifest"
+        elif MANIFEST_TEMPORARY.match(entry.name) and entry.is_file() and not entry.is_symlink():
+            continue  # a writer's manifest on its way in
         elif not _is_part(entry.name) or entry.is_symlink() or not entry.is_dir():
             return repr(entry.name)
         else:
@@ -255,15 +268,83 @@ def check_output(out: Path, force: bool, inputs=()) -> None:
                                     f"outside the inputs")
 
 
+def _host() -> str:
+    """This machine's name as temporary names carry it (letters, digits and dots, at most 32)."""
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:32] or "host"
+
+
+#: A temporary sibling's name: its dataset's name, its kind, its writer's host and PID.
+LEFTOVER = re.compile(r"^\.(?P<out>.+)\.seqpack-(?P<kind>partial|old)-(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)-[0-9a-f]{12}$")
+#: A manifest on its way in (inside the dataset's directory).
+MANIFEST_TEMPORARY = re.compile(r"^\." + re.escape(MANIFEST) + r"\.[A-Za-z0-9._]+-\d+-[0-9a-f]{12}\.partial$")
+
+
+def _writer_tag() -> str:
+    return f"{_host()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def temporary_sibling(out: Path, kind: str) -> Path:
+    """A fresh hidden sibling of ``out`` of ``kind`` (``partial`` or ``old``), named for this writer."""
+    return out.parent / f".{out.name}.seqpack-{kind}-{_writer_tag()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_leftovers(parent: Path) -> list[str]:
+    """Remove the temporary siblings in ``parent`` that seqpack writers on this host left
+    when they were killed (their process is gone); return their names. A writer still
+    running, or one on another host (a shared file system), is left alone."""
+    removed, host = [], _host()
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = LEFTOVER.match(entry.name)
+        if match is None or match["host"] != host or _alive(int(match["pid"])):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        if not entry.exists():
+            removed.append(entry.name)
+    return removed
+
+
+def _check_name_length(out: Path) -> None:
+    """Refuse an output whose temporary siblings' names would be too long for the file system."""
+    longest = len(temporary_sibling(out, "partial").name.encode())
+    try:
+        limit = os.pathconf(out.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if longest > limit:
+        suffix = longest - len(out.name.encode())
+        raise InvalidInputError(
+            f"the output's name is {len(out.name.encode())} bytes; it is written first under a hidden sibling "
+            f"name {suffix} bytes longer ('.NAME.seqpack-partial-HOST-PID-ID'), and this file system allows "
+            f"{limit}: give --out a name of at most {limit - suffix} bytes")
+
+
 @contextlib.contextmanager
 def staging_directory(out: Path, force: bool, inputs=()):
     """A hidden temporary sibling of ``out`` to write into; removed on any failure.
 
-    ``out``, ``force`` and ``inputs`` are checked first (:func:`check_output`). The
+    ``out``, ``force`` and ``inputs`` are checked first (:func:`check_output`), and what
+    killed writers left beside ``out`` is removed (:func:`remove_leftovers`). The
     caller finishes with :func:`publish`, which renames it into place.
     """
     check_output(out, force, inputs)
-    staging = out.parent / f".{out.name}.seqpack-partial-{uuid.uuid4().hex[:12]}"
+    _check_name_length(out)
+    remove_leftovers(out.parent)
+    staging = temporary_sibling(out, "partial")
     staging.mkdir()
     try:
         yield staging
@@ -272,32 +353,70 @@ def staging_directory(out: Path, force: bool, inputs=()):
         raise
 
 
+@contextlib.contextmanager
+def signals_deferred():
+    """Within the block, SIGINT and SIGTERM are recorded (in the list it yields) instead of
+    handled; outside the main thread, where no handler runs, nothing changes."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    kept = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    for number in kept:
+        signal.signal(number, lambda received, frame: caught.append(received))
+    try:
+        yield caught
+    finally:
+        for number, handler in kept.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+
+
 def publish(staging: Path, out: Path, manifest: dict, force: bool) -> None:
     """Rename ``staging`` to ``out`` (replacing an old ``out`` only when ``force``), then
-    write ``manifest.json`` last, atomically. Until that final rename ``out`` has no
-    manifest and is refused as incomplete. Any failure on the way (a full disk, Ctrl-C)
-    puts everything back: the new files at ``staging`` (which the caller removes) and the
-    old ``out`` where it was."""
+    rename ``manifest.json`` in last, atomically. Until that final rename ``out`` has no
+    manifest and is refused as incomplete, and any failure on the way (a full disk,
+    Ctrl-C) puts everything back: the new files at ``staging`` (which the caller removes)
+    and the old ``out`` where it was. The final rename commits: from it on, SIGINT and
+    SIGTERM are deferred until the old dataset is removed, and one that arrives stops the
+    removal (the next pack beside ``out`` finishes it) without failing the publish."""
+    temporary = staging / f".{MANIFEST}.{_writer_tag()}.partial"
+    write_json(temporary, manifest)
     fsync_directory(staging)
     old = None
     if out.exists() or out.is_symlink():
         check_output(out, force)   # whatever appeared there since the start is checked again
-        old = out.parent / f".{out.name}.seqpack-old-{uuid.uuid4().hex[:12]}"
+        old = temporary_sibling(out, "old")
+    committed = False
     try:
         if old is not None:
             os.rename(out, old)
         os.rename(staging, out)
         fsync_directory(out.parent)
-        write_manifest(out, manifest)
+        with signals_deferred() as caught:
+            os.rename(out / temporary.name, out / MANIFEST)
+            committed = True
+            fsync_directory(out)
+            if old is not None:
+                _remove_unless(old, caught)
     except BaseException:
+        if committed:  # the dataset is published; only a removal of the old one failed
+            return
         _put_back(staging, out, old)
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_unless(directory: Path, caught: list) -> None:
+    """Remove ``directory`` entry by entry, stopping when ``caught`` fills (a signal came)."""
+    for entry in sorted(directory.iterdir()):
+        if caught:
+            return
+        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+    if not caught:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _put_back(staging: Path, out: Path, old: Path | None) -> None:
-    """Undo a :func:`publish` stopped at any step (judged by what is on disk)."""
+    """Undo a :func:`publish` stopped at any step before its commit (judged by what is on disk)."""
     with contextlib.suppress(OSError):
         if not staging.exists() and (out.exists() or out.is_symlink()) and (old is None or old.exists()):
             os.rename(out, staging)       # the new files, moved back for the caller to remove
@@ -305,21 +424,18 @@ def _put_back(staging: Path, out: Path, old: Path | None) -> None:
             os.rename(old, out)
 
 
-def write_manifest(directory: Path, manifest: dict) -> None:
-    """``manifest.json`` written to a temporary name, fsynced, then renamed (atomic)."""
-    temporary = directory / f".{MANIFEST}.partial"
+def write_json(path: Path, manifest: dict) -> None:
+    """``manifest`` as JSON at ``path``, flushed and fsynced; a failure removes the file."""
     try:
-        with open(temporary, "w", encoding="utf-8") as handle:
+        with open(path, "w", encoding="utf-8") as handle:
             json.dump(manifest, handle, indent=1, sort_keys=True)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
-        os.rename(temporary, directory / MANIFEST)
     except BaseException:
         with contextlib.suppress(OSError):
-            temporary.unlink()
+            path.unlink()
         raise
-    fsync_directory(directory)
 
 
 def read_manifest(directory) -> dict:
