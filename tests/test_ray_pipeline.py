@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -426,3 +427,103 @@ def test_ray_is_shut_down_before_the_dataset_is_published(corpus, tmp_path):
                             shards=3, long="cut", run=ray_runner(fake, cpus_per_task=1, max_retries=0, shutdown=True))
     assert fake.calls == ["task"] * 3 + ["shutdown"] and len(manifest["parts"]) == 3
     assert io.open_dataset(tmp_path / "out").report().valid_targets == manifest["report"]["valid_targets"]
+
+
+# --- signals at every moment of a command-line Ray run (issue 33) --------------------------
+
+def _marked_processes(mark: str) -> list[int]:
+    """Processes whose environment holds ``SEQPACK_TEST_RUN=mark`` (a run's own, Ray's included)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as handle:
+                    if f"SEQPACK_TEST_RUN={mark}".encode() in handle.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def _staging(parent: Path):
+    hidden = [p for p in parent.iterdir() if ".seqpack-partial-" in p.name]
+    return hidden[0] if hidden else None
+
+
+#: When each moment has come, judged from what is on disk and in the process table:
+#: inside ray.init (Ray's GCS runs, no temporary directory yet), while the shards run
+#: (a temporary directory, no part in it), while the parts are gathered (one or two of
+#: three), and during the shutdown before the publish (all three, no manifest yet).
+MOMENTS = {
+    "ray.init": lambda parent, mark: _staging(parent) is None and any(
+        b"gcs_server" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in _marked_processes(mark)
+        if Path(f"/proc/{pid}/cmdline").exists()),
+    "shards running": lambda parent, mark: (s := _staging(parent)) is not None and not list(s.glob("part-*")),
+    "gathering": lambda parent, mark: (s := _staging(parent)) is not None and 1 <= len(list(s.glob("part-*"))) < 3,
+    "shutdown": lambda parent, mark: (s := _staging(parent)) is not None and len(list(s.glob("part-*"))) == 3,
+}
+
+
+@pytest.fixture(scope="module")
+def signal_corpus(tmp_path_factory):
+    """Three JSONL files of about 0.5, 2 and 4 MB: with one worker the shards run one
+    after another, so each moment lasts long enough to be caught."""
+    directory = tmp_path_factory.mktemp("signals")
+    rng = np.random.default_rng(7)
+    paths = []
+    for number, lines in enumerate((3_000, 12_000, 24_000)):
+        sizes = rng.integers(20, 300, size=lines)
+        text = "".join(json.dumps({"text": "".join(map(chr, rng.integers(97, 123, size=n)))}) + "\n" for n in sizes)
+        paths.append(directory / f"{number}.jsonl")
+        paths[-1].write_text(text, encoding="utf-8")
+    return paths
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("moment", sorted(MOMENTS))
+def test_a_signal_at_any_moment_of_a_ray_run_leaves_the_old_dataset_and_no_process(signal_corpus, tmp_path,
+                                                                                    moment, number):
+    """At 7.5 s a SIGTERM gave exit 1, Ray's C++ check failure, a 32 MB partial directory
+    and Ray processes alive for a minute; inside ray.init, exit 15 and no message."""
+    out = tmp_path / "out"
+    assert main(["pack", str(signal_corpus[0]), "--out", str(out), "--capacity", "512", "--quiet"]) == 0
+    before = (out / fmt.MANIFEST).read_text()
+    mark = f"{moment}-{number}-{os.getpid()}".replace(" ", "_").replace(".", "_")
+    environment = {**os.environ, "SEQPACK_TEST_RUN": mark, "RAY_DISABLE_USAGE_STATS": "1"}
+    environment.pop("RAY_ADDRESS", None)
+    command = [sys.executable, "-m", "seqpack", "pack", *map(str, signal_corpus), "--out", str(out), "--force",
+               "--engine", "ray", "--shards", "3", "--workers", "1", "--capacity", "512", "--quiet"]
+    run = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not MOMENTS[moment](tmp_path, mark):
+        assert run.poll() is None, f"the run ended before {moment}: {run.stderr.read()}"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    run.send_signal(number)
+    _, stderr = run.communicate(timeout=120)
+    expected = {signal.SIGTERM: (143, "seqpack: terminated"), signal.SIGINT: (130, "seqpack: interrupted")}[number]
+    assert (run.returncode, stderr.strip()) == expected, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing partial, no old copy
+    assert (out / fmt.MANIFEST).read_text() == before
+    io.verify_dataset(out)
+    for _ in range(50):  # every process of the run's own cluster gone within 5 s
+        alive = _marked_processes(mark)
+        if not alive:
+            break
+        time.sleep(0.1)
+    assert alive == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in alive]
+
+
+def test_a_later_pack_removes_what_a_killed_ray_run_left(signal_corpus, tmp_path):
+    """A killed run's leftovers (its writer gone) go at the next pack beside them; a live
+    writer's stay."""
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    host = fmt._host()
+    partial = tmp_path / f".out.seqpack-partial-{host}-{pid}-0123456789ab"
+    (partial / "part-00000").mkdir(parents=True)
+    live = tmp_path / f".other.seqpack-partial-{host}-{os.getpid()}-0123456789ab"
+    live.mkdir()
+    assert main(["pack", str(signal_corpus[0]), "--out", str(out), "--capacity", "512", "--quiet"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "out"]

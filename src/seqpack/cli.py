@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib.util
 import json
 import os
 import signal
@@ -153,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _pack(args) -> int:
     from . import data, io
     from .data.corpus import stdlib_sources
-    from .io.progress import Progress
+    from .io import format as fmt
     from .packing import PackConfig
 
     if args.sample == bool(args.inputs):
@@ -197,9 +198,34 @@ def _pack(args) -> int:
     config = PackConfig(args.capacity, args.rows_per_batch)
     common = dict(tokenizer=tokenizer, config=config, policy=args.policy, partition=data.Partition(args.partition),
                   long="cut" if args.cut_long or args.sample else "error", framed=args.framed, force=args.force)
+    stamp = fmt.manifest_stamp(args.out)
     try:
+        return _pack_and_report(args, readers, binding, common)
+    except (KeyboardInterrupt, Terminated):
+        if fmt.manifest_stamp(args.out) not in (stamp, None) and fmt.is_packed_dataset(args.out):
+            print(f"seqpack: {args.out} is complete: the signal came after it was published", file=sys.stderr)
+            return 0
+        raise
+
+
+def _pack_and_report(args, readers, binding, common) -> int:
+    """Pack with the chosen engine, then print the report (or the manifest)."""
+    from . import io
+    from .io.progress import Progress
+    from .ray import supervisor
+
+    try:
+        if args.engine == "ray" and not supervisor.supervised():
+            if importlib.util.find_spec("ray") is None:
+                from .io.readers import missing_extra
+
+                raise missing_extra("the Ray engine", "ray")
+            return supervisor.run_supervised(args.argv, args.out)
         if args.engine == "ray":
             from .ray import pack_corpus as pack_on_ray
+
+            if os.environ.get(supervisor.DRIVER_VARIABLE) == "1":
+                supervisor.die_with_supervisor()
 
             manifest = pack_on_ray(readers, args.out, binding=binding, shards=args.shards, address=args.address,
                                    workers=args.workers, progress=not args.quiet, threads=args.threads or 1, **common)
@@ -388,6 +414,7 @@ def _silence_stdout() -> None:
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

@@ -200,6 +200,16 @@ def _is_manifest(value) -> bool:
     return isinstance(value, dict) and value.get("format") == FORMAT
 
 
+def manifest_stamp(directory: Path):
+    """What identifies ``directory``'s manifest file now (inode, modification time and
+    size), or None when it has none: a publish since changes it."""
+    try:
+        status = (Path(directory) / MANIFEST).stat()
+    except OSError:
+        return None
+    return status.st_ino, status.st_mtime_ns, status.st_size
+
+
 def is_packed_dataset(directory: Path) -> bool:
     """Whether ``directory`` holds a seqpack ``manifest.json`` (one whose ``format`` says
     so, of any format version)."""
@@ -299,21 +309,31 @@ def _alive(pid: int) -> bool:
 
 
 def remove_leftovers(parent: Path) -> list[str]:
-    """Remove the temporary siblings in ``parent`` that seqpack writers on this host left
-    when they were killed (their process is gone); return their names. A writer still
-    running, or one on another host (a shared file system), is left alone."""
+    """Clear up the temporary siblings in ``parent`` that seqpack writers on this host left
+    when they were killed (their process is gone); return their names. A replaced
+    dataset on its way out is put back where the new one never committed (its name holds
+    no complete dataset: nothing, or an incomplete one, which goes); everything else a
+    dead writer left is removed. A writer still running, or one on another host (a
+    shared file system), is left alone."""
     removed, host = [], _host()
     try:
-        entries = list(parent.iterdir())
+        entries = sorted(parent.iterdir())
     except OSError:
         return removed
     for entry in entries:
         match = LEFTOVER.match(entry.name)
-        if match is None or match["host"] != host or _alive(int(match["pid"])):
+        if match is None or match["host"] != host or _alive(int(match["pid"])) or entry.is_symlink():
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        if not entry.exists():
+        target = parent / match["out"]
+        with contextlib.suppress(OSError):
+            if match["kind"] == "old" and not is_packed_dataset(target):
+                if target.is_dir() and not target.is_symlink() and _stranger(target) is None:
+                    shutil.rmtree(target)  # the dead writer's incomplete new dataset
+                if not (target.exists() or target.is_symlink()):
+                    os.rename(entry, target)
+                    removed.append(entry.name)
+                continue
+            shutil.rmtree(entry)
             removed.append(entry.name)
     return removed
 

@@ -254,7 +254,7 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
     try:
         with _signal_handlers_kept():
             if started:
-                _join_or_start(ray, address)
+                _join_or_start(ray, address, quiet=not progress)
         _check_cpus(ray, threads)
         return pack_sharded(
             readers, out, binding=binding, tokenizer=tokenizer, config=config, shards=shards, policy=policy,
@@ -267,14 +267,15 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
                 ray.shutdown()
 
 
-def _join_or_start(ray, address: str | None) -> None:
+def _join_or_start(ray, address: str | None, quiet: bool = False) -> None:
     """``ray.init``: join ``address`` (or ``RAY_ADDRESS``, as Ray would), probed first, or
-    start a local cluster; a malformed address is an error naming it."""
+    start a local cluster; a malformed address is an error naming it. ``quiet`` keeps
+    Ray's warnings (its token authentication notice, for one) off stderr."""
     joined = address if address is not None else os.environ.get("RAY_ADDRESS") or None
     check_reachable(joined)
     options = {"include_dashboard": False} if joined is None else {}
     try:
-        ray.init(address=address, logging_level=logging.WARNING, **options)
+        ray.init(address=address, logging_level=logging.ERROR if quiet else logging.WARNING, **options)
     except (ConnectionError, ValueError) as error:
         source = "" if address is not None else " (from RAY_ADDRESS)"
         raise InvalidInputError(f"cannot join the Ray cluster at {joined}{source}: {error}") from None
