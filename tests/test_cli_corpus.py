@@ -279,3 +279,79 @@ def test_the_readme_training_snippet_runs_on_a_packed_directory(tmp_path, docs, 
     namespace = {}
     exec(compile(block, "README.md", "exec"), namespace)
     assert namespace["number"] == len(namespace["dataset"]) - 1
+
+
+#: A --force pack that sends itself a signal at one step of its publish: ``sys.argv[1]``
+#: names the step, ``sys.argv[2]`` the signal; the rest is the command line.
+SIGNAL_AT_STEP_SCRIPT = """
+import os, shutil, signal, sys
+from seqpack import cli
+from seqpack.io import format as fmt
+step, number = sys.argv[1], getattr(signal, sys.argv[2])
+renames, real_rename, real_rmtree, real_print_stats = [], os.rename, shutil.rmtree, cli._print_stats
+def rename(source, target):
+    real_rename(source, target)
+    renames.append(target)
+    if step == "staging renamed in" and len(renames) == 2 or step == "manifest renamed in" and len(renames) == 3:
+        os.kill(os.getpid(), number)
+def rmtree(path, *args, **kwargs):
+    if step == "old dataset removed" and ".seqpack-old-" in str(path):
+        os.kill(os.getpid(), number)
+    real_rmtree(path, *args, **kwargs)
+def print_stats(*args):
+    if step == "report printed":
+        os.kill(os.getpid(), number)
+    real_print_stats(*args)
+fmt.os.rename, fmt.shutil.rmtree, cli._print_stats = rename, rmtree, print_stats
+sys.exit(cli.main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("number", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("step", ["staging renamed in", "manifest renamed in", "old dataset removed",
+                                  "report printed"])
+def test_a_signal_during_a_force_publish_tells_the_truth(tmp_path, docs, packed, step, number):
+    """SIGINT during --force's clean-up printed 'interrupted' and exited 130 although the
+    output was already the new dataset, and left .packed.seqpack-old-*/ for ever. Before
+    the manifest's rename the old dataset stays; from it on the command has succeeded."""
+    before = (packed / "manifest.json").read_text()
+    (docs / "more.txt").write_text("one more document " * 5)
+    result = subprocess.run([sys.executable, "-c", SIGNAL_AT_STEP_SCRIPT, step, number, "pack", str(docs), "--out",
+                             str(packed), "--force", "--capacity", "128", "--cut-long", "--quiet"],
+                            capture_output=True, text=True, timeout=120)
+    committed = step != "staging renamed in"
+    if committed:
+        assert result.returncode == 0, result.stderr
+        assert (packed / "manifest.json").read_text() != before
+        notes = {"report printed": f"seqpack: {packed} is complete: the signal came after it was published\n"}
+        assert result.stderr == notes.get(step, "")
+    else:
+        status, line = {"SIGINT": (130, "seqpack: interrupted"), "SIGTERM": (143, "seqpack: terminated")}[number]
+        assert (result.returncode, result.stderr.strip()) == (status, line)
+        assert (packed / "manifest.json").read_text() == before
+    assert run("verify", packed, "--quiet").returncode == 0
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name not in ("docs", "packed"))
+    # A signal from the commit on stops the old dataset's removal, which the next pack finishes.
+    assert len(left) == (step in ("manifest renamed in", "old dataset removed")), left
+    assert run("pack", docs, "--out", tmp_path / "other", "--capacity", "128", "--cut-long", "--quiet").returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs", "other", "packed"]
+
+
+def test_concurrent_force_packs_each_write_their_own_manifest(tmp_path, docs, packed):
+    """Concurrent --force runs shared .manifest.json.partial, so the loser reported 'not a
+    packed dataset (it holds '.manifest.json.partial')'."""
+    runs = [subprocess.Popen([seqpack_command(), "pack", str(docs), "--out", str(packed), "--force", "--capacity",
+                              "128", "--cut-long", "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True) for _ in range(4)]
+    for process in runs:
+        _, stderr = process.communicate(timeout=120)
+        assert ".manifest.json" not in stderr, stderr
+        assert process.returncode == 0 or "seqpack: error:" in stderr, stderr
+    assert run("verify", packed, "--quiet").returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs", "packed"]
+
+
+def test_a_long_output_name_names_the_hidden_suffix(tmp_path, docs):
+    line = one_error_line(run("pack", docs, "--out", tmp_path / ("x" * 240), "--cut-long", "--quiet"))
+    assert "hidden sibling name" in line and "give --out a name of at most" in line, line

@@ -527,3 +527,16 @@ def test_a_later_pack_removes_what_a_killed_ray_run_left(signal_corpus, tmp_path
     live.mkdir()
     assert main(["pack", str(signal_corpus[0]), "--out", str(out), "--capacity", "512", "--quiet"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "out"]
+
+
+def test_a_quiet_ray_run_prints_nothing_and_leaves_no_process(signal_corpus, tmp_path):
+    """--quiet still printed Ray's authentication_token_setup.py warning."""
+    mark = f"quiet-{os.getpid()}"
+    environment = {**os.environ, "SEQPACK_TEST_RUN": mark, "RAY_DISABLE_USAGE_STATS": "1"}
+    environment.pop("RAY_ADDRESS", None)
+    result = subprocess.run([sys.executable, "-m", "seqpack", "pack", str(signal_corpus[0]), "--out",
+                             str(tmp_path / "out"), "--engine", "ray", "--capacity", "512", "--quiet"],
+                            env=environment, capture_output=True, text=True, timeout=300)
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert _marked_processes(mark) == []
