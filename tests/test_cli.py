@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -275,3 +276,31 @@ def test_bench_scripts_answer_help_without_running(script):
                             timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"usage: {script}")
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback(tmp_path):
+    """SIGINT while the command line was still importing printed a raw KeyboardInterrupt
+    traceback: ``import seqpack`` now loads nothing heavy, and the rest loads inside the
+    command's handling of Ctrl-C. (A signal while Python itself starts, before the console
+    script imports ``seqpack.cli``, is Python's: the sweep starts once that import is done.)"""
+    import signal
+
+    started = []
+    for _ in range(3):
+        begin = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import seqpack.cli"], check=True)
+        started.append(time.perf_counter() - begin)
+    outcomes = set()
+    for delay in np.linspace(1.5 * max(started), 0.6, 20):
+        process = subprocess.Popen([seqpack_command(), "pack", "--sample", "--out", str(tmp_path / "out"),
+                                    "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+        assert "Traceback" not in stderr, (delay, stderr)
+        # Before Python's own handler is in place the signal ends the process unprinted.
+        assert (process.returncode, stderr) in {(130, "seqpack: interrupted\n"), (-signal.SIGINT, "")}, (delay, stderr)
+        outcomes.add(process.returncode)
+        shutil.rmtree(tmp_path / "out", ignore_errors=True)
+    assert 130 in outcomes

@@ -6,52 +6,47 @@ an attribute: :mod:`seqpack.data` (tokenizers, bindings, examples, tables, corpo
 (padding, placement policies, plans, epochs, streams, the memory budget),
 :mod:`seqpack.nn` (autograd tape, range attention, loss, decoder) and
 :mod:`seqpack.chapters` (the spec's fixtures and demo traces).
+
+Every name is imported when first used (PEP 562), so ``import seqpack`` is cheap: the
+command line starts (and handles a Ctrl-C) before numpy and the kernels load.
 """
 
 __version__ = "0.1.0"
 
-from .errors import (
-    BatchIndexError,
-    BindingError,
-    CapacityError,
-    DecodeLimitError,
-    InvalidInputError,
-    MemoryBudgetError,
-    SeqpackError,
-    TokenizerError,
-    VerificationError,
-)
-from .data import (
-    BatchBinding,
-    BatchDocument,
-    ByteTokenizer,
-    DecodeLimits,
-    ExampleTable,
-    Partition,
-    SequenceExample,
-    SplitReceipt,
-    TokenizerIdentity,
-)
-from .layout import NO_SEGMENT, PAD_CELL
-from .layout.exports import cu_seqlens, document_ids, max_seqlen, position_ids, seq_lens
-from .packing import (
-    EfficiencyReport,
-    PackConfig,
-    PackedBatch,
-    PackedEpoch,
-    PackingPlan,
-    PadConfig,
-    PaddedBatch,
-    PaddedEpoch,
-    pack,
-    pad,
-    place,
-    plan,
-    stream,
-)
-from .io import open_dataset
-from .nn import Decoder, DecoderConfig, masked_loss, range_attention_backward, range_attention_forward
-from . import chapters, data, io, layout, nn, packing  # noqa: F401 (the layers, as attributes)
+import importlib
+
+#: Where each public name lives.
+_HOMES = {
+    "seqpack.errors": ("BatchIndexError", "BindingError", "CapacityError", "DecodeLimitError", "InvalidInputError",
+                       "MemoryBudgetError", "SeqpackError", "TokenizerError", "VerificationError"),
+    "seqpack.data": ("BatchBinding", "BatchDocument", "ByteTokenizer", "DecodeLimits", "ExampleTable", "Partition",
+                     "SequenceExample", "SplitReceipt", "TokenizerIdentity"),
+    "seqpack.layout": ("NO_SEGMENT", "PAD_CELL"),
+    "seqpack.layout.exports": ("cu_seqlens", "document_ids", "max_seqlen", "position_ids", "seq_lens"),
+    "seqpack.packing": ("EfficiencyReport", "PackConfig", "PackedBatch", "PackedEpoch", "PackingPlan", "PadConfig",
+                        "PaddedBatch", "PaddedEpoch", "pack", "pad", "place", "plan", "stream"),
+    "seqpack.io": ("open_dataset",),
+    "seqpack.nn": ("Decoder", "DecoderConfig", "masked_loss", "range_attention_backward", "range_attention_forward"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+#: The layers, as attributes.
+_LAYERS = ("chapters", "data", "io", "layout", "nn", "packing")
+
+
+def __getattr__(name: str):
+    if name in _HOME_OF:
+        value = getattr(importlib.import_module(_HOME_OF[name]), name)
+    elif name in _LAYERS:
+        value = importlib.import_module(f"seqpack.{name}")
+    else:
+        raise AttributeError(f"module 'seqpack' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME_OF) | set(_LAYERS))
+
 
 __all__ = [
     # errors

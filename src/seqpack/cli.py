@@ -24,19 +24,19 @@ import threading
 from pathlib import Path
 
 from . import __version__
-from .chapters import demo
-from .data.binding import DEFAULT_LIMITS
 from .errors import DecodeLimitError, InvalidInputError, SeqpackError
 
-TRACES = {"padded": demo.padded_trace, "packed": demo.packed_trace}
+#: The chapter traces ``demo`` prints and ``show`` draws, by name.
+TRACES = ("packed", "padded")
 POLICY_CHOICES = ("next-fit", "first-fit-decreasing", "best-fit-decreasing")
 PARTITION_CHOICES = ("train", "validation", "test")
 #: Columns ``show`` draws of a dataset's row unless ``--columns`` says otherwise.
 SHOWN_COLUMNS = 48
-DEFAULT_MAX_DOCUMENT_TOKENS = DEFAULT_LIMITS.max_tokens
 
 
 def _add_pack(commands) -> None:
+    from .data.binding import DEFAULT_LIMITS
+
     pack = commands.add_parser(
         "pack", help="pack a corpus into a packed dataset on disk",
         description="Read, tokenize and pack documents into a packed dataset directory (written into a "
@@ -66,9 +66,9 @@ def _add_pack(commands) -> None:
                       help="the split's name, or a split receipt .json file (default: the name 'corpus')")
     pack.add_argument("--cut-long", action="store_true",
                       help="cut documents longer than a row into overlapping windows (default: refuse them)")
-    pack.add_argument("--max-document-tokens", type=int, metavar="N", default=DEFAULT_MAX_DOCUMENT_TOKENS,
+    pack.add_argument("--max-document-tokens", type=int, metavar="N", default=DEFAULT_LIMITS.max_tokens,
                       help="refuse a document of more than N tokens, BOS and EOS included, before cutting it "
-                           f"(a guard against a runaway file; default {DEFAULT_MAX_DOCUMENT_TOKENS:,})")
+                           f"(a guard against a runaway file; default {DEFAULT_LIMITS.max_tokens:,})")
     pack.add_argument("--threads", type=int, metavar="N",
                       help="threads for tokenizing and kernels (with --engine ray: per task, default 1)")
     pack.add_argument("--engine", choices=("serial", "ray"), default="serial",
@@ -178,6 +178,8 @@ def _pack(args) -> int:
         raise UsageError("--split needs the split's name or a split receipt .json file")
     split = Path(args.split) if args.split.endswith(".json") else args.split
     # The byte guard scales with the token guard, in the defaults' ratio.
+    from .data.binding import DEFAULT_LIMITS
+
     bytes_per_token = DEFAULT_LIMITS.max_bytes // DEFAULT_LIMITS.max_tokens
     limits = data.DecodeLimits(args.max_document_tokens, bytes_per_token * args.max_document_tokens)
     try:
@@ -419,7 +421,9 @@ def _run(argv: list[str] | None) -> int:
         parser.print_help(sys.stderr)
         return 2
     if args.command == "demo":
-        json.dump(TRACES[args.trace](), sys.stdout, indent=2)
+        from .chapters import demo
+
+        json.dump({"padded": demo.padded_trace, "packed": demo.packed_trace}[args.trace](), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     _check_flag_ranges(args)
