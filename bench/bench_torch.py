@@ -27,14 +27,19 @@ import statistics
 import time
 
 import numpy as np
-import torch
 
 from seqpack._limits import default_threads
 from seqpack.bench.measure import matmul_peak
 from timing import positive
 from seqpack.bench.workloads import workload
 from seqpack.nn.attention import range_attention_backward, range_attention_forward
-from seqpack.torch import attention as torch_attention, range_attention
+
+try:  # the torch extra; --help answers without it
+    import torch
+
+    from seqpack.torch import attention as torch_attention, range_attention
+except ImportError:
+    torch = None
 
 KERNELS = ("range_attention_forward", "range_attention_backward")
 
@@ -147,6 +152,8 @@ def main(argv=None) -> None:
                         help="comma-separated: float32, float64")
     parser.add_argument("--threads", type=positive, default=None)
     options = parser.parse_args(argv)
+    if torch is None:
+        parser.error("this benchmark needs the 'torch' extra: pip install torch==2.13.0 'seqpack[torch]'")
     threads = default_threads() if options.threads is None else options.threads
     torch.set_num_threads(threads)
     dtypes = options.dtype

@@ -119,8 +119,6 @@ def test_every_subcommand_has_help(command):
     (("pack", "docs"), 2, "--out"),
     (("show", "packed", "--columns", "a:b"), 2, "--columns takes START:STOP"),
     (("pack", "nowhere", "--out", "x"), 1, "nowhere: no such file or directory"),
-    (("pack", "docs", "--out", "x", "--tokenizer", "docs/00.txt", "--bos", "0", "--eos", "1"), 1,
-     "00.txt: not a tokenizers JSON file"),
     (("pack", "docs", "--out", "x", "--capacity", "0"), 2, "capacity must be at least 1"),
     (("pack", "docs", "--out", "x", "--capacity", "16"), 1, r"docs/00.txt: the document has 19 predictions; capacity is 16"),
     (("pack", "docs", "--out", "docs"), 1, "docs already exists"),
@@ -146,6 +144,13 @@ def test_errors_exit_with_one_line(tmp_path, docs, args, status, message):
     if status == 1:
         one_error_line(result)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_tokenizer_file_that_is_not_one_is_one_line(tmp_path, docs):
+    pytest.importorskip("tokenizers", reason="--tokenizer needs the hf extra: pip install 'seqpack[hf]'")
+    line = one_error_line(run("pack", "docs", "--out", "x", "--tokenizer", "docs/00.txt", "--bos", "0", "--eos", "1",
+                              cwd=tmp_path))
+    assert "00.txt: not a tokenizers JSON file" in line and not (tmp_path / "x").exists()
 
 
 def test_force_never_deletes_inputs_or_other_files(tmp_path, docs):
