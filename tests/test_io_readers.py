@@ -1,6 +1,7 @@
 """Corpus readers: every input kind gives the same documents, and every error names its place."""
 
 import json
+import re
 import sys
 
 import numpy as np
@@ -312,6 +313,45 @@ def test_a_dangling_link_in_a_directory_is_named(tmp_path):
         io.TextFiles(directory)
     assert io.TextFiles(directory, "a*").paths == [directory / "a.txt"]
 
+
+
+LOOP = r"a symbolic link that loops \(it points, directly or through others, back to itself\)"
+
+
+@pytest.mark.parametrize("name", ["loop", "loop.jsonl", "loop.parquet", "loop.arrow", "loop.idx", "loop.bin"])
+def test_an_input_link_that_loops_is_named(tmp_path, name):
+    # An input linked to itself was "no such file or directory".
+    (tmp_path / name).symlink_to(name)
+    with pytest.raises(sp.InvalidInputError, match=rf"{re.escape(name)}: {LOOP}$"):
+        io.reader_for(tmp_path / name)
+
+
+def test_links_that_loop_through_others_are_named_by_every_reader(tmp_path):
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    for make in (io.reader_for, io.JsonLines, io.ArrowBatches, lambda path: io.TextFiles([path])):
+        with pytest.raises(sp.InvalidInputError, match=rf"/a: {LOOP}$"):
+            make(tmp_path / "a")
+    with pytest.raises(sp.InvalidInputError, match=rf"a/x\.txt: its path goes through {LOOP}$"):
+        io.reader_for(tmp_path / "a" / "x.txt")
+    write_megatron(tmp_path / "m", [[5, 6]])
+    (tmp_path / "m.bin").unlink()
+    (tmp_path / "m.bin").symlink_to("m.bin")
+    with pytest.raises(sp.InvalidInputError, match=rf"m\.bin: {LOOP}$"):
+        io.reader_for(tmp_path / "m.idx")
+
+
+def test_a_link_that_loops_in_a_directory_is_named_unless_left_out(tmp_path):
+    # As a dangling link: an error when its name would be read, skipped when hidden or not matched.
+    directory = tmp_path / "texts"
+    directory.mkdir()
+    (directory / "a.txt").write_text("a")
+    (directory / "self.txt").symlink_to("self.txt")
+    with pytest.raises(sp.InvalidInputError, match=rf"texts/self\.txt: {LOOP}; remove it or leave it out with --glob"):
+        io.TextFiles(directory)
+    assert io.TextFiles(directory, "a*").paths == [directory / "a.txt"]
+    (directory / "self.txt").rename(directory / ".self.txt")
+    assert io.TextFiles(directory).paths == [directory / "a.txt"]
 
 def test_linked_directories_are_followed_and_a_cycle_is_named(tmp_path):
     outside, directory = tmp_path / "outside", tmp_path / "texts"

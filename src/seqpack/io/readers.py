@@ -12,6 +12,7 @@ it (the ``corpus`` extra).
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import threading
@@ -71,11 +72,34 @@ def input_path(value) -> Path:
     return Path(value)
 
 
+#: What a path is when resolving it meets a symbolic link that loops (``ELOOP``).
+LINK_LOOP = "a symbolic link that loops (it points, directly or through others, back to itself)"
+
+
+def link_loop(path) -> str | None:
+    """What is wrong when resolving ``path`` meets a symbolic link that loops (the path
+    itself, or a directory on its way), else ``None``. ``Path.exists`` says ``False`` for
+    such a path, as for a missing one."""
+    try:
+        os.stat(path)
+        return None
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            return None
+    try:
+        os.lstat(path)
+    except OSError:  # a directory on the way loops, not the last name
+        return f"its path goes through {LINK_LOOP}"
+    return LINK_LOOP
+
+
 def not_a_file(path, what: str = "no such file") -> InvalidInputError:
-    """The error for an input path that is not a regular file: missing (``what``), or a
-    pipe, a device or a socket (``/dev/stdin``, ``<(...)``), which seqpack cannot read
-    twice or seek in."""
+    """The error for an input path that is not a regular file: missing (``what``), a
+    symbolic link that loops, or a pipe, a device or a socket (``/dev/stdin``,
+    ``<(...)``), which seqpack cannot read twice or seek in."""
     path = Path(path)
+    if (loop := link_loop(path)) is not None:
+        return InvalidInputError(f"{path}: {loop}")
     if path.exists():
         return InvalidInputError(f"{path}: not a regular file (a pipe, a device or a socket): write the data to "
                                  f"a file first")
@@ -259,7 +283,7 @@ def _files_under(path: Path, pattern: str | None) -> tuple[list[Path], list[Path
     :func:`~seqpack.io.format.is_packed_dataset` recognizes). Linked directories are
     followed; a link to a directory's own ancestor (a cycle), a directory reached a second
     time through links (its files would be inputs twice), or a matching name that is not a
-    regular file (a dangling link, a pipe), is an error."""
+    regular file (a dangling link, a link that loops, a pipe), is an error."""
     found, datasets = [], []
     top = os.fspath(path)
     ancestors = {top: {_directory_key(top): top}}  # each directory to visit: the directories above it and itself
@@ -285,8 +309,8 @@ def _files_under(path: Path, pattern: str | None) -> tuple[list[Path], list[Path
                 continue
             candidate = Path(root) / name
             if not candidate.is_file():
-                raise InvalidInputError(f"{candidate}: not a regular file (a dangling link, a pipe or a device); "
-                                        f"remove it or leave it out with --glob")
+                what = link_loop(candidate) or "not a regular file (a dangling link, a pipe or a device)"
+                raise InvalidInputError(f"{candidate}: {what}; remove it or leave it out with --glob")
             found.append(candidate)
     return found, datasets
 
@@ -697,8 +721,8 @@ class Megatron:
             self.index_path, self.data_path = (path, other) if suffix == ".idx" else (other, path)
         else:
             self.index_path, self.data_path = megatron_file(path, ".idx"), megatron_file(path, ".bin")
-        for required in (self.index_path, self.data_path):
-            if not required.is_file():
+        for required in (self.data_path, self.index_path) if suffix == ".bin" else (self.index_path, self.data_path):
+            if not required.is_file():  # the file given first
                 raise not_a_file(required, "no such file (a Megatron dataset is PREFIX.idx + PREFIX.bin)")
         self.inputs = [Input(str(self.data_path), "megatron", "sequence")]
         self.lengths, self.pointers, self.dtype = read_megatron_index(self.index_path)
