@@ -101,6 +101,8 @@ def extensions():
                 extra_compile_args=compile_args + [OPENMP_FLAG],
                 extra_link_args=[OPENMP_FLAG],
                 define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+                # The C beside each module (pyx/LAYER/_NAME.h) and the shared headers (pyx/_*.h).
+                include_dirs=["pyx", str(source.parent.relative_to(HERE))],
             )
         )
     return cythonize(

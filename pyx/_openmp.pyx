@@ -5,15 +5,7 @@
 runtime the kernels are linked with; 1 in a build without OpenMP.
 """
 
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #include <omp.h>
-    static int seqpack_omp_max_threads(void) { return omp_get_max_threads(); }
-    #else
-    static int seqpack_omp_max_threads(void) { return 1; }
-    #endif
-    """
+cdef extern from "_openmp.h":
     int seqpack_omp_max_threads() noexcept nogil
 
 

@@ -62,10 +62,15 @@ def test_profile_buckets_are_consistent():
     assert all(both[name] == 0 for name in outside)
     # Thread-time inside the kernels fits in the wall time of two threads.
     assert sum(both.values()) <= 2 * wall
-    # Off again: a later call adds nothing to a finished report.
-    frozen = dict(both)
-    run_both(*case, threads=1)
-    assert both == frozen
+    assert not _attention.profile_on()  # off again once the block ends
+
+
+def test_the_profile_is_off_after_a_block_that_raised():
+    with pytest.raises(ZeroDivisionError):
+        with _profile():
+            assert _attention.profile_on()
+            1 / 0
+    assert not _attention.profile_on()
 
 
 def test_the_benchmark_reports_the_breakdown():

@@ -55,399 +55,7 @@ from _tile_products cimport (
     seqpack_products_use_avx2,
 )
 
-cdef extern from *:
-    """
-    #include <stdint.h>
-    #include <stddef.h>
-
-    /* Comparisons here never trap (no signalling NaN reaches them); telling gcc so lets it
-       turn the selects into vector blends. Results and NaN semantics are unchanged. */
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC push_options
-    #pragma GCC optimize("no-trapping-math")
-    #endif
-
-    /* The exp loops carry most of the work outside tile products. On x86-64 with gcc or
-       clang they are compiled three times, for AVX-512, AVX2 (both with FMA) and baseline
-       x86-64, and one is chosen at load time by the CPU (a function pointer, not an ifunc,
-       so musl builds too); the wheel stays portable. The module is built with
-       -ffp-contract=off, so the only fused multiply-adds are the explicit C99 fma calls,
-       which every path rounds the same way (the baseline through libm): every path gives
-       the same bits (a NaN's sign and payload aside). */
-    #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
-    #define SEQPACK_X86_PATHS 1
-    #define SEQPACK_AVX512 __attribute__((target("avx512f,fma")))
-    #define SEQPACK_AVX2 __attribute__((target("avx2,fma")))
-    #else
-    #define SEQPACK_X86_PATHS 0
-    #endif
-
-    /* exp(x - shift) over a row, branch-free so that the compiler vectorizes it.
-       Range reduction x = n ln2 + r with n rounded by the 1.5 * 2**mantissa trick (MAGIC)
-       and ln2 split in two, Taylor polynomial of DEGREE on |r| <= ln2 / 2 by Horner's rule
-       (coefficients 1/k! folded at compile time from LAST = 1/DEGREE!; truncation below
-       1 ulp), 2**n built in the exponent bits.
-       Arguments below LO (including -inf) give exactly 0; above HI they saturate.
-       In place: row[j] = exp(row[j] - shift). With ``ds`` (the backward), also
-       ds[j] = row[j] * (ds[j] - di) in the same pass. */
-    #define SEQPACK_EXP_LOOP(T, I, STORE, FMA, DEGREE, LAST, LO, HI, MAGIC, MANTISSA, BIAS, LN2_HI, LN2_LO) \
-    {                                                                                         \
-        for (ptrdiff_t j = 0; j < n; j++) {                                                   \
-            T x = row[j] - shift;                                                             \
-            T xc = x < (T)(LO) ? (T)(LO) : x;                                                 \
-            xc = xc > (T)(HI) ? (T)(HI) : xc;                                                 \
-            union { T f; I i; } t, s, magic;                                                  \
-            magic.f = (T)(MAGIC);                                                             \
-            t.f = FMA(xc, (T)1.4426950408889634074, magic.f);                                 \
-            T nf = t.f - magic.f;                                                             \
-            I e = t.i - magic.i;                                                              \
-            T r = FMA(-nf, (T)(LN2_HI), xc);                                                  \
-            r = FMA(-nf, (T)(LN2_LO), r);                                                     \
-            T c = (T)(LAST), p = c;                                                           \
-            _Pragma("GCC unroll 16")                                                          \
-            for (int k = DEGREE; k > 0; k--) {                                                \
-                c = c * (T)k;                                                                 \
-                p = FMA(p, r, c);                                                             \
-            }                                                                                 \
-            s.i = (e + BIAS) << MANTISSA;                                                     \
-            T y = p * s.f;                                                                    \
-            STORE(j, x < (T)(LO) ? 0 : y);                                                    \
-        }                                                                                     \
-    }
-    #define SEQPACK_STORE_EXP(j, value) row[j] = (value)
-    #define SEQPACK_STORE_EXP_DS(j, value) row[j] = (value); ds[j] = row[j] * (ds[j] - di)
-    #define SEQPACK_EXP_BODY(T, I, ...)                                                        \
-    {                                                                                         \
-        if (ds == NULL) SEQPACK_EXP_LOOP(T, I, SEQPACK_STORE_EXP, __VA_ARGS__)                \
-        else SEQPACK_EXP_LOOP(T, I, SEQPACK_STORE_EXP_DS, __VA_ARGS__)                        \
-    }
-    #define SEQPACK_EXP_SIGNATURE(T, NAME) \
-        static void NAME(T *restrict row, ptrdiff_t n, T shift,                               \
-                         T *restrict ds, T di)
-    #if SEQPACK_X86_PATHS
-    #include <immintrin.h>
-    /* The AVX2 path's vectors: the loop's steps above on whole registers, written out
-       because gcc vectorizes the two clamps into nine compares and blends. ``x < LO ? LO :
-       x`` is MAXPS(LO, x) and ``xc > HI ? HI : xc`` is MINPS(HI, xc), NaN and signed zeros
-       included, and every other step is the same IEEE operation, so the bits are the C
-       loop's; the constants are folded in the loop's order. The tail (fewer than one
-       register) is left to the C loop: row, ds and n are advanced past the vectors. */
-    #define SEQPACK_EXP_VECTORS(T, V, W, S, SI, EPI, EPI_SET1, FMA, DEGREE, LAST, LO, HI, MAGIC, MANTISSA, BIAS, LN2_HI, LN2_LO) \
-    {                                                                                         \
-        T folded[DEGREE + 1], c = (T)(LAST);                                                  \
-        folded[DEGREE] = c;                                                                   \
-        for (int k = DEGREE; k > 0; k--) { c = c * (T)k; folded[k - 1] = c; }                 \
-        const V lo = _mm256_set1_##S((T)(LO)), hi = _mm256_set1_##S((T)(HI));                \
-        const V magic = _mm256_set1_##S((T)(MAGIC)), log2e = _mm256_set1_##S((T)1.4426950408889634074); \
-        const V ln2_hi = _mm256_set1_##S((T)(LN2_HI)), ln2_lo = _mm256_set1_##S((T)(LN2_LO)); \
-        const V by = _mm256_set1_##S(shift), dv = _mm256_set1_##S(di);                       \
-        const __m256i bias = EPI_SET1(BIAS), magic_i = _mm256_cast##SI##_si256(magic); \
-        ptrdiff_t j = 0;                                                                      \
-        for (; j + W <= n; j += W) {                                                          \
-            V x = _mm256_sub_##S(_mm256_loadu_##S(row + j), by);                              \
-            V xc = _mm256_min_##S(hi, _mm256_max_##S(lo, x));                                 \
-            V t = _mm256_fmadd_##S(xc, log2e, magic), nf = _mm256_sub_##S(t, magic);          \
-            __m256i e = _mm256_sub_##EPI(_mm256_cast##SI##_si256(t), magic_i);                \
-            V r = _mm256_fnmadd_##S(nf, ln2_hi, xc);                                          \
-            r = _mm256_fnmadd_##S(nf, ln2_lo, r);                                             \
-            V p = _mm256_set1_##S(folded[DEGREE]);                                            \
-            for (int k = DEGREE; k > 0; k--) p = _mm256_fmadd_##S(p, r, _mm256_set1_##S(folded[k - 1])); \
-            V s = _mm256_castsi256_##SI(_mm256_slli_##EPI(_mm256_add_##EPI(e, bias), MANTISSA)); \
-            V y = _mm256_andnot_##S(_mm256_cmp_##S(x, lo, _CMP_LT_OQ), _mm256_mul_##S(p, s)); \
-            _mm256_storeu_##S(row + j, y);                                                    \
-            if (ds != NULL)                                                                   \
-                _mm256_storeu_##S(ds + j, _mm256_mul_##S(y, _mm256_sub_##S(_mm256_loadu_##S(ds + j), dv))); \
-        }                                                                                     \
-        row += j, n -= j;                                                                     \
-        if (ds != NULL) ds += j;                                                              \
-    }
-    #define SEQPACK_EXP_VECTORS_F(...) SEQPACK_EXP_VECTORS(float, __m256, 8, ps, ps, epi32, _mm256_set1_epi32, __VA_ARGS__)
-    #define SEQPACK_EXP_VECTORS_D(...) SEQPACK_EXP_VECTORS(double, __m256d, 4, pd, pd, epi64, _mm256_set1_epi64x, __VA_ARGS__)
-    #define SEQPACK_EXP_SHIFT(T, I, SUFFIX, VECTORS, ...)                                      \
-        SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_baseline) SEQPACK_EXP_BODY(T, I, __VA_ARGS__) \
-        SEQPACK_AVX2 SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_avx2)                     \
-        {                                                                                     \
-            VECTORS(__VA_ARGS__)                                                              \
-            SEQPACK_EXP_BODY(T, I, __VA_ARGS__)                                               \
-        }                                                                                     \
-        SEQPACK_AVX512 SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_avx512)                 \
-            SEQPACK_EXP_BODY(T, I, __VA_ARGS__)
-    #else
-    #define SEQPACK_EXP_SHIFT(T, I, SUFFIX, VECTORS, ...)                                      \
-        SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_baseline) SEQPACK_EXP_BODY(T, I, __VA_ARGS__)
-    #endif
-    SEQPACK_EXP_SHIFT(float, int32_t, f, SEQPACK_EXP_VECTORS_F, fmaf, 7, 1.0 / 5040.0, -87.0, 88.0,
-                      12582912.0, 23, 127, 0.693359375, -2.12194440e-4)
-    SEQPACK_EXP_SHIFT(double, int64_t, d, SEQPACK_EXP_VECTORS_D, fma, 12, 1.0 / 479001600.0, -708.0,
-                      709.0, 6755399441055744.0, 52, 1023,
-                      6.93147180369123816490e-01, 1.90821492927058770002e-10)
-
-    /* dst[j, i] = src[i, j] for a row-major src[rows, cols]: K or V of a segment turned
-       into the row-major B of the score products. Pure data movement, so every path gives
-       the same bits. The baseline is a scalar loop; the AVX2 path (also taken on AVX-512
-       CPUs) moves 8 x 8 floats or 4 x 4 doubles at a time through registers, the edges
-       by the scalar loop. */
-    #define SEQPACK_TRANSPOSE_SCALAR(I0, I1, J0, J1)                                      \
-        for (ptrdiff_t i = (I0); i < (I1); i++)                                           \
-            for (ptrdiff_t j = (J0); j < (J1); j++) dst[j * ldd + i] = src[i * lds + j];
-    #define SEQPACK_TRANSPOSE_SIGNATURE(T, NAME)                                              \
-        static void NAME(const T *restrict src, ptrdiff_t rows, ptrdiff_t cols,               \
-                         ptrdiff_t lds, T *restrict dst, ptrdiff_t ldd)
-    SEQPACK_TRANSPOSE_SIGNATURE(float, seqpack_transpose_f_baseline)
-    {
-        SEQPACK_TRANSPOSE_SCALAR(0, rows, 0, cols)
-    }
-    SEQPACK_TRANSPOSE_SIGNATURE(double, seqpack_transpose_d_baseline)
-    {
-        SEQPACK_TRANSPOSE_SCALAR(0, rows, 0, cols)
-    }
-    #if SEQPACK_X86_PATHS
-    #include <immintrin.h>
-    __attribute__((target("avx2"))) SEQPACK_TRANSPOSE_SIGNATURE(float, seqpack_transpose_f_avx2)
-    {
-        ptrdiff_t i0 = 0, j0 = 0;
-        for (; i0 + 8 <= rows; i0 += 8) {
-            for (j0 = 0; j0 + 8 <= cols; j0 += 8) {
-                const float *s = src + i0 * lds + j0;
-                __m256 r[8], t[8], u[8];
-                for (int q = 0; q < 8; q++) r[q] = _mm256_loadu_ps(s + q * lds);
-                for (int q = 0; q < 8; q += 2) {   /* pairs of rows interleaved */
-                    t[q] = _mm256_unpacklo_ps(r[q], r[q + 1]);
-                    t[q + 1] = _mm256_unpackhi_ps(r[q], r[q + 1]);
-                }
-                for (int q = 0; q < 8; q += 4) {   /* four rows per column within each half */
-                    u[q] = _mm256_shuffle_ps(t[q], t[q + 2], 0x44);
-                    u[q + 1] = _mm256_shuffle_ps(t[q], t[q + 2], 0xEE);
-                    u[q + 2] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0x44);
-                    u[q + 3] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0xEE);
-                }
-                float *d = dst + j0 * ldd + i0;
-                for (int q = 0; q < 4; q++) {      /* the halves joined: columns q and q + 4 */
-                    _mm256_storeu_ps(d + q * ldd, _mm256_permute2f128_ps(u[q], u[q + 4], 0x20));
-                    _mm256_storeu_ps(d + (q + 4) * ldd, _mm256_permute2f128_ps(u[q], u[q + 4], 0x31));
-                }
-            }
-            SEQPACK_TRANSPOSE_SCALAR(i0, i0 + 8, j0, cols)
-        }
-        SEQPACK_TRANSPOSE_SCALAR(i0, rows, 0, cols)
-    }
-    __attribute__((target("avx2"))) SEQPACK_TRANSPOSE_SIGNATURE(double, seqpack_transpose_d_avx2)
-    {
-        ptrdiff_t i0 = 0, j0 = 0;
-        for (; i0 + 4 <= rows; i0 += 4) {
-            for (j0 = 0; j0 + 4 <= cols; j0 += 4) {
-                const double *s = src + i0 * lds + j0;
-                __m256d r0 = _mm256_loadu_pd(s), r1 = _mm256_loadu_pd(s + lds);
-                __m256d r2 = _mm256_loadu_pd(s + 2 * lds), r3 = _mm256_loadu_pd(s + 3 * lds);
-                __m256d t0 = _mm256_unpacklo_pd(r0, r1), t1 = _mm256_unpackhi_pd(r0, r1);
-                __m256d t2 = _mm256_unpacklo_pd(r2, r3), t3 = _mm256_unpackhi_pd(r2, r3);
-                double *d = dst + j0 * ldd + i0;
-                _mm256_storeu_pd(d, _mm256_permute2f128_pd(t0, t2, 0x20));
-                _mm256_storeu_pd(d + ldd, _mm256_permute2f128_pd(t1, t3, 0x20));
-                _mm256_storeu_pd(d + 2 * ldd, _mm256_permute2f128_pd(t0, t2, 0x31));
-                _mm256_storeu_pd(d + 3 * ldd, _mm256_permute2f128_pd(t1, t3, 0x31));
-            }
-            SEQPACK_TRANSPOSE_SCALAR(i0, i0 + 4, j0, cols)
-        }
-        SEQPACK_TRANSPOSE_SCALAR(i0, rows, 0, cols)
-    }
-    #endif
-    static void (*seqpack_transpose_f)(const float *restrict, ptrdiff_t, ptrdiff_t, ptrdiff_t,
-                                       float *restrict, ptrdiff_t) = seqpack_transpose_f_baseline;
-    static void (*seqpack_transpose_d)(const double *restrict, ptrdiff_t, ptrdiff_t, ptrdiff_t,
-                                       double *restrict, ptrdiff_t) = seqpack_transpose_d_baseline;
-
-    /* The chosen path: 0 baseline, 1 AVX2, 2 AVX-512. */
-    static void (*seqpack_exp_shift_f)(float *restrict, ptrdiff_t, float,
-                                       float *restrict, float) = seqpack_exp_f_baseline;
-    static void (*seqpack_exp_shift_d)(double *restrict, ptrdiff_t, double,
-                                       double *restrict, double) = seqpack_exp_d_baseline;
-
-    /* Sums and maxima in eight fixed lanes: lane u takes elements u, u + 8, ...; the lanes
-       are then joined in a fixed order and the tail added in turn. The order never depends
-       on the thread, the call or the CPU path, so results stay bitwise reproducible. The
-       baseline is plain C; the AVX2 path (also taken on AVX-512 CPUs) holds the eight lanes
-       in vector registers and does each lane's steps exactly as the C does (a maximum is
-       ``x > lane ? x : lane``, which is what MAXPS computes, NaN and signed zeros
-       included; a dot product multiplies, then adds). */
-    #define SEQPACK_LANE_REDUCTIONS(T, SUFFIX)                                          \\
-    static T seqpack_sum_##SUFFIX##_baseline(const T *restrict x, ptrdiff_t n)         \\
-    {                                                                                  \\
-        T lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                          \\
-        ptrdiff_t j = 0;                                                               \\
-        for (; j + 8 <= n; j += 8)                                                     \\
-            for (int u = 0; u < 8; u++) lane[u] += x[j + u];                           \\
-        T total = ((lane[0] + lane[4]) + (lane[1] + lane[5]))                          \\
-                + ((lane[2] + lane[6]) + (lane[3] + lane[7]));                         \\
-        for (; j < n; j++) total += x[j];                                              \\
-        return total;                                                                  \\
-    }                                                                                  \\
-    static T seqpack_dot_##SUFFIX##_baseline(const T *restrict x, const T *restrict y,  \\
-                                             ptrdiff_t n)                               \\
-    {                                                                                  \\
-        T lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                          \\
-        ptrdiff_t j = 0;                                                               \\
-        for (; j + 8 <= n; j += 8)                                                     \\
-            for (int u = 0; u < 8; u++) lane[u] += x[j + u] * y[j + u];                \\
-        T total = ((lane[0] + lane[4]) + (lane[1] + lane[5]))                          \\
-                + ((lane[2] + lane[6]) + (lane[3] + lane[7]));                         \\
-        for (; j < n; j++) total += x[j] * y[j];                                       \\
-        return total;                                                                  \\
-    }                                                                                  \\
-    static T seqpack_max_##SUFFIX##_baseline(const T *restrict x, ptrdiff_t n)         \\
-    {                                                                                  \\
-        T best = x[0];                                                                 \\
-        ptrdiff_t j = 1;                                                               \\
-        if (n >= 8) {                                                                  \\
-            T lane[8];                                                                 \\
-            for (int u = 0; u < 8; u++) lane[u] = x[u];                                \\
-            for (j = 8; j + 8 <= n; j += 8)                                            \\
-                for (int u = 0; u < 8; u++)                                            \\
-                    lane[u] = x[j + u] > lane[u] ? x[j + u] : lane[u];                 \\
-            for (int u = 0; u < 8; u++) best = lane[u] > best ? lane[u] : best;        \\
-        }                                                                              \\
-        for (; j < n; j++) best = x[j] > best ? x[j] : best;                           \\
-        return best;                                                                   \\
-    }
-    SEQPACK_LANE_REDUCTIONS(float, f)
-    SEQPACK_LANE_REDUCTIONS(double, d)
-    #if SEQPACK_X86_PATHS
-    /* The lanes of a float row in one register, of a double row in two (lanes 0-3, 4-7). */
-    #define SEQPACK_LANES_JOINED(T, STORE)                                                 \\
-        T lane[8];                                                                         \\
-        STORE;                                                                             \\
-        T total = ((lane[0] + lane[4]) + (lane[1] + lane[5]))                              \\
-                + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
-    SEQPACK_AVX2 static float seqpack_sum_f_avx2(const float *restrict x, ptrdiff_t n)
-    {
-        __m256 acc = _mm256_setzero_ps();
-        ptrdiff_t j = 0;
-        for (; j + 8 <= n; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + j));
-        SEQPACK_LANES_JOINED(float, _mm256_storeu_ps(lane, acc))
-        for (; j < n; j++) total += x[j];
-        return total;
-    }
-    SEQPACK_AVX2 static double seqpack_sum_d_avx2(const double *restrict x, ptrdiff_t n)
-    {
-        __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-        ptrdiff_t j = 0;
-        for (; j + 8 <= n; j += 8) {
-            lo = _mm256_add_pd(lo, _mm256_loadu_pd(x + j));
-            hi = _mm256_add_pd(hi, _mm256_loadu_pd(x + j + 4));
-        }
-        SEQPACK_LANES_JOINED(double, (_mm256_storeu_pd(lane, lo), _mm256_storeu_pd(lane + 4, hi)))
-        for (; j < n; j++) total += x[j];
-        return total;
-    }
-    SEQPACK_AVX2 static float seqpack_dot_f_avx2(const float *restrict x, const float *restrict y,
-                                                 ptrdiff_t n)
-    {
-        __m256 acc = _mm256_setzero_ps();
-        ptrdiff_t j = 0;
-        for (; j + 8 <= n; j += 8)
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j)));
-        SEQPACK_LANES_JOINED(float, _mm256_storeu_ps(lane, acc))
-        for (; j < n; j++) total += x[j] * y[j];
-        return total;
-    }
-    SEQPACK_AVX2 static double seqpack_dot_d_avx2(const double *restrict x, const double *restrict y,
-                                                  ptrdiff_t n)
-    {
-        __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-        ptrdiff_t j = 0;
-        for (; j + 8 <= n; j += 8) {
-            lo = _mm256_add_pd(lo, _mm256_mul_pd(_mm256_loadu_pd(x + j), _mm256_loadu_pd(y + j)));
-            hi = _mm256_add_pd(hi, _mm256_mul_pd(_mm256_loadu_pd(x + j + 4), _mm256_loadu_pd(y + j + 4)));
-        }
-        SEQPACK_LANES_JOINED(double, (_mm256_storeu_pd(lane, lo), _mm256_storeu_pd(lane + 4, hi)))
-        for (; j < n; j++) total += x[j] * y[j];
-        return total;
-    }
-    SEQPACK_AVX2 static float seqpack_max_f_avx2(const float *restrict x, ptrdiff_t n)
-    {
-        float best = x[0];
-        ptrdiff_t j = 1;
-        if (n >= 8) {
-            __m256 acc = _mm256_loadu_ps(x);
-            for (j = 8; j + 8 <= n; j += 8) acc = _mm256_max_ps(_mm256_loadu_ps(x + j), acc);
-            float lane[8];
-            _mm256_storeu_ps(lane, acc);
-            for (int u = 0; u < 8; u++) best = lane[u] > best ? lane[u] : best;
-        }
-        for (; j < n; j++) best = x[j] > best ? x[j] : best;
-        return best;
-    }
-    SEQPACK_AVX2 static double seqpack_max_d_avx2(const double *restrict x, ptrdiff_t n)
-    {
-        double best = x[0];
-        ptrdiff_t j = 1;
-        if (n >= 8) {
-            __m256d lo = _mm256_loadu_pd(x), hi = _mm256_loadu_pd(x + 4);
-            for (j = 8; j + 8 <= n; j += 8) {
-                lo = _mm256_max_pd(_mm256_loadu_pd(x + j), lo);
-                hi = _mm256_max_pd(_mm256_loadu_pd(x + j + 4), hi);
-            }
-            double lane[8];
-            _mm256_storeu_pd(lane, lo);
-            _mm256_storeu_pd(lane + 4, hi);
-            for (int u = 0; u < 8; u++) best = lane[u] > best ? lane[u] : best;
-        }
-        for (; j < n; j++) best = x[j] > best ? x[j] : best;
-        return best;
-    }
-    #endif
-    static float (*seqpack_sum_f)(const float *restrict, ptrdiff_t) = seqpack_sum_f_baseline;
-    static double (*seqpack_sum_d)(const double *restrict, ptrdiff_t) = seqpack_sum_d_baseline;
-    static float (*seqpack_dot_f)(const float *restrict, const float *restrict, ptrdiff_t) = seqpack_dot_f_baseline;
-    static double (*seqpack_dot_d)(const double *restrict, const double *restrict, ptrdiff_t) = seqpack_dot_d_baseline;
-    static float (*seqpack_max_f)(const float *restrict, ptrdiff_t) = seqpack_max_f_baseline;
-    static double (*seqpack_max_d)(const double *restrict, ptrdiff_t) = seqpack_max_d_baseline;
-
-    /* Whether this CPU can run path ``path``. */
-    static int seqpack_exp_path_supported(int path)
-    {
-        if (path == 0) return 1;
-    #if SEQPACK_X86_PATHS
-        __builtin_cpu_init();
-        if (path == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-        if (path == 2) return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-    #endif
-        return 0;
-    }
-
-    /* Use ``path`` (or, with -1, the best this CPU runs); return the path in use, or -1
-       when ``path`` cannot run here. */
-    static int seqpack_exp_use_path(int path)
-    {
-        if (path < 0) {
-            path = seqpack_exp_path_supported(2) ? 2 : seqpack_exp_path_supported(1) ? 1 : 0;
-        }
-        if (!seqpack_exp_path_supported(path)) return -1;
-        seqpack_exp_shift_f = seqpack_exp_f_baseline;
-        seqpack_exp_shift_d = seqpack_exp_d_baseline;
-        seqpack_transpose_f = seqpack_transpose_f_baseline;
-        seqpack_transpose_d = seqpack_transpose_d_baseline;
-        seqpack_sum_f = seqpack_sum_f_baseline, seqpack_sum_d = seqpack_sum_d_baseline;
-        seqpack_dot_f = seqpack_dot_f_baseline, seqpack_dot_d = seqpack_dot_d_baseline;
-        seqpack_max_f = seqpack_max_f_baseline, seqpack_max_d = seqpack_max_d_baseline;
-    #if SEQPACK_X86_PATHS
-        if (path == 1) { seqpack_exp_shift_f = seqpack_exp_f_avx2; seqpack_exp_shift_d = seqpack_exp_d_avx2; }
-        if (path == 2) { seqpack_exp_shift_f = seqpack_exp_f_avx512; seqpack_exp_shift_d = seqpack_exp_d_avx512; }
-        if (path >= 1) {
-            seqpack_transpose_f = seqpack_transpose_f_avx2, seqpack_transpose_d = seqpack_transpose_d_avx2;
-            seqpack_sum_f = seqpack_sum_f_avx2, seqpack_sum_d = seqpack_sum_d_avx2;
-            seqpack_dot_f = seqpack_dot_f_avx2, seqpack_dot_d = seqpack_dot_d_avx2;
-            seqpack_max_f = seqpack_max_f_avx2, seqpack_max_d = seqpack_max_d_avx2;
-        }
-    #endif
-        return path;
-    }
-
-
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC pop_options
-    #endif
-    """
+cdef extern from "_attention.h":
     void seqpack_exp_shift_f(float *row, Py_ssize_t n, float shift, float *ds,
                              float di) noexcept nogil
     void seqpack_exp_shift_d(double *row, Py_ssize_t n, double shift,
@@ -640,13 +248,37 @@ cdef inline Py_ssize_t by_strips(Py_ssize_t rows) noexcept nogil:
     return -rows
 
 
-cdef inline void product(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, real alpha,
+cdef struct Clock:
+    # One thread's profile of one work item: the bucket being charged since ``last``, and
+    # the bucket of the phase's work outside tile products.
+    double last
+    int bucket
+    int other
+    double *seconds         # [BUCKETS]: this thread's totals
+
+
+cdef inline void charge(Clock *clock, int bucket) noexcept nogil:
+    """Add the time since the last charge to the current bucket; then charge ``bucket``.
+
+    Free when profiling is off (``clock`` is NULL).
+    """
+    cdef double now
+    if clock != NULL:
+        now = seqpack_monotonic_seconds()
+        clock.seconds[clock.bucket] += now - clock.last
+        clock.last = now
+        clock.bucket = bucket
+
+
+cdef inline void product(Clock *clock, int bucket, Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, real alpha,
                          const real *a, Py_ssize_t a_row, Py_ssize_t a_inner, const real *b,
                          Py_ssize_t ldb, real *c, Py_ssize_t ldc, bint accumulate, int shape,
                          Py_ssize_t diagonal) noexcept nogil:
     """``c[m, n] (+)= alpha * a[m, k] @ b[k, n]`` with ``a[i, p]`` at ``a[i * a_row + p *
     a_inner]`` and ``b`` row-major with row stride ``ldb``, or stored strip by strip when
-    ``ldb`` is ``by_strips(rows)``; ``shape`` and ``diagonal`` as in ``_tile_products.pxd``."""
+    ``ldb`` is ``by_strips(rows)``; ``shape`` and ``diagonal`` as in ``_tile_products.pxd``.
+    With profiling on (``clock`` not NULL) its time goes to ``bucket`` and the time since
+    the last product to the phase's other work."""
     cdef seqpack_product g
     cdef Py_ssize_t strip = strip_width(b)
     g.m, g.n, g.k = m, n, k
@@ -654,10 +286,13 @@ cdef inline void product(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, real alpha,
     g.b, g.c, g.ldc = b, c, ldc
     g.ldb, g.b_strip = (strip, -ldb * strip) if ldb < 0 else (ldb, strip)
     g.alpha, g.accumulate, g.shape, g.diagonal = alpha, accumulate, shape, diagonal
+    charge(clock, bucket)
     if real is float:
         seqpack_product_f(&g)
     else:
         seqpack_product_d(&g)
+    if clock != NULL:
+        charge(clock, clock.other)
 
 
 cdef inline void exp_shift(real *row, Py_ssize_t n, real shift) noexcept nogil:
@@ -793,26 +428,6 @@ cdef bint profiling = False
 cdef double profile_seconds[BUCKETS]
 
 
-cdef struct Clock:
-    # One thread's profile of one work item: the bucket being charged since ``last``.
-    double last
-    int bucket
-    double *seconds         # [BUCKETS]: this thread's totals
-
-
-cdef inline void charge(Clock *clock, int bucket) noexcept nogil:
-    """Add the time since the last charge to the current bucket; then charge ``bucket``.
-
-    Free when profiling is off (``clock`` is NULL).
-    """
-    cdef double now
-    if clock != NULL:
-        now = seqpack_monotonic_seconds()
-        clock.seconds[clock.bucket] += now - clock.last
-        clock.last = now
-        clock.bucket = bucket
-
-
 def profile_start():
     """Zero the profile and time every later call (for tests and benchmarks)."""
     global profiling
@@ -825,6 +440,11 @@ def profile_stop():
     global profiling
     profiling = False
     return {name: profile_seconds[b] for b, name in enumerate(PROFILE_BUCKETS)}
+
+
+def profile_on():
+    """Whether calls are being timed (between ``profile_start`` and ``profile_stop``)."""
+    return profiling
 
 
 cdef struct Operand:
@@ -895,10 +515,8 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
         for h in range(heads):
             qh = q + h * g.q_head
             oh = out + h * g.out_head
-            charge(clock, FORWARD_GEMM)
-            product(nq, keys, d, scale, qh + qa * ldq, ldq, 1, kt, by_strips(d), p, ld, False,
-                    SEQPACK_LOWER_OUTPUT, qa - start)
-            charge(clock, FORWARD_OTHER)
+            product(clock, FORWARD_GEMM, nq, keys, d, scale, qh + qa * ldq, ldq, 1, kt, by_strips(d), p, ld,
+                    False, SEQPACK_LOWER_OUTPUT, qa - start)
             for i in range(nq):
                 pi = p + i * ld
                 visible = qa + i - start + 1
@@ -908,10 +526,8 @@ cdef void forward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_s
                 for j in range(visible, keys):
                     pi[j] = 0
                 lse[h * g.lse_head + (qa + i) * g.lse_cell] = top + scalar_log(total[i])
-            charge(clock, FORWARD_GEMM)
-            product(nq, d, keys, <real>1, p, ld, 1, vs, by_strips(length), oh + qa * ldo,
+            product(clock, FORWARD_GEMM, nq, d, keys, <real>1, p, ld, 1, vs, by_strips(length), oh + qa * ldo,
                     ldo, False, SEQPACK_LOWER_A, qa - start)
-            charge(clock, FORWARD_OTHER)
             for i in range(nq):
                 oi = oh + (qa + i) * ldo
                 for j in range(d):
@@ -969,12 +585,10 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
             qh = q + h * g.q_head
             douth = dout + h * g.dout_head
             lseh = lse + h * g.lse_head
-            charge(clock, DS_GEMM)
-            product(nq, keys, d, scale, qh + qa * ldq, ldq, 1, kt, by_strips(d), p, ld, False,
-                    SEQPACK_LOWER_OUTPUT, before)
-            product(nq, keys, d, <real>1, douth + qa * lddout, lddout, 1, vt, by_strips(d), ds, ld, False,
-                    SEQPACK_LOWER_OUTPUT, before)
-            charge(clock, DS_OTHER)
+            product(clock, DS_GEMM, nq, keys, d, scale, qh + qa * ldq, ldq, 1, kt, by_strips(d), p, ld,
+                    False, SEQPACK_LOWER_OUTPUT, before)
+            product(clock, DS_GEMM, nq, keys, d, <real>1, douth + qa * lddout, lddout, 1, vt, by_strips(d),
+                    ds, ld, False, SEQPACK_LOWER_OUTPUT, before)
             for i in range(nq):
                 pi = p + i * ld
                 dsi = ds + i * ld
@@ -985,20 +599,16 @@ cdef void backward_segment(const Group *g, Py_ssize_t start, Py_ssize_t end, Py_
                     dsi[j] = 0
             # dK and dV of the keys before the tile add to what earlier tiles left; the
             # tile's own keys are first reached here, so the group's first head starts them.
-            charge(clock, DV_GEMM)
-            product(before, d, nq, <real>1, p, 1, ld, douth + qa * lddout, lddout,
+            product(clock, DV_GEMM, before, d, nq, <real>1, p, 1, ld, douth + qa * lddout, lddout,
                     dv + start * g.lddv, g.lddv, True, SEQPACK_FULL, 0)
-            product(nq, d, nq, <real>1, p + before, 1, ld, douth + qa * lddout, lddout,
+            product(clock, DV_GEMM, nq, d, nq, <real>1, p + before, 1, ld, douth + qa * lddout, lddout,
                     dv + qa * g.lddv, g.lddv, h > 0, SEQPACK_UPPER_A, 0)
-            charge(clock, DK_GEMM)
-            product(before, d, nq, scale, ds, 1, ld, qh + qa * ldq, ldq, dk + start * g.lddk,
-                    g.lddk, True, SEQPACK_FULL, 0)
-            product(nq, d, nq, scale, ds + before, 1, ld, qh + qa * ldq, ldq, dk + qa * g.lddk,
-                    g.lddk, h > 0, SEQPACK_UPPER_A, 0)
-            charge(clock, DQ_GEMM)
-            product(nq, d, keys, scale, ds, ld, 1, ks, by_strips(length),
+            product(clock, DK_GEMM, before, d, nq, scale, ds, 1, ld, qh + qa * ldq, ldq,
+                    dk + start * g.lddk, g.lddk, True, SEQPACK_FULL, 0)
+            product(clock, DK_GEMM, nq, d, nq, scale, ds + before, 1, ld, qh + qa * ldq, ldq,
+                    dk + qa * g.lddk, g.lddk, h > 0, SEQPACK_UPPER_A, 0)
+            product(clock, DQ_GEMM, nq, d, keys, scale, ds, ld, 1, ks, by_strips(length),
                     dq + h * g.dq_head + qa * g.lddq, g.lddq, False, SEQPACK_LOWER_A, before)
-            charge(clock, DS_OTHER)
 
 
 cdef void zero_padding(Operand x, Py_ssize_t heads, Py_ssize_t width, Py_ssize_t cell,
@@ -1068,7 +678,7 @@ cdef void run_item(Py_ssize_t item, bint backward, const Plan *plan, Py_ssize_t 
     cdef Clock *timing = NULL
     if seconds != NULL:
         clock.seconds = seconds
-        clock.bucket = DS_OTHER if backward else FORWARD_OTHER
+        clock.bucket = clock.other = DS_OTHER if backward else FORWARD_OTHER
         clock.last = seqpack_monotonic_seconds()
         timing = &clock
     describe_group(operands, 9 if backward else 5, group, &g)
