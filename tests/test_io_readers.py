@@ -9,7 +9,7 @@ import pytest
 
 import seqpack as sp
 from seqpack import io
-from seqpack.io.readers import MEGATRON_DTYPES, MEGATRON_MAGIC
+from seqpack.io.readers import MEGATRON_DTYPES, MEGATRON_HEADER, MEGATRON_MAGIC
 
 TOKENIZER = sp.ByteTokenizer()
 BINDING = sp.BatchBinding.for_tokenizer(TOKENIZER, split="tests")
@@ -265,6 +265,63 @@ def test_megatron_bad_sequences_are_named(tmp_path, patch, message):
     with pytest.raises(sp.InvalidInputError, match=message):
         pack(tmp_path, io.Megatron(tmp_path / "m"))
 
+
+
+def patch_megatron_header(prefix, field, value):
+    """Overwrite one field of ``PREFIX.idx``'s header (by its name in ``MEGATRON_HEADER``)."""
+    path = f"{prefix}.idx"
+    data = bytearray(open(path, "rb").read())
+    first, width = next((first, width) for name, first, width in MEGATRON_HEADER if name == field)
+    data[first: first + width] = value.to_bytes(width, "little")
+    open(path, "wb").write(bytes(data))
+
+
+# A correct MMIDIDX magic with garbage after it was "no MMIDIDX header".
+@pytest.mark.parametrize("field, value, message", [
+    ("version", 2, r"Megatron index version 2 is not supported \(seqpack reads version 1\)"),
+    ("version", 0x0706050403020100, r"Megatron index version 506097522914230528 is not supported"),
+    ("dtype code", 0, r"unknown Megatron dtype code 0 \(the codes are 1 to 8\)"),
+    ("dtype code", 255, r"unknown Megatron dtype code 255 "),
+    ("dtype code", 6, r"dtype code 6 is float64, not an integer token type"),
+    ("dtype code", 7, r"dtype code 7 is float32, not an integer token type"),
+    ("sequence count", 2**64 - 1, rf"sequence count {2**64 - 1} needs {34 + 12 * (2**64 - 1)} bytes of index \(the "
+                                  r"header and 12 per sequence\); the file has 102"),
+    ("sequence count", 5, r"document count 4 needs 126 bytes of index \(the header, 5 sequences and 8 per document\); "
+                          r"the file has 102"),
+    ("document count", 2**40, rf"document count {2**40} needs {70 + 8 * 2**40} bytes of index"),
+    ("document count", 3, r"102 bytes, but sequence count 3 and document count 3 account for 94 \(97 with a mode per "
+                          r"sequence\): the counts are wrong or bytes follow the index"),
+    ("sequence count", 2, r"102 bytes, but sequence count 2 and document count 4 account for 90 "),
+])
+def test_megatron_header_fields_are_named(tmp_path, field, value, message):
+    write_megatron(tmp_path / "m", [[5, 6], [7, 8], [9]])  # 102 bytes of index
+    patch_megatron_header(tmp_path / "m", field, value)
+    with pytest.raises(sp.InvalidInputError, match=rf"m\.idx: {message}"):
+        io.Megatron(tmp_path / "m")
+
+
+@pytest.mark.parametrize("size, field", [(9, "version"), (16, "version"), (17, "dtype code"), (18, "sequence count"),
+                                         (25, "sequence count"), (26, "document count"), (33, "document count")])
+def test_a_truncated_megatron_header_names_the_field_it_ends_in(tmp_path, size, field):
+    write_megatron(tmp_path / "m", [[5, 6], [7]])
+    (tmp_path / "m.idx").write_bytes((tmp_path / "m.idx").read_bytes()[:size])
+    with pytest.raises(sp.InvalidInputError, match=rf"m\.idx: a truncated Megatron index: its {size} bytes end inside "
+                                                   rf"the header's {field} \(the header is 34 bytes\)"):
+        io.Megatron(tmp_path / "m")
+
+
+def test_megatron_index_bytes_after_the_document_index(tmp_path):
+    write_megatron(tmp_path / "m", [[5, 6], [7, 8], [9]])
+    index = (tmp_path / "m.idx").read_bytes()
+    (tmp_path / "m.idx").write_bytes(index + bytes(3))  # Megatron's multimodal modes: one int8 per sequence
+    assert io.Megatron(tmp_path / "m").lengths.tolist() == [2, 2, 1]
+    (tmp_path / "m.idx").write_bytes(index + b"garbage")
+    with pytest.raises(sp.InvalidInputError, match=r"m\.idx: 109 bytes, but sequence count 3 and document count 4 "
+                                                   r"account for 102 \(105 with a mode per sequence\)"):
+        io.Megatron(tmp_path / "m")
+    (tmp_path / "m.idx").write_bytes(MEGATRON_MAGIC + bytes(range(100)))  # garbage after the magic
+    with pytest.raises(sp.InvalidInputError, match=r"m\.idx: Megatron index version 506097522914230528 is not "):
+        io.Megatron(tmp_path / "m")
 
 def test_megatron_data_of_part_tokens_is_an_error(tmp_path):
     write_megatron(tmp_path / "m", [[5, 6], [7]])

@@ -58,6 +58,10 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 MEGATRON_PARTNERS = {".idx": ".bin", ".bin": ".idx"}
 MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
                    7: np.float32, 8: np.uint16}
+#: The fields of a Megatron index header after its magic: name, first byte, width in
+#: bytes (little-endian unsigned integers), and the header's size.
+MEGATRON_HEADER = (("version", 9, 8), ("dtype code", 17, 1), ("sequence count", 18, 8), ("document count", 26, 8))
+MEGATRON_HEADER_BYTES = 34
 
 
 def missing_extra(what: str, extra: str) -> InvalidInputError:
@@ -772,26 +776,48 @@ class Megatron:
 
 
 def read_megatron_index(path: Path) -> tuple[np.ndarray, np.ndarray, np.dtype]:
-    """``(sequence lengths int64, byte pointers int64, token dtype)`` of a Megatron ``.idx`` file."""
-    data = np.memmap(path, dtype=np.uint8, mode="r") if os.path.getsize(path) else np.zeros(0, np.uint8)
-    header = bytes(data[:34])
-    if len(header) < 34 or header[:9] != MEGATRON_MAGIC:
+    """``(sequence lengths int64, byte pointers int64, token dtype)`` of a Megatron ``.idx`` file.
+
+    After the magic come the fields of ``MEGATRON_HEADER`` (a version that must be 1, a
+    dtype code of ``MEGATRON_DTYPES`` naming an integer type, the sequence and document
+    counts), then lengths int32[sequences], byte pointers int64[sequences] and the
+    document index int64[documents], and nothing more but Megatron's multimodal modes
+    (int8[sequences]). A field that breaks this is named, with the numbers involved.
+    """
+    size = os.path.getsize(path)
+    data = np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+    if bytes(data[:len(MEGATRON_MAGIC)]) != MEGATRON_MAGIC:
         raise InvalidInputError(f"{path}: not a Megatron index (no MMIDIDX header)")
-    version = int.from_bytes(header[9:17], "little")
-    code = header[17]
-    if version != 1 or code not in MEGATRON_DTYPES:
-        raise InvalidInputError(f"{path}: unsupported index version {version} or dtype code {code}")
+    if size < MEGATRON_HEADER_BYTES:
+        field = next(name for name, first, width in MEGATRON_HEADER if size < first + width)
+        raise InvalidInputError(f"{path}: a truncated Megatron index: its {size} bytes end inside the header's "
+                                f"{field} (the header is {MEGATRON_HEADER_BYTES} bytes)")
+    header = bytes(data[:MEGATRON_HEADER_BYTES])
+    version, code, count, documents = (int.from_bytes(header[first:first + width], "little")
+                                       for _, first, width in MEGATRON_HEADER)
+    if version != 1:
+        raise InvalidInputError(f"{path}: Megatron index version {version} is not supported (seqpack reads version 1)")
+    if code not in MEGATRON_DTYPES:
+        raise InvalidInputError(f"{path}: unknown Megatron dtype code {code} (the codes are "
+                                f"{min(MEGATRON_DTYPES)} to {max(MEGATRON_DTYPES)})")
     dtype = np.dtype(MEGATRON_DTYPES[code])
     if dtype.kind not in "iu":
-        raise InvalidInputError(f"{path}: token dtype {dtype} is not an integer type")
-    count = int.from_bytes(header[18:26], "little")
-    documents = int.from_bytes(header[26:34], "little")
-    need = 34 + 4 * count + 8 * count + 8 * documents
-    if data.shape[0] < need:
-        raise InvalidInputError(f"{path}: truncated index ({data.shape[0]} bytes; {need} needed)")
-    lengths = np.frombuffer(data, dtype="<i4", count=count, offset=34).astype(np.int64)
-    pointers = np.frombuffer(data, dtype="<i8", count=count, offset=34 + 4 * count).astype(np.int64)
-    starts = np.frombuffer(data, dtype="<i8", count=documents, offset=34 + 12 * count)
+        raise InvalidInputError(f"{path}: dtype code {code} is {dtype}, not an integer token type")
+    sequences_end = MEGATRON_HEADER_BYTES + 12 * count
+    need = sequences_end + 8 * documents
+    if sequences_end > size:
+        raise InvalidInputError(f"{path}: sequence count {count} needs {sequences_end} bytes of index (the header "
+                                f"and 12 per sequence); the file has {size}")
+    if need > size:
+        raise InvalidInputError(f"{path}: document count {documents} needs {need} bytes of index (the header, "
+                                f"{count} sequences and 8 per document); the file has {size}")
+    if size not in (need, need + count):
+        raise InvalidInputError(f"{path}: {size} bytes, but sequence count {count} and document count {documents} "
+                                f"account for {need} ({need + count} with a mode per sequence): the counts are "
+                                f"wrong or bytes follow the index")
+    lengths = np.frombuffer(data, dtype="<i4", count=count, offset=MEGATRON_HEADER_BYTES).astype(np.int64)
+    pointers = np.frombuffer(data, dtype="<i8", count=count, offset=MEGATRON_HEADER_BYTES + 4 * count).astype(np.int64)
+    starts = np.frombuffer(data, dtype="<i8", count=documents, offset=sequences_end)
     # The document index: where each document's sequences start, from 0 up to the count
     # (each sequence is packed as a document of its own; a broken index marks a broken file).
     if documents and (starts[0] != 0 or starts[-1] != count or (np.diff(starts) < 0).any()):
