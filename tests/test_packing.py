@@ -1,5 +1,7 @@
 """Next-fit packing: the ch05 fixture, limits beside their passing twins, budget honesty, properties."""
 
+import dataclasses
+import pickle
 import time
 import tracemalloc
 
@@ -172,6 +174,31 @@ def test_config_validation(args, message):
         sp.PackConfig(*args)
     sp.PackConfig(6, 1, 6, 1)
     sp.PackConfig(2**31 - 1, 1, 2**31 - 1, 1)
+
+
+# replace(capacity=...) kept the default max_cells of the old capacity.
+@pytest.mark.parametrize("changes", [{"capacity": 10}, {"rows_per_batch": 5}, {"capacity": 3, "rows_per_batch": 7},
+                                     {"max_memory_bytes": 1}, {"capacity": 10, "max_cells": None}])
+def test_replace_derives_a_default_max_cells_as_a_fresh_config_would(changes):
+    default = sp.PackConfig(6, 2)
+    copy = dataclasses.replace(default, **changes)
+    fresh = sp.PackConfig(**{"capacity": 6, "rows_per_batch": 2, **changes})
+    assert copy.max_cells == fresh.max_cells == fresh.rows_per_batch * fresh.capacity and type(copy.max_cells) is int
+    assert copy == fresh and hash(copy) == hash(fresh) and repr(copy) == repr(fresh)
+    assert dataclasses.replace(copy, capacity=4).max_cells == 4 * fresh.rows_per_batch  # a copy of a copy too
+    assert dataclasses.replace(pickle.loads(pickle.dumps(default)), **changes).max_cells == fresh.max_cells
+
+
+def test_replace_keeps_a_given_max_cells():
+    given = sp.PackConfig(6, 2, 20)
+    assert dataclasses.replace(given, capacity=10).max_cells == 20
+    assert dataclasses.replace(given, rows_per_batch=8).max_cells == 20
+    assert dataclasses.replace(sp.PackConfig(6, 2, 12), capacity=10).max_cells == 12  # a full batch, but given
+    replaced = dataclasses.replace(sp.PackConfig(6, 2), max_cells=30)
+    assert replaced.max_cells == 30 and dataclasses.replace(replaced, capacity=10).max_cells == 30
+    with pytest.raises(sp.InvalidInputError, match="max_cells 20 is below capacity 30: no row would fit"):
+        dataclasses.replace(given, capacity=30)
+    assert sp.PackConfig(6, 2) == sp.PackConfig(6, 2, 12)  # a default and a given full batch are the same limit
 
 
 def test_budget_equal_to_requirement_passes_one_less_fails(abc, binding):
