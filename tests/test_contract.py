@@ -56,9 +56,11 @@ def test_every_call_returns_a_correct_result_or_raises_a_seqpack_error(tmp_path)
     run_cases(CASES, MIN_CASES, tmp_path)
 
 
+MISSING_FOR_INTEGRATION = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(bool(MISSING_FOR_INTEGRATION), reason=f"the integration cases need "
+                    f"{' and '.join(MISSING_FOR_INTEGRATION)}: pip install 'seqpack[hf]'")
 def test_every_integration_call_returns_a_correct_result_or_raises_a_seqpack_error(tmp_path):
-    missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
-    if missing:
-        pytest.skip(f"the integration cases need {' and '.join(missing)}: pip install 'seqpack[hf]'")
     run_cases(INTEGRATION_CASES, INTEGRATION_MIN_CASES, tmp_path)

@@ -33,7 +33,7 @@ rename of the manifest is the commit point: a failure before it puts the old dat
 back, and a signal (Ctrl-C, SIGTERM) after it no longer fails the publish.
 
 Every temporary name carries its writer's host and process ID
-(``.NAME.seqpack-partial-HOST-PID-XXXXXXXXXXXX``, and ``seqpack-old`` for a replaced
+(``.NAME.seqpack-partial-HOST-PID-ID``, ID twelve hex digits, and ``seqpack-old`` for a replaced
 dataset on its way out), so a later pack into the same directory removes what a killed
 writer left (:func:`remove_leftovers`) and never what a running one is writing.
 """
