@@ -36,11 +36,14 @@ Every temporary name carries its writer's host and process ID
 (``.NAME.seqpack-partial-HOST-PID-ID``, ID twelve hex digits, and ``seqpack-old`` for a replaced
 dataset on its way out), so a later pack into the same directory removes what a killed
 writer left (:func:`remove_leftovers`) and never what a running one is writing.
+Writers into one directory take turns at the renames (an exclusive ``flock`` on the
+parent directory), so concurrent ``--force`` packs publish one after another.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -308,6 +311,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _renames_locked(parent: Path):
+    """Hold an exclusive ``flock`` on ``parent`` (the directory itself, so no lock file is
+    left): seqpack's writers into one directory take turns at their renames."""
+    descriptor = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock
+
+
 def remove_leftovers(parent: Path) -> list[str]:
     """Clear up the temporary siblings in ``parent`` that seqpack writers on this host left
     when they were killed (their process is gone); return their names. A replaced
@@ -316,26 +331,28 @@ def remove_leftovers(parent: Path) -> list[str]:
     dead writer left is removed. A writer still running, or one on another host (a
     shared file system), is left alone."""
     removed, host = [], _host()
-    try:
-        entries = sorted(parent.iterdir())
-    except OSError:
-        return removed
-    for entry in entries:
-        match = LEFTOVER.match(entry.name)
-        if match is None or match["host"] != host or _alive(int(match["pid"])) or entry.is_symlink():
-            continue
-        target = parent / match["out"]
-        with contextlib.suppress(OSError):
-            if match["kind"] == "old" and not is_packed_dataset(target):
-                if target.is_dir() and not target.is_symlink() and _stranger(target) is None:
-                    shutil.rmtree(target)  # the dead writer's incomplete new dataset
-                if not (target.exists() or target.is_symlink()):
-                    os.rename(entry, target)
-                    removed.append(entry.name)
-                continue
-            shutil.rmtree(entry)
-            removed.append(entry.name)
+    with contextlib.suppress(OSError), _renames_locked(parent):
+        for entry in sorted(parent.iterdir()):
+            _remove_leftover(parent, entry, host, removed)
     return removed
+
+
+def _remove_leftover(parent: Path, entry: Path, host: str, removed: list) -> None:
+    """Clear up ``entry`` (see :func:`remove_leftovers`) if a dead writer on ``host`` left it."""
+    match = LEFTOVER.match(entry.name)
+    if match is None or match["host"] != host or _alive(int(match["pid"])) or entry.is_symlink():
+        return
+    target = parent / match["out"]
+    with contextlib.suppress(OSError):
+        if match["kind"] == "old" and not is_packed_dataset(target):
+            if target.is_dir() and not target.is_symlink() and _stranger(target) is None:
+                shutil.rmtree(target)  # the dead writer's incomplete new dataset
+            if not (target.exists() or target.is_symlink()):
+                os.rename(entry, target)
+                removed.append(entry.name)
+            return
+        shutil.rmtree(entry)
+        removed.append(entry.name)
 
 
 def _check_name_length(out: Path) -> None:
@@ -398,31 +415,31 @@ def publish(staging: Path, out: Path, manifest: dict, force: bool) -> None:
     Ctrl-C) puts everything back: the new files at ``staging`` (which the caller removes)
     and the old ``out`` where it was. The final rename commits: from it on, SIGINT and
     SIGTERM are deferred until the old dataset is removed, and one that arrives stops the
-    removal (the next pack beside ``out`` finishes it) without failing the publish."""
+    removal (the next pack beside ``out`` finishes it) without failing the publish. The
+    renames hold the parent directory's lock, so concurrent writers publish in turn."""
     temporary = staging / f".{MANIFEST}.{_writer_tag()}.partial"
     write_json(temporary, manifest)
     fsync_directory(staging)
-    old = None
-    if out.exists() or out.is_symlink():
-        check_output(out, force)   # whatever appeared there since the start is checked again
-        old = temporary_sibling(out, "old")
-    committed = False
-    try:
-        if old is not None:
-            os.rename(out, old)
-        os.rename(staging, out)
-        fsync_directory(out.parent)
-        with signals_deferred() as caught:
-            os.rename(out / temporary.name, out / MANIFEST)
-            committed = True
-            fsync_directory(out)
-            if old is not None:
-                _remove_unless(old, caught)
-    except BaseException:
-        if committed:  # the dataset is published; only a removal of the old one failed
-            return
-        _put_back(staging, out, old)
-        raise
+    old, committed = None, False
+    with _renames_locked(out.parent):
+        try:
+            if out.exists() or out.is_symlink():
+                check_output(out, force)   # whatever appeared there since the start is checked again
+                old = temporary_sibling(out, "old")
+                os.rename(out, old)
+            os.rename(staging, out)
+            fsync_directory(out.parent)
+            with signals_deferred() as caught:
+                os.rename(out / temporary.name, out / MANIFEST)
+                committed = True
+                fsync_directory(out)
+                if old is not None:
+                    _remove_unless(old, caught)
+        except BaseException:
+            if committed:  # the dataset is published; only a removal of the old one failed
+                return
+            _put_back(staging, out, old)
+            raise
 
 
 def _remove_unless(directory: Path, caught: list) -> None:
