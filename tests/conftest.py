@@ -1,8 +1,15 @@
 """Shared test helpers."""
 
+import signal
+
 import pytest
 
 from seqpack.layout.batch import BatchLayout
+
+# A shell starts a background job with SIGINT ignored, and every process it starts inherits
+# that: the tests that send SIGINT to a seqpack run expect a terminal user's Ctrl-C.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

@@ -33,3 +33,13 @@ def write_jsonl(path, texts):
     """A JSONL file of ``{"text": ...}`` lines at ``path``; returns the path."""
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
     return path
+
+
+def reseal(directory, manifest: dict) -> None:
+    """Write ``manifest`` (edited on purpose) into the dataset at ``directory``, sealed
+    again, so that a test reaches the checks behind the seal."""
+    from pathlib import Path
+
+    from seqpack.io import format as fmt
+
+    (Path(directory) / fmt.MANIFEST).write_text(json.dumps(fmt.seal(manifest)))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import seqpack as sp
+from helpers import reseal
 from seqpack import io
 from seqpack.io import format as fmt
 from seqpack.io.encoding import ChunkEncoder
@@ -176,7 +177,7 @@ def two_part_copy(tmp_path, edit=None):
     assert len(manifest["parts"]) == 2 and all(part["batches"] >= 2 for part in manifest["parts"])
     if edit is not None:
         edit(manifest)
-        path.write_text(json.dumps(manifest))
+        reseal(path.parent, manifest)
     return tmp_path / "packed"
 
 
@@ -214,7 +215,7 @@ def test_a_token_outside_the_vocabulary_is_refused_when_its_batch_is_filled(tmp_
     tokens.tofile(path)
     manifest = json.loads((target / fmt.MANIFEST).read_text())
     manifest["parts"][0]["files"]["tokens.bin"]["sha256"] = io.encoding.file_sha256(path)
-    (target / fmt.MANIFEST).write_text(json.dumps(manifest))
+    reseal(target, manifest)
     dataset = io.open_dataset(target)
     with pytest.raises(sp.InvalidInputError, match=r"tokens\.bin: batch 0 holds a token outside the vocabulary"):
         dataset.batch(0)
@@ -263,3 +264,40 @@ def test_a_dataset_of_more_parts_than_file_descriptors_opens_and_reads(tmp_path)
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert int(run.stdout) == manifest["counts"]["valid_targets"]
+
+
+READ_AFTER_A_SHRINK = """
+import os, pickle, sys
+import seqpack as sp
+dataset = sp.io.open_dataset(sys.argv[1])
+copy = pickle.loads(pickle.dumps(dataset))
+dataset.batch(0)
+os.truncate(sys.argv[2], int(sys.argv[3]))
+for opened in (dataset, copy):
+    try:
+        opened.batch(len(opened) - 1)
+    except sp.SeqpackError as error:
+        print(type(error).__name__, error)
+    else:
+        print("read")
+"""
+
+
+@pytest.mark.parametrize("name, size", [("tokens.bin", 1000), ("tokens.bin", 0), ("occurrences.npy", 200),
+                                        ("examples.npy", 128)])
+def test_a_file_that_shrinks_under_an_open_dataset_is_an_error_not_a_bus_error(tmp_path, name, size):
+    """From a hostile sweep (issue 33): reading a batch after tokens.bin was truncated
+    killed the process with SIGBUS (rc 135); now each batch read checks the mapped sizes."""
+    import subprocess
+    import sys
+
+    target = two_part_copy(tmp_path)
+    path = target / "part-00001" / name
+    assert path.stat().st_size > size
+    run = subprocess.run([sys.executable, "-c", READ_AFTER_A_SHRINK, str(target), str(path), str(size)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"InvalidInputError {path}: {size} bytes; the manifest records")
+    assert "the file changed while the dataset was open" in lines[0]
+    assert lines[1].startswith("InvalidInputError ") and str(path) in lines[1]  # the copy reopens: sizes differ

@@ -211,3 +211,41 @@ def test_a_directory_or_an_id_past_int32_is_named(tmp_path):
     path = word_level(tmp_path, {"[UNK]": 0, "[BOS]": 1, "[EOS]": 2, "big": 2**31}, name="huge.json")
     with pytest.raises(sp.InvalidInputError, match=r"huge.json: token ID 2147483648 does not fit int32"):
         io.TokenizerFile(path, bos=1, eos=2)
+
+
+def test_verify_with_a_tokenizer_file_detects_a_different_one(tmp_path, tokenizer_file):
+    """From a hostile sweep (issue 33): a tokenizer file changed since the pack went unnoticed."""
+    import subprocess
+
+
+    bound = io.TokenizerFile(tokenizer_file, bos="<|bos|>", eos="<|eos|>")
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text("\n".join(json.dumps({"text": t}) for t in TEXTS))
+    io.pack_corpus([io.JsonLines(lines)], tmp_path / "packed", binding=sp.BatchBinding.for_tokenizer(
+        bound.identity, split="tests"), tokenizer=bound, config=sp.PackConfig(64, 2))
+    assert io.verify_dataset(tmp_path / "packed", tokenizer=tokenizer_file)["tokenizer"] == str(tokenizer_file)
+    changed = tmp_path / "changed.json"
+    described = json.loads(tokenizer_file.read_text())
+    described["model"]["vocab"]["zzz-new"] = max(described["model"]["vocab"].values()) + 1
+    changed.write_text(json.dumps(described))
+    with pytest.raises(sp.VerificationError, match=rf"changed\.json: not the tokenizer .*packed was packed with "
+                                                   r"\(SHA-256 .* \d+ IDs; the manifest records 'tokenizer\.json'"):
+        io.verify_dataset(tmp_path / "packed", tokenizer=changed)
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({**described, "added_tokens": [], "model": {**described["model"], "vocab": {"a": 0}}}))
+    with pytest.raises(sp.VerificationError, match=r"empty\.json: not the tokenizer .* was packed with \(not a tokenizers JSON file"):
+        io.verify_dataset(tmp_path / "packed", tokenizer=empty)
+    run = subprocess.run([sys.executable, "-m", "seqpack", "verify", str(tmp_path / "packed"), "--tokenizer",
+                          str(changed), "--quiet"], capture_output=True, text=True)
+    assert run.returncode == 1 and run.stderr.startswith("seqpack: error: ") and "not the tokenizer" in run.stderr
+    run = subprocess.run([sys.executable, "-m", "seqpack", "verify", str(tmp_path / "packed"), "--tokenizer",
+                          str(tokenizer_file), "--quiet"], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.rstrip().endswith("the tokenizer is the one it was packed with")
+
+
+def test_verify_with_a_tokenizer_file_refuses_a_byte_tokenizer_dataset(tmp_path, tokenizer_file):
+    (tmp_path / "a.txt").write_text("hello")
+    io.pack_corpus([io.TextFiles([tmp_path / "a.txt"])], tmp_path / "packed", binding=sp.BatchBinding.for_tokenizer(
+        sp.ByteTokenizer(), split="tests"), tokenizer=sp.ByteTokenizer(), config=sp.PackConfig(32, 2))
+    with pytest.raises(sp.VerificationError, match="was packed with the byte tokenizer, not a tokenizers file"):
+        io.verify_dataset(tmp_path / "packed", tokenizer=tokenizer_file)

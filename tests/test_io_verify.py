@@ -3,11 +3,14 @@
 import json
 import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import seqpack as sp
+from helpers import reseal
 from seqpack import io
 from seqpack.io import format as fmt
 from seqpack.io.stats import dataset_stats
@@ -70,7 +73,7 @@ def rewrite(target, name, array):
     record = fmt.write_array(target / "part-00000" / name, array)
     manifest = json.loads((target / "manifest.json").read_text())
     manifest["parts"][0]["files"][name] = record
-    (target / "manifest.json").write_text(json.dumps(manifest))
+    reseal(target, manifest)
 
 
 def test_a_placement_other_than_the_policy_is_refused(packed, tmp_path):
@@ -96,7 +99,7 @@ def test_a_count_that_disagrees_is_refused(packed, tmp_path):
     target = copy_of(packed, tmp_path)
     manifest = json.loads((target / "manifest.json").read_text())
     manifest["parts"][0]["valid_targets"] += 1
-    (target / "manifest.json").write_text(json.dumps(manifest))
+    reseal(target, manifest)
     with pytest.raises(sp.VerificationError, match="records valid_targets"):
         io.verify_dataset(target)
 
@@ -121,7 +124,7 @@ def test_tokens_out_of_vocabulary_are_refused(packed, tmp_path):
     tokens.tofile(path)
     manifest = json.loads((target / "manifest.json").read_text())
     manifest["parts"][0]["files"]["tokens.bin"]["sha256"] = io.encoding.file_sha256(path)
-    (target / "manifest.json").write_text(json.dumps(manifest))
+    reseal(target, manifest)
     with pytest.raises(sp.VerificationError, match=r"tokens\.bin: a token lies outside the vocabulary"):
         io.verify_dataset(target)
 
@@ -140,7 +143,7 @@ def test_a_malformed_manifest_is_one_clear_error(packed, tmp_path, damage, messa
         del manifest["parts"][0]["files"]
     else:
         manifest["config"]["capacity"] = "wide"
-    (target / "manifest.json").write_text(json.dumps(manifest))
+    reseal(target, manifest)
     with pytest.raises(sp.InvalidInputError, match=message):
         io.open_dataset(target)
     with pytest.raises(sp.VerificationError, match=message):  # verify reports every fault as a VerificationError
@@ -161,11 +164,13 @@ def two_parts(tmp_path_factory):
     return root / "packed"
 
 
-def edited(packed, tmp_path, key, value):
-    """A copy whose manifest has ``key`` (dotted; list indices as numbers) set to ``value``, or deleted."""
+def edited(packed, tmp_path, key, value, sealed=True):
+    """A copy whose manifest has ``key`` (dotted, or a tuple of keys; list indices as numbers) set to ``value``, or
+    deleted; sealed again unless ``sealed`` is false (as a hand edit leaves it)."""
     target = copy_of(packed, tmp_path)
     manifest = json.loads((target / "manifest.json").read_text())
-    *path, last = [int(k) if k.isdigit() else k for k in key.split(".")]
+    keys = key if isinstance(key, tuple) else key.split(".")
+    *path, last = [int(k) if k.isdigit() else k for k in keys]
     holder = manifest
     for k in path:
         holder = holder[k]
@@ -173,7 +178,10 @@ def edited(packed, tmp_path, key, value):
         del holder[last]
     else:
         holder[last] = value
-    (target / "manifest.json").write_text(json.dumps(manifest))
+    if sealed:
+        reseal(target, manifest)
+    else:
+        (target / "manifest.json").write_text(json.dumps(manifest))
     return target
 
 
@@ -243,3 +251,66 @@ def test_a_file_the_manifest_does_not_list_fails_verify(tmp_path, add, name):
     add(out)
     with pytest.raises(sp.VerificationError, match=rf"^{re.escape(str(out / name))}: not listed in the manifest"):
         io.verify_dataset(out)
+
+
+# From a hostile sweep (issue 33): verify said ok to each of these hand edits.
+@pytest.mark.parametrize("key, value, named", [
+    ("binding.limits.max_tokens", 3, r"binding\.limits\.max_tokens \(edited\)"),
+    ("binding.split_receipt_digest", "0" * 64, r"binding\.split_receipt_digest \(edited\)"),
+    ("binding.tokenizer.digest", "0" * 64, r"binding\.tokenizer\.digest \(edited\)"),
+    ("partition", "test", r"partition \(edited\)"),
+    ("inputs.0.name", "other.jsonl", r"inputs\[0\]\.name \(edited\)"),
+    ("input_bytes", 1, r"input_bytes \(edited\)"),
+    ("long_documents", "cut", r"long_documents \(edited\)"),
+    ("config.max_memory_bytes", 1 << 40, r"config\.max_memory_bytes \(edited\)"),
+    ("counts.rows", 99, r"counts\.rows \(edited\)"),
+    ("created_by", "someone", r"created_by \(edited\)"),
+    (("parts", "1", "files", "tokens.bin", "sha256"), "0" * 64, r"parts\[1\]\.files\.tokens\.bin \(edited\)"),
+    ("report.padding_cells", 0, r"report\.padding_cells \(edited\)"),
+    ("counts", DELETE, r"counts \(removed\)"),
+    ("mine", "added", r"mine \(added\)"),
+    ("seal.sha256", "0" * 64, "the seal itself"),
+])
+def test_an_edited_manifest_field_is_named_by_open_and_verify(two_parts, tmp_path, key, value, named):
+    target = edited(two_parts, tmp_path, key, value, sealed=False)
+    message = rf"manifest\.json: the manifest differs from its seal at {named}"
+    with pytest.raises(sp.InvalidInputError, match=message):
+        io.open_dataset(target)
+    with pytest.raises(sp.VerificationError, match=message):
+        io.verify_dataset(target)
+
+
+def test_seqpack_verify_names_an_edited_field_and_exits_1(two_parts, tmp_path):
+    target = edited(two_parts, tmp_path, "binding.limits.max_tokens", 3, sealed=False)
+    run = subprocess.run([sys.executable, "-m", "seqpack", "verify", str(target)], capture_output=True, text=True)
+    assert run.returncode == 1 and run.stdout == ""
+    assert re.fullmatch(r"seqpack: error: .*manifest\.json: the manifest differs from its seal at "
+                        r"binding\.limits\.max_tokens \(edited\): .*\n", run.stderr)
+
+
+def test_a_broken_seal_is_refused(two_parts, tmp_path):
+    target = edited(two_parts, tmp_path, "seal", "trust me", sealed=False)
+    with pytest.raises(sp.InvalidInputError, match=r"manifest\.json: its seal is not a seqpack seal"):
+        io.open_dataset(target)
+
+
+def test_a_manifest_from_before_seals_opens_and_verifies_unsealed(two_parts, tmp_path):
+    target = edited(two_parts, tmp_path, "seal", DELETE, sealed=False)
+    assert len(io.open_dataset(target)) == 4
+    assert io.verify_dataset(target)["sealed"] is False
+    assert io.verify_dataset(two_parts)["sealed"] is True
+
+
+def test_limits_are_checked_against_the_documents(two_parts, tmp_path):
+    """Resealed, an edited limit still disagrees with the documents it should bound."""
+    target = edited(two_parts, tmp_path, "binding.limits.max_tokens", 3)
+    with pytest.raises(sp.VerificationError, match=r"documents\.npy: document \d+ has \d+ tokens; the manifest's "
+                                                   r"binding\.limits\.max_tokens is 3"):
+        io.verify_dataset(target)
+
+
+def test_long_documents_is_checked_against_the_windows(packed, tmp_path):
+    """The fixture cut long documents into windows; a manifest saying it refused them is wrong."""
+    target = edited(packed, tmp_path, "long_documents", "error")
+    with pytest.raises(sp.VerificationError, match=r"examples\.npy: the examples are not the documents' ranges"):
+        io.verify_dataset(target)

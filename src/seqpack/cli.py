@@ -97,6 +97,8 @@ def _add_dataset_commands(commands) -> None:
                                  description="Recompute every file's SHA-256, check counts and placement rules, "
                                              "and verify() every batch.")
     verify.add_argument("dataset", type=Path, metavar="DIR")
+    verify.add_argument("--tokenizer", type=Path, metavar="JSON",
+                        help="also check that this tokenizers JSON file is the one the dataset was packed with")
     verify.add_argument("--json", action="store_true", help="print what was checked as JSON")
     verify.add_argument("--quiet", action="store_true", help="no progress bar")
     verify.set_defaults(run=_verify)
@@ -323,7 +325,7 @@ def _verify(args) -> int:
     from .io import verify_dataset
     from .io.progress import Progress
 
-    checked = verify_dataset(args.dataset, progress=Progress(enabled=not args.quiet))
+    checked = verify_dataset(args.dataset, tokenizer=args.tokenizer, progress=Progress(enabled=not args.quiet))
     if args.json:
         _print_json(checked)
     else:
@@ -331,7 +333,9 @@ def _verify(args) -> int:
 
         print(f"{printable(str(args.dataset))}: ok: {checked['files']} files ({checked['bytes']:,} bytes) match their SHA-256, "
               f"{_counted(checked['examples'], 'example')} placed by the rules, "
-              f"{_counted(checked['batches_verified'], 'batch', 'batches')} verified")
+              f"{_counted(checked['batches_verified'], 'batch', 'batches')} verified, "
+              f"{'the manifest matches its seal' if checked['sealed'] else 'the manifest has no seal (an older seqpack wrote it)'}"
+              f"{', the tokenizer is the one it was packed with' if args.tokenizer else ''}")
     return 0
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -138,38 +139,52 @@ class Part:
         self.example_count = int(record["examples"])
         self.row_count = int(record["rows"])
         self.batch_count = int(record["batches"])
-        for name in fmt.PART_FILES:
+        self._sizes = {name: record["files"][name]["bytes"] for name in fmt.PART_FILES}
+        for name, expected in self._sizes.items():
             path = directory / name
-            expected = record["files"][name]["bytes"]
             if not path.is_file():
                 raise InvalidInputError(f"{path}: missing")
             if path.stat().st_size != expected:
                 raise InvalidInputError(f"{path}: {path.stat().st_size} bytes; the manifest records {expected}")
         self._dtype, self._document_count = dtype, int(record["documents"])
-        self._maps = None
+        self._maps, self._views = None, {}  # the arrays over the files, and their maps by file name
         self._check_placements(config)
         self._check_examples(config, long)
         self._check_counts(record, config)
 
     def _mapped(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(tokens, occurrences, examples, documents)``, mapped now unless they are."""
+        """``(tokens, occurrences, examples, documents)``, mapped now unless they are, each
+        file checked to still have its recorded size (reading a mapped file that shrank
+        would kill the process with SIGBUS)."""
         key = id(self)
-        if self._maps is not None:
+        if self._maps is None:
+            self._views = {}
+            tokens = self._map("tokens.bin", self._dtype, (self._sizes["tokens.bin"] // self._dtype.itemsize,))
+            self._maps = (tokens, self._table("occurrences.npy", self.example_count),
+                          self._table("examples.npy", self.example_count),
+                          self._table("documents.npy", self._document_count))
+            _mapped[key] = weakref.ref(self, lambda _, key=key: _mapped.pop(key, None))
+            while len(_mapped) > MAPPED_PARTS:
+                _, oldest = _mapped.popitem(last=False)
+                part = oldest()
+                if part is not None:
+                    part._maps, part._views = None, {}
+        else:
             _mapped.move_to_end(key)
-            return self._maps
-        # A plain array over the map: slicing a numpy.memmap costs more than filling a batch.
-        tokens = np.memmap(self.directory / "tokens.bin", dtype=self._dtype, mode="r").view(np.ndarray) \
-            if (self.directory / "tokens.bin").stat().st_size else np.zeros(0, self._dtype)
-        self._maps = (tokens, self._table("occurrences.npy", self.example_count),
-                      self._table("examples.npy", self.example_count),
-                      self._table("documents.npy", self._document_count))
-        _mapped[key] = weakref.ref(self, lambda _, key=key: _mapped.pop(key, None))
-        while len(_mapped) > MAPPED_PARTS:
-            _, oldest = _mapped.popitem(last=False)
-            part = oldest()
-            if part is not None:
-                part._maps = None
+        for name, view in self._views.items():
+            if view.size() != self._sizes[name]:  # the mapped file's size now (an fstat)
+                raise InvalidInputError(f"{self.directory / name}: {view.size()} bytes; the manifest records "
+                                        f"{self._sizes[name]} (the file changed while the dataset was open)")
         return self._maps
+
+    def _map(self, name: str, dtype: np.dtype, shape: tuple, offset: int = 0) -> np.ndarray:
+        """A read-only array over ``name`` from ``offset``; its map is kept for the size check."""
+        if not np.prod(shape, dtype=np.int64):
+            return np.zeros(shape, dtype)
+        with open(self.directory / name, "rb") as handle:
+            view = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        self._views[name] = view
+        return np.frombuffer(view, dtype=dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)
 
     # The part's files, mapped on use (see seqpack.io.format for what each holds).
     tokens = property(lambda self: self._mapped()[0], doc="tokens.bin: the placed examples' tokens")
@@ -178,14 +193,23 @@ class Part:
     documents = property(lambda self: self._mapped()[3], doc="documents.npy: (input, place, tokens) each")
 
     def _table(self, name: str, rows: int) -> np.ndarray:
+        """The int64 ``[rows, 3]`` table in the ``.npy`` file ``name``, mapped."""
         path = self.directory / name
         try:
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
+            with open(path, "rb") as handle:
+                version = np.lib.format.read_magic(handle)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+                    else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read_header(handle)
+                offset = handle.tell()
         except (ValueError, OSError) as error:
             raise InvalidInputError(f"{path}: not a readable .npy file: {error}") from None
-        if array.dtype != np.int64 or array.shape != (rows, 3):
-            raise InvalidInputError(f"{path}: holds {array.dtype} {array.shape}; expected int64 ({rows}, 3)")
-        return array
+        if dtype != np.int64 or shape != (rows, 3) or fortran:
+            raise InvalidInputError(f"{path}: holds {dtype} {shape}{' (Fortran order)' if fortran else ''}; "
+                                    f"expected int64 ({rows}, 3)")
+        if offset + rows * 3 * dtype.itemsize != self._sizes[name]:
+            raise InvalidInputError(f"{path}: {self._sizes[name]} bytes, not the {rows} rows its header declares")
+        return self._map(name, dtype, shape, offset)
 
     def _check_placements(self, config: PackConfig) -> None:
         """What the fill kernel trusts: every example placed once, rows 0, 1... each used

@@ -25,6 +25,11 @@ efficiency report, and per part its first global example, document, row and batc
 counts and every file's byte size and SHA-256. A part's example ``i`` has the global
 ordinal ``first_example + i`` (its segment in every batch). Batches never span parts.
 
+The manifest is sealed (:func:`seal`): its ``seal`` holds the SHA-256 of its canonical
+JSON and a digest of each field down to three levels of keys (``binding.limits.max_tokens``,
+``inputs[0].name``, ``parts[0].files.tokens.bin``), so an edited field is an error naming it wherever the manifest is
+read. A manifest written before seals existed has none and still opens.
+
 Writing: everything goes into a hidden temporary sibling directory, each file flushed
 and fsynced; the directory is renamed into place and ``manifest.json`` is renamed in
 last, atomically, from a temporary name of this writer's own. A directory without
@@ -64,6 +69,9 @@ from ..errors import InvalidInputError
 FORMAT = "seqpack-packed-dataset"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+SEAL = "seal"
+#: How many levels of keys the seal names: ``binding.limits.max_tokens`` is three.
+SEAL_DEPTH = 3
 PART_FILES = ("tokens.bin", "occurrences.npy", "examples.npy", "documents.npy")
 #: The manifest's totals, each the sum of the parts' counts of that name.
 COUNTS = ("documents", "examples", "tokens", "document_tokens", "rows", "batches", "valid_targets",
@@ -418,7 +426,7 @@ def publish(staging: Path, out: Path, manifest: dict, force: bool) -> None:
     removal (the next pack beside ``out`` finishes it) without failing the publish. The
     renames hold the parent directory's lock, so concurrent writers publish in turn."""
     temporary = staging / f".{MANIFEST}.{_writer_tag()}.partial"
-    write_json(temporary, manifest)
+    write_json(temporary, seal(manifest))
     fsync_directory(staging)
     old, committed = None, False
     with _renames_locked(out.parent):
@@ -475,8 +483,67 @@ def write_json(path: Path, manifest: dict) -> None:
         raise
 
 
-def read_manifest(directory) -> dict:
-    """The manifest of a complete dataset, its format checked; errors name the directory."""
+def _digest(value) -> str:
+    """SHA-256 of ``value``'s canonical JSON (sorted keys, no spaces)."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _field_digests(value, prefix: str = "", depth: int = SEAL_DEPTH) -> dict[str, str]:
+    """A digest of each field of ``value`` down to ``depth`` levels of keys (a list index is
+    no level: ``parts[0].files.tokens.bin`` is three), keyed by its path."""
+    if isinstance(value, dict):
+        fields = ((f"{prefix}.{key}" if prefix else str(key), inner) for key, inner in value.items())
+    elif isinstance(value, list) and prefix:
+        fields = ((f"{prefix}[{index}]", inner) for index, inner in enumerate(value))
+    else:
+        return {}
+    below = depth if isinstance(value, list) else depth - 1
+    digests = {}
+    for path, inner in fields:
+        digests[path] = _digest(inner)[:16]
+        if below > 0:
+            digests.update(_field_digests(inner, path, below))
+    return digests
+
+
+def seal(manifest: dict) -> dict:
+    """``manifest`` with its seal: the whole content's SHA-256 and each field's digest."""
+    content = {key: value for key, value in manifest.items() if key != SEAL}
+    return {**content, SEAL: {"sha256": _digest(content), "fields": _field_digests(content)}}
+
+
+def check_seal(path: Path, manifest: dict, failure=InvalidInputError) -> bool:
+    """Whether ``manifest`` (read from ``path``) is sealed; raise ``failure`` naming the
+    fields that differ from their seal (the deepest sealed ones), or a broken seal."""
+    if SEAL not in manifest:
+        return False
+    recorded, content = manifest[SEAL], {key: value for key, value in manifest.items() if key != SEAL}
+    if not (isinstance(recorded, dict) and isinstance(recorded.get("fields"), dict)
+            and isinstance(recorded.get("sha256"), str)):
+        raise failure(f"{path}: its seal is not a seqpack seal (the manifest was edited)")
+    if _digest(content) == recorded["sha256"]:
+        return True
+    found, sealed = _field_digests(content), recorded["fields"]
+    differ = {key: "added" if key not in sealed else "removed" if key not in found else "edited"
+              for key in sorted(found.keys() | sealed.keys()) if found.get(key) != sealed.get(key)}
+
+    def ancestors(key):
+        return [key[:at] for at, char in enumerate(key) if char in ".[" and key[:at] in differ]
+
+    above = {ancestor for key in differ for ancestor in ancestors(key)}
+    # An added or removed field is named, not its contents; an edited one at its deepest.
+    deepest = [key for key, how in differ.items() if key not in above or how != "edited"]
+    deepest = [key for key in deepest if not any(differ[a] != "edited" for a in ancestors(key))]
+    named = ", ".join(f"{key} ({differ[key]})" for key in deepest[:4]) or "the seal itself"
+    more = f" and {len(deepest) - 4} more" if len(deepest) > 4 else ""
+    raise failure(f"{path}: the manifest differs from its seal at {named}{more}: it no longer describes the "
+                  "dataset that was written")
+
+
+def read_manifest(directory, failure=InvalidInputError) -> dict:
+    """The manifest of a complete dataset, its format and seal checked; errors (``failure``
+    for a broken seal) name the directory."""
     directory = Path(directory)
     if not directory.is_dir():
         raise InvalidInputError(f"{directory}: {'not a' if directory.exists() else 'no such'} directory")
@@ -493,4 +560,5 @@ def read_manifest(directory) -> dict:
         raise InvalidInputError(
             f"{path}: format version {manifest.get('format_version')!r}; this seqpack reads {FORMAT_VERSION}"
         )
+    check_seal(path, manifest, failure)
     return manifest

@@ -1,12 +1,14 @@
 """Checking a packed dataset on disk: every checksum, count, placement rule and batch invariant.
 
-``verify_dataset`` refuses a directory without a manifest (an incomplete pack),
-recomputes the SHA-256 of every file the manifest lists, finds any file or directory it
+``verify_dataset`` refuses a directory without a manifest (an incomplete pack) or one
+whose manifest differs from its seal (an edited field, named), recomputes the SHA-256 of every file the manifest lists, finds any file or directory it
 does not list, then checks the part files
 against each other and the manifest: examples are exactly the documents' whole ranges
 (or their windows, for a pack that cut long documents), the placement is exactly what
 the recorded policy gives for those lengths and tiles each row's prefix, tokens are in
-the vocabulary with BOS and EOS exactly where the documents' frames put them, and every
+the vocabulary with BOS and EOS exactly where the documents' frames put them, no
+document is longer than the binding's ``max_tokens`` (``long_documents`` is checked on
+open: examples must be the documents whole, or their windows for ``cut``), and every
 count matches: each part's against its files, the firsts and totals against the parts
 (checked on open), the report against the one the parts give, the shard count against
 the parts. Finally every batch is built and ``verify()``-ed. The first failure raises
@@ -87,6 +89,11 @@ def check_part(dataset: PackedDataset, part: Part) -> None:
     capacity, policy = dataset.config.capacity, dataset.policy
     occurrences = part.directory / "occurrences.npy"
     sizes = np.ascontiguousarray(part.documents[:, 2])
+    # Limits: no document is longer (framed) than the binding's decode limit allows.
+    max_tokens = dataset.binding.limits.max_tokens
+    if sizes.size and int(sizes.max()) > max_tokens:
+        _fail(part.directory / "documents.npy", f"document {int(np.argmax(sizes))} has {int(sizes.max())} tokens; "
+                                                f"the manifest's binding.limits.max_tokens is {max_tokens}")
     # Placement: what the recorded policy gives, in row-then-column order.
     lengths = part.examples[:, 2] - part.examples[:, 1] - 1
     placement = place(lengths, capacity, policy)
@@ -140,15 +147,40 @@ def check_report(dataset: PackedDataset) -> None:
         _fail(where, f"shards records count {count!r}; the dataset's part count is {len(dataset.parts)}")
 
 
-def verify_dataset(path, *, progress: Progress | None = None, batches: bool = True) -> dict:
-    """Check everything about the dataset at ``path``; return what was checked.
+def check_tokenizer(dataset: PackedDataset, file) -> None:
+    """``file`` is the tokenizers JSON file the dataset was packed with: its identity
+    (content digest, vocabulary size, BOS and EOS) is the one the manifest records."""
+    from .encoding import TokenizerFile
+
+    recorded = dataset.manifest["binding"]["tokenizer"]
+    if recorded.get("kind") == "byte":
+        raise VerificationError(f"{file}: {dataset.path} was packed with the byte tokenizer, not a tokenizers file")
+    try:
+        found = TokenizerFile(file, bos=recorded["bos_id"], eos=recorded["eos_id"]).identity
+    except InvalidInputError as error:
+        if "extra" in str(error):
+            raise
+        reason = str(error).removeprefix(f"{file}: ")
+        raise VerificationError(f"{file}: not the tokenizer {dataset.path} was packed with ({reason})") from None
+    expected = dataset.binding.tokenizer_identity
+    if found != expected:
+        raise VerificationError(
+            f"{file}: not the tokenizer {dataset.path} was packed with (SHA-256 {found.digest[:16]}..., "
+            f"{found.vocabulary_size} IDs; the manifest records {recorded.get('file', 'a file')!r} with "
+            f"{expected.digest[:16]}..., {expected.vocabulary_size} IDs)")
+
+
+def verify_dataset(path, *, tokenizer=None, progress: Progress | None = None, batches: bool = True) -> dict:
+    """Check everything about the dataset at ``path``; return what was checked. With
+    ``tokenizer`` (a tokenizers JSON file), also check that it is the one the dataset was
+    packed with.
 
     Raises :class:`~seqpack.errors.VerificationError` (or ``InvalidInputError`` for a
     missing or unreadable manifest) naming the first failing file.
     """
     path = Path(path)
     progress = progress or Progress(enabled=False)
-    manifest = fmt.read_manifest(path)
+    manifest = fmt.read_manifest(path, VerificationError)
     try:
         checked_bytes = check_checksums(path, manifest, progress)
         try:
@@ -156,6 +188,8 @@ def verify_dataset(path, *, progress: Progress | None = None, batches: bool = Tr
         except InvalidInputError as error:  # a file the manifest does not describe
             raise VerificationError(str(error)) from None
         check_no_strangers(path, manifest)
+        if tokenizer is not None:
+            check_tokenizer(dataset, tokenizer)
         for part in dataset.parts:
             check_part(dataset, part)
         check_report(dataset)
@@ -169,6 +203,7 @@ def verify_dataset(path, *, progress: Progress | None = None, batches: bool = Tr
                 progress.advance(1)
     finally:
         progress.close()
-    return {"path": str(path), "files": sum(len(p["files"]) for p in manifest["parts"]), "bytes": checked_bytes,
+    return {"path": str(path), "sealed": fmt.SEAL in manifest,
+            "tokenizer": None if tokenizer is None else str(tokenizer), "files": sum(len(p["files"]) for p in manifest["parts"]), "bytes": checked_bytes,
             "parts": len(manifest["parts"]), "examples": dataset.occurrence_count, "batches": dataset.batch_count,
             "batches_verified": dataset.batch_count if batches else 0}
