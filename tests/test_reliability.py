@@ -10,7 +10,7 @@ import pytest
 
 import seqpack as sp
 from seqpack.nn import _attention
-from seqpack.nn.attention import MAX_HEAD_DIM
+from seqpack.nn.kernel_arguments import MAX_HEAD_DIM
 
 TRAIN = sp.Partition.TRAIN
 

@@ -13,6 +13,8 @@ on the thread count.
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 import operator
 import os
 import sys
@@ -82,6 +84,22 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise InvalidInputError(f"{name} must be a bool, got {type(value).__name__}")
     return bool(value)
+
+
+def check_scale(name: str, value: object) -> float | None:
+    """An attention score scale as a Python float (None stays None: ``1/sqrt(head_dim)``):
+    a finite real number, not a bool."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise InvalidInputError(f"{name} must be a real number or None, got {type(value).__name__}")
+    try:
+        scale = float(value)
+    except OverflowError:  # an integer past the float range
+        raise InvalidInputError(f"{name} must be finite ({name} is too large for a float)") from None
+    if not math.isfinite(scale):
+        raise InvalidInputError(f"{name} must be finite, got {scale}")
+    return scale
 
 
 def check_optional_int(name: str, value: object, minimum: int = 1, maximum: int | None = None) -> int | None:

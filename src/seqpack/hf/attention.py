@@ -36,37 +36,54 @@ computed.
 from __future__ import annotations
 
 import importlib
-import math
-import numbers
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from .._limits import check_int
+from .._limits import check_int, check_scale
 from ..errors import InvalidInputError
 from ..nn.attention import range_attention_backward, range_attention_forward
 from ..torch.attention import (
     WIDENED,
     check_first_order,
     check_kernel_tensor,
-    int_array,
     kernel_gradient,
     kernel_view,
 )
+from .segments import check_window, layout
 
 #: The name under which :func:`register` installs seqpack attention.
 NAME = "seqpack"
-# Attention-function keywords that change the result and that range attention does not compute.
-_UNSUPPORTED = {
-    "softcap": "logit softcapping",
-    "s_aux": "attention sinks",
-    "sinks": "attention sinks",
-    "position_bias": "an additive position bias",
-    "indices": "sparse attention over selected keys",
-    "block_indices": "block-sparse attention over selected blocks",
-}
 
+
+def _given(value) -> bool:
+    return value is not None
+
+
+def _cache_error(detail: str) -> InvalidInputError:
+    return InvalidInputError(
+        f"seqpack attention does not use a cache ({detail}): pass use_cache=False or set "
+        f"model.config.use_cache = False for training on packed rows"
+    )
+
+
+#: Attention-call keywords that ask for what range attention does not compute: each
+#: keyword, whether its value asks for it, and the refusal.
+_REFUSED = {
+    "use_cache": (bool, str(_cache_error("use_cache=True"))),
+    "output_attentions": (bool, ("seqpack attention computes no attention weights; this call asked for them "
+                                 "(output_attentions=True): use attn_implementation='eager' to see them")),
+    "is_causal": (lambda value: value is False,
+                  "seqpack attention is causal; this module asked for bidirectional attention"),
+    **{keyword: (_given, f"seqpack attention does not compute {feature} ({keyword}=...)") for keyword, feature in (
+        ("softcap", "logit softcapping"),
+        ("s_aux", "attention sinks"),
+        ("sinks", "attention sinks"),
+        ("position_bias", "an additive position bias"),
+        ("indices", "sparse attention over selected keys"),
+        ("block_indices", "block-sparse attention over selected blocks"),
+    )},
+}
 
 def register(name: str = NAME) -> str:
     """Register seqpack attention and its mask function under ``name``; returns ``name``.
@@ -207,23 +224,16 @@ def _has_block(ids: torch.Tensor) -> bool:
     return bool(((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any())
 
 
-def _cache_error(detail: str) -> InvalidInputError:
-    return InvalidInputError(
-        f"seqpack attention does not use a cache ({detail}): pass use_cache=False or set "
-        f"model.config.use_cache = False for training on packed rows"
-    )
-
-
 def seqpack_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention hook: range attention of ``query`` ``[B, H, T, D]`` and
     ``key``/``value`` ``[B, H_kv, T, D]``; returns ``([B, T, H, D] output, None)``."""
     if dropout:
         raise InvalidInputError(f"seqpack attention has no dropout; the model asked for {dropout}")
-    if kwargs.get("use_cache"):
-        raise _cache_error("use_cache=True")
-    if kwargs.get("output_attentions"):
-        raise InvalidInputError("seqpack attention computes no attention weights; this call asked for them "
-                                "(output_attentions=True): use attn_implementation='eager' to see them")
+    for keyword, (asks, reason) in _REFUSED.items():
+        if asks(kwargs.get(keyword)):
+            raise InvalidInputError(reason)
+    if not getattr(module, "is_causal", True):
+        raise InvalidInputError(_REFUSED["is_causal"][1])
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
             found = f"shape {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
@@ -236,180 +246,21 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
             f"{key.shape[3]} and {value.shape[3]} (multi-head latent attention, as in DeepSeek-V2 and V3, has "
             f"narrower value heads): use attn_implementation='sdpa' or 'eager' for it"
         )
-    if kwargs.get("is_causal") is False or not getattr(module, "is_causal", True):
-        raise InvalidInputError("seqpack attention is causal; this module asked for bidirectional attention")
-    for keyword, feature in _UNSUPPORTED.items():
-        if kwargs.get(keyword) is not None:
-            raise InvalidInputError(f"seqpack attention does not compute {feature} ({keyword}=...)")
     layer = attention_mask if isinstance(attention_mask, LayerMask) else None
     if layer is not None:
         attention_mask = layer.padding
         if layer.sequences is not None and not any(
                 kwargs.get(k) is not None for k in ("cu_seq_lens_q", "seq_idx", "position_ids")):
             kwargs = {**kwargs, "seq_idx": layer.sequences}
-    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
-        raise InvalidInputError(f"attention_mask must be a tensor or None, not {type(attention_mask).__name__}")
-    if attention_mask is not None and attention_mask.dim() != 2:
-        raise InvalidInputError(
-            f"seqpack attention takes no {attention_mask.dim()}-D attention mask (attention_mask has shape "
-            f"{tuple(attention_mask.shape)}): describe the segments with position_ids, seq_idx or cu_seq_lens_q "
-            f"and padding with valid_lengths"
-        )
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         check_kernel_tensor(name, tensor, "seqpack attention")
     lengths, starts = layout(query.shape[0], query.shape[2], attention_mask, kwargs)
     if kwargs.get("sliding_window") is not None:
-        _check_window(check_int("sliding_window", kwargs["sliding_window"], 0), lengths, starts)
+        check_window(check_int("sliding_window", kwargs["sliding_window"], 0), lengths, starts)
     if layer is not None and layer.span is not None:
-        _check_window(layer.span, lengths, starts)
-    output = AttentionIntoCells.apply(query, key, value, lengths, starts, _scaling(scaling))
+        check_window(layer.span, lengths, starts)
+    output = AttentionIntoCells.apply(query, key, value, lengths, starts, check_scale("scaling", scaling))
     return output, None
-
-
-def _scaling(scaling) -> float | None:
-    """``scaling`` as a Python float (None stays None, for ``1/sqrt(D)``): a finite real
-    number, not a bool. The kernels then check that it stays finite in their dtype."""
-    if scaling is None:
-        return None
-    if isinstance(scaling, (bool, np.bool_)) or not isinstance(scaling, numbers.Real):
-        raise InvalidInputError(f"scaling must be a real number or None, got {type(scaling).__name__}")
-    try:
-        value = float(scaling)
-    except OverflowError:  # an int past the float range
-        value = math.inf
-    if not math.isfinite(value):
-        raise InvalidInputError(f"scaling must be finite, got {scaling}")
-    return value
-
-
-def _per_cell(name: str, value, rows: int, width: int) -> np.ndarray:
-    """A ``[rows, width]`` integer array (``[1, width]`` broadcast over the rows, as transformers does)."""
-    array = int_array(name, value)
-    if array.ndim == 1:
-        array = array[None, :]
-    if array.ndim != 2 or array.shape[1] != width or array.shape[0] not in (1, rows):
-        raise InvalidInputError(f"{name} has shape {array.shape}; expected ({rows}, {width})")
-    return np.broadcast_to(array, (rows, width))
-
-
-def _boundaries_from_offsets(cu: np.ndarray, rows: int, width: int) -> tuple[np.ndarray, int]:
-    """Segment starts marked on ``[rows, width]`` from offsets over the flattened cells, and the covered count."""
-    if cu.ndim != 1 or cu.size < 1 or cu[0] != 0 or np.any(np.diff(cu) < 0) or cu[-1] > rows * width:
-        raise InvalidInputError(
-            f"cu_seq_lens_q must rise from 0 to at most {rows * width} (rows x T), got {cu.tolist()}"
-        )
-    first, last = cu[:-1], cu[1:] - 1
-    nonempty = last >= first
-    crossing = nonempty & (first // max(width, 1) != last // max(width, 1))
-    if crossing.any():
-        index = int(np.argmax(crossing))
-        raise InvalidInputError(
-            f"sequence {index} of cu_seq_lens_q covers cells {first[index]}..{last[index]}, which cross a "
-            f"row boundary (rows of {width} cells)"
-        )
-    marks = np.zeros(rows * width, dtype=bool)
-    marks[first[nonempty]] = True
-    return marks.reshape(rows, width), int(cu[-1])
-
-
-def layout(rows: int, width: int, attention_mask, kwargs: dict) -> tuple[np.ndarray, np.ndarray]:
-    """``(valid_lengths [rows], segment_starts [rows, width])`` from the forward's keywords (see the module)."""
-    columns = np.arange(width, dtype=np.int64)
-    covered, source = None, None
-    if kwargs.get("cu_seq_lens_q") is None and kwargs.get("cu_seq_lens_k") is not None:
-        raise InvalidInputError("cu_seq_lens_k was given without cu_seq_lens_q: pass both (the same offsets)")
-    if kwargs.get("cu_seq_lens_q") is not None:
-        source = "cu_seq_lens_q"
-        cu_q = int_array("cu_seq_lens_q", kwargs["cu_seq_lens_q"])
-        cu_k = kwargs.get("cu_seq_lens_k")
-        if cu_k is not None and not np.array_equal(cu_q, int_array("cu_seq_lens_k", cu_k)):
-            raise InvalidInputError("cu_seq_lens_k differs from cu_seq_lens_q: self-attention needs the same segments")
-        marks, covered = _boundaries_from_offsets(cu_q, rows, width)
-    elif kwargs.get("seq_idx") is not None:
-        source = "seq_idx"
-        index = _per_cell("seq_idx", kwargs["seq_idx"], rows, width)
-        marks = np.ones((rows, width), dtype=bool)
-        marks[:, 1:] = index[:, 1:] != index[:, :-1]
-    elif kwargs.get("position_ids") is not None:
-        positions = _per_cell("position_ids", kwargs["position_ids"], rows, width)
-        marks = np.ones((rows, width), dtype=bool)
-        marks[:, 1:] = positions[:, 1:] != positions[:, :-1] + 1
-    else:
-        marks = np.zeros((rows, width), dtype=bool)
-    if width:
-        marks[:, 0] = True
-    lengths = _valid_lengths(rows, width, attention_mask, kwargs.get("valid_lengths"), covered)
-    valid = columns[None, :] < lengths[:, None]
-    if covered is not None:
-        outside = valid & (np.arange(rows, dtype=np.int64)[:, None] * width + columns[None, :] >= covered)
-        if outside.any():
-            row, column = (int(i) for i in np.argwhere(outside)[0])
-            raise InvalidInputError(
-                f"cell {column} of row {row} is valid (valid_lengths or attention_mask) but in no sequence of "
-                f"cu_seq_lens_q, which ends at cell {covered} of the flattened rows"
-            )
-    if source is not None and kwargs.get("position_ids") is not None:
-        # positions that restart inside one sequence: the segments and the model's positions disagree
-        positions = _per_cell("position_ids", kwargs["position_ids"], rows, width)
-        broken = valid[:, 1:] & ~marks[:, 1:] & (positions[:, 1:] != positions[:, :-1] + 1)
-        if broken.any():
-            row, column = (int(i) for i in np.argwhere(broken)[0])
-            raise InvalidInputError(
-                f"position_ids[{row}, {column + 1}] = {positions[row, column + 1]} does not continue "
-                f"{positions[row, column]} inside one sequence of {source}: the segments and positions disagree"
-            )
-    starts = np.maximum.accumulate(np.where(marks, columns, 0), axis=1) if width else marks.astype(np.int64)
-    return lengths, starts
-
-
-def _valid_lengths(rows: int, width: int, attention_mask, given, covered) -> np.ndarray:
-    unpadded = None
-    if attention_mask is not None:
-        mask = attention_mask.detach().cpu().numpy().astype(bool)
-        if mask.shape != (rows, width):
-            raise InvalidInputError(f"attention_mask has shape {mask.shape}; expected ({rows}, {width})")
-        unpadded = mask.sum(axis=1, dtype=np.int64)
-        prefix = np.arange(width)[None, :] < unpadded[:, None]
-        if not np.array_equal(mask, prefix):
-            row = int(np.argmax((mask != prefix).any(axis=1)))
-            raise InvalidInputError(
-                f"attention_mask row {row} is not right-padded (ones, then zeros): seqpack attention "
-                f"skips a suffix of padding"
-            )
-    if given is not None:
-        lengths = int_array("valid_lengths", given)
-        if lengths.shape != (rows,):
-            raise InvalidInputError(f"valid_lengths has shape {lengths.shape}; expected ({rows},)")
-        if lengths.size and (lengths.min() < 0 or lengths.max() > width):
-            row = int(np.argmax((lengths < 0) | (lengths > width)))
-            raise InvalidInputError(f"valid_lengths[{row}] = {lengths[row]} is outside [0, {width}]")
-        if unpadded is not None and not np.array_equal(lengths, unpadded):
-            row = int(np.argmax(lengths != unpadded))
-            raise InvalidInputError(
-                f"valid_lengths[{row}] = {lengths[row]} but attention_mask row {row} has {unpadded[row]} "
-                f"valid cells: the two padding descriptions disagree"
-            )
-    elif unpadded is not None:
-        lengths = unpadded
-    elif covered is not None:
-        lengths = np.clip(covered - np.arange(rows, dtype=np.int64) * width, 0, width)
-    else:
-        lengths = np.full(rows, width, dtype=np.int64)
-    return lengths
-
-
-def _check_window(window: int, lengths: np.ndarray, starts: np.ndarray) -> None:
-    """A sliding window (or a chunk of positions) changes nothing while every segment fits
-    in it; otherwise it is an error."""
-    width = starts.shape[1]
-    valid = np.arange(width)[None, :] < lengths[:, None]
-    spans = np.where(valid, np.arange(width)[None, :] - starts + 1, 0)
-    longest = int(spans.max()) if spans.size else 0
-    if longest > window:
-        raise InvalidInputError(
-            f"a segment of {longest} tokens exceeds the sliding window (or attention chunk) of {window}: "
-            f"seqpack attention has no local attention"
-        )
 
 
 def _cells_first(shape, dtype) -> torch.Tensor:

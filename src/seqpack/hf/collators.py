@@ -32,7 +32,7 @@ from ..layout.exports import cumulative_lengths
 from ..packing.config import PackConfig
 from ..packing.planning import pack
 from ..torch.attention import int_array
-from ..torch.objective import micro_batches, step_target_count
+from ..torch.counts import micro_batches, step_target_count
 from ..torch.tensors import IGNORE_INDEX, check_batch, tensors
 
 

@@ -14,9 +14,17 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess wit
     ) from error
 
 from .attention import range_attention
+from .counts import step_target_count
 from .datasets import PackedDataset, PackedIterableDataset
-from .exports import cu_seqlens, document_block_mask, document_ids, max_seqlen, position_ids, seq_lens
-from .objective import LossAccumulator, step_target_count, token_weighted_loss
+from .exports import (
+    cu_seqlens,
+    document_block_mask,
+    document_ids,
+    max_seqlen,
+    position_ids,
+    seq_lens,
+)
+from .objective import LossAccumulator, token_weighted_loss
 from .tensors import IGNORE_INDEX, tensors
 
 __all__ = [

@@ -16,42 +16,14 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from .._limits import is_int
 from ..errors import InvalidInputError
-from ..layout.batch import BatchLayout
-from .tensors import IGNORE_INDEX, is_integer_tensor, shared_tensor
-
-
-def _signed(labels: torch.Tensor) -> torch.Tensor:
-    """``labels`` in a signed dtype, so that ``-100`` compares by value: an unsigned tensor
-    cannot hold -100 (every cell is a target), but ``uint8(156) == -100`` holds in torch.
-    A uint64 value past int64 is an error."""
-    if labels.is_signed():
-        return labels
-    signed = labels.to(torch.int64)
-    if labels.dtype == torch.uint64 and bool((signed < 0).any()):
-        raise InvalidInputError("the targets hold a uint64 value past int64, outside any vocabulary")
-    return signed
-
-
-def _targets(batch_or_targets) -> torch.Tensor:
-    """Integer targets with ``IGNORE_INDEX`` at every cell that is not loss-eligible, in a
-    signed dtype."""
-    if isinstance(batch_or_targets, BatchLayout):
-        batch = batch_or_targets
-        return torch.where(shared_tensor(batch.loss_mask), shared_tensor(batch.targets), IGNORE_INDEX)
-    if isinstance(batch_or_targets, dict):
-        labels = batch_or_targets.get("shift_labels")
-        if not is_integer_tensor(labels):
-            found = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
-            raise InvalidInputError(f"the dict's shift_labels must be an integer tensor, not {found}")
-        return _signed(labels)
-    if is_integer_tensor(batch_or_targets):
-        return _signed(batch_or_targets)
-    found = batch_or_targets.dtype if isinstance(batch_or_targets, torch.Tensor) else type(batch_or_targets).__name__
-    raise InvalidInputError(
-        f"expected a batch, its tensors() dict or integer targets with -100 where not eligible, not {found}"
-    )
+from .counts import (
+    check_denominator,
+    micro_batches,
+    summed_over_ranks,
+    target_count,
+)
+from .tensors import IGNORE_INDEX, eligible_targets
 
 
 def loss_sum(logits: torch.Tensor, batch_or_targets) -> tuple[torch.Tensor, int]:
@@ -63,7 +35,7 @@ def loss_sum(logits: torch.Tensor, batch_or_targets) -> tuple[torch.Tensor, int]
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
         found = logits.dtype if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise InvalidInputError(f"logits must be a floating-point tensor, not {found}")
-    targets = _targets(batch_or_targets)
+    targets = eligible_targets(batch_or_targets)
     if logits.dim() < 1 or tuple(logits.shape[:-1]) != tuple(targets.shape):
         raise InvalidInputError(
             f"logits have shape {tuple(logits.shape)}; expected {tuple(targets.shape)} + (vocabulary,)"
@@ -72,26 +44,16 @@ def loss_sum(logits: torch.Tensor, batch_or_targets) -> tuple[torch.Tensor, int]
     flat = targets.reshape(-1).to(logits.device)
     cells = torch.nonzero(flat != IGNORE_INDEX).squeeze(1)
     gold = flat.index_select(0, cells).long()
-    if gold.numel() and (int(gold.min()) < 0 or int(gold.max()) >= classes):
-        bad = int(torch.nonzero((gold < 0) | (gold >= classes))[0, 0])
-        raise InvalidInputError(
-            f"cell {int(cells[bad])} (row-major) has target {int(gold[bad])}, outside the "
-            f"vocabulary [0, {classes})"
-        )
+    if gold.device.type == "cpu":  # elsewhere cross_entropy's own device-side check, without a host sync
+        outside = torch.nonzero((gold < 0) | (gold >= classes))
+        if outside.numel():
+            bad = int(outside[0, 0])
+            raise InvalidInputError(f"cell {int(cells[bad])} (row-major) has target {int(gold[bad])}, outside the "
+                                    f"vocabulary [0, {classes})")
     rows = logits.reshape(flat.numel(), classes).index_select(0, cells)
     if rows.dtype in (torch.bfloat16, torch.float16):
         rows = rows.float()
     return F.cross_entropy(rows, gold, reduction="sum"), int(cells.numel())
-
-
-def _denominator(value) -> int:
-    if is_integer_tensor(value) and value.numel() == 1:
-        value = int(value.item())
-    if not is_int(value):
-        raise InvalidInputError(f"denominator must be an int (a target count), not {type(value).__name__}")
-    if value < 1:
-        raise InvalidInputError(f"denominator is {int(value)}: a step needs at least one eligible target")
-    return int(value)
 
 
 def token_weighted_loss(logits: torch.Tensor, batch_or_targets, *, denominator=None) -> torch.Tensor:
@@ -109,62 +71,13 @@ def token_weighted_loss(logits: torch.Tensor, batch_or_targets, *, denominator=N
         if count == 0:
             raise InvalidInputError("zero loss-eligible targets: the token-weighted mean is undefined")
         return total / count
-    denominator = _denominator(denominator)
+    denominator = check_denominator(denominator)
     if count > denominator:
         raise InvalidInputError(
             f"denominator is {denominator} but this call alone has {count} eligible targets: "
             "the step's count must include them"
         )
     return total / denominator
-
-
-def _count(item) -> int:
-    """Eligible targets of a batch, a ``tensors()`` dict or targets; a plain count (an int,
-    a numpy integer or a 0-d integer tensor such as Trainer's ``num_items_in_batch``) as is."""
-    if isinstance(item, BatchLayout):
-        return item.target_count
-    if is_integer_tensor(item) and item.dim() == 0:
-        item = int(item)
-    if is_int(item):
-        if item < 0:
-            raise InvalidInputError(f"a target count must be non-negative, got {item}")
-        return int(item)
-    return int((_targets(item) != IGNORE_INDEX).sum())
-
-
-def micro_batches(batches) -> Iterable:
-    """``batches`` when it is an iterable of micro-batches; one micro-batch (a batch, a dict,
-    a tensor) or something not iterable is an :class:`InvalidInputError`."""
-    if isinstance(batches, (dict, BatchLayout, torch.Tensor)):
-        raise InvalidInputError(
-            f"batches is one micro-batch ({type(batches).__name__}); pass the list of the step's micro-batches"
-        )
-    if not isinstance(batches, Iterable):
-        raise InvalidInputError(f"batches must be a list of the step's micro-batches, not {type(batches).__name__}")
-    return batches
-
-
-def step_target_count(batches: Iterable, group=None) -> int:
-    """The eligible targets of one optimizer step, summed over every rank of ``group``.
-
-    ``batches``: this rank's micro-batches of the step (batches, ``tensors()`` dicts,
-    targets, or plain counts: ints, numpy integers or 0-d integer tensors). When ``torch.distributed`` is initialized the count is
-    all-reduced over ``group`` (None: the default group, as in ``torch.distributed``), so
-    every rank divides by the same global count.
-    """
-    return _summed_over_ranks(sum(_count(item) for item in micro_batches(batches)), group)
-
-
-def _summed_over_ranks(count: int, group) -> int:
-    """``count`` all-reduced over ``group`` when ``torch.distributed`` is initialized."""
-    distributed = torch.distributed
-    if distributed.is_available() and distributed.is_initialized():
-        backend = distributed.get_backend(group)
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        total = torch.tensor([count], dtype=torch.int64, device=device)
-        distributed.all_reduce(total, op=distributed.ReduceOp.SUM, group=group)
-        count = int(total.item())
-    return count
 
 
 class LossAccumulator:
@@ -185,8 +98,8 @@ class LossAccumulator:
     """
 
     def __init__(self, batches: Iterable, *, group=None, ddp: bool = False):
-        self.counted = sum(_count(item) for item in micro_batches(batches))  # this rank's
-        self.denominator = _denominator(_summed_over_ranks(self.counted, group))
+        self.counted = sum(target_count(item) for item in micro_batches(batches))  # this rank's
+        self.denominator = check_denominator(summed_over_ranks(self.counted, group))
         if ddp and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             raise InvalidInputError("ddp=True needs an initialized torch.distributed process group")
         self.factor = torch.distributed.get_world_size(group) if ddp else 1

@@ -90,3 +90,35 @@ def tensors(batch, device=None) -> dict[str, torch.Tensor]:
     if device is not None:
         result = {name: moved(tensor, device) for name, tensor in result.items()}
     return result
+
+
+def _signed(labels: torch.Tensor) -> torch.Tensor:
+    """``labels`` in a signed dtype, so that ``-100`` compares by value: an unsigned tensor
+    cannot hold -100 (every cell is a target), but ``uint8(156) == -100`` holds in torch.
+    A uint64 value past int64 is an error."""
+    if labels.is_signed():
+        return labels
+    signed = labels.to(torch.int64)
+    if labels.dtype == torch.uint64 and bool((signed < 0).any()):
+        raise InvalidInputError("the targets hold a uint64 value past int64, outside any vocabulary")
+    return signed
+
+
+def eligible_targets(batch_or_targets) -> torch.Tensor:
+    """Integer targets with ``IGNORE_INDEX`` at every cell that is not loss-eligible, in a
+    signed dtype."""
+    if isinstance(batch_or_targets, BatchLayout):
+        batch = batch_or_targets
+        return torch.where(shared_tensor(batch.loss_mask), shared_tensor(batch.targets), IGNORE_INDEX)
+    if isinstance(batch_or_targets, dict):
+        labels = batch_or_targets.get("shift_labels")
+        if not is_integer_tensor(labels):
+            found = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
+            raise InvalidInputError(f"the dict's shift_labels must be an integer tensor, not {found}")
+        return _signed(labels)
+    if is_integer_tensor(batch_or_targets):
+        return _signed(batch_or_targets)
+    found = batch_or_targets.dtype if isinstance(batch_or_targets, torch.Tensor) else type(batch_or_targets).__name__
+    raise InvalidInputError(
+        f"expected a batch, its tensors() dict or integer targets with -100 where not eligible, not {found}"
+    )

@@ -1,0 +1,73 @@
+"""Eligible-target counts of an optimizer step: per micro-batch, summed over the step's
+micro-batches and all-reduced over the ranks, so that every rank divides its loss sums by
+the same count (see :mod:`seqpack.torch.objective`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from .._limits import is_int
+from ..errors import InvalidInputError
+from ..layout.batch import BatchLayout
+from .tensors import IGNORE_INDEX, eligible_targets, is_integer_tensor
+
+
+def check_denominator(value) -> int:
+    if is_integer_tensor(value) and value.numel() == 1:
+        value = int(value.item())
+    if not is_int(value):
+        raise InvalidInputError(f"denominator must be an int (a target count), not {type(value).__name__}")
+    if value < 1:
+        raise InvalidInputError(f"denominator is {int(value)}: a step needs at least one eligible target")
+    return int(value)
+
+
+def target_count(item) -> int:
+    """Eligible targets of a batch, a ``tensors()`` dict or targets; a plain count (an int,
+    a numpy integer or a 0-d integer tensor such as Trainer's ``num_items_in_batch``) as is."""
+    if isinstance(item, BatchLayout):
+        return item.target_count
+    if is_integer_tensor(item) and item.dim() == 0:
+        item = int(item)
+    if is_int(item):
+        if item < 0:
+            raise InvalidInputError(f"a target count must be non-negative, got {item}")
+        return int(item)
+    return int((eligible_targets(item) != IGNORE_INDEX).sum())
+
+
+def micro_batches(batches) -> Iterable:
+    """``batches`` when it is an iterable of micro-batches; one micro-batch (a batch, a dict,
+    a tensor) or something not iterable is an :class:`InvalidInputError`."""
+    if isinstance(batches, (dict, BatchLayout, torch.Tensor)):
+        raise InvalidInputError(
+            f"batches is one micro-batch ({type(batches).__name__}); pass the list of the step's micro-batches"
+        )
+    if not isinstance(batches, Iterable):
+        raise InvalidInputError(f"batches must be a list of the step's micro-batches, not {type(batches).__name__}")
+    return batches
+
+
+def step_target_count(batches: Iterable, group=None) -> int:
+    """The eligible targets of one optimizer step, summed over every rank of ``group``.
+
+    ``batches``: this rank's micro-batches of the step (batches, ``tensors()`` dicts,
+    targets, or plain counts: ints, numpy integers or 0-d integer tensors). When ``torch.distributed`` is initialized the count is
+    all-reduced over ``group`` (None: the default group, as in ``torch.distributed``), so
+    every rank divides by the same global count.
+    """
+    return summed_over_ranks(sum(target_count(item) for item in micro_batches(batches)), group)
+
+
+def summed_over_ranks(count: int, group) -> int:
+    """``count`` all-reduced over ``group`` when ``torch.distributed`` is initialized."""
+    distributed = torch.distributed
+    if distributed.is_available() and distributed.is_initialized():
+        backend = distributed.get_backend(group)
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        total = torch.tensor([count], dtype=torch.int64, device=device)
+        distributed.all_reduce(total, op=distributed.ReduceOp.SUM, group=group)
+        count = int(total.item())
+    return count
