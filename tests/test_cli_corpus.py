@@ -69,7 +69,7 @@ def test_verify_stats_and_figures(tmp_path, packed):
     assert checked.returncode == 0, checked.stderr
     summary = json.loads(checked.stdout)
     assert summary["batches_verified"] == summary["batches"] > 1 and summary["files"] == 4
-    assert run("verify", packed).stdout.startswith(f"{packed}: ok: 4 files")
+    assert run("verify", packed).stdout.startswith(f"{packed}: ok: the manifest matches its seal, 4 files")
     stats = run("stats", packed, "--json", "--svg", tmp_path / "stats.svg")
     assert stats.returncode == 0
     values = json.loads(stats.stdout)

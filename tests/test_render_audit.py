@@ -9,7 +9,7 @@ import pytest
 import seqpack as sp
 from seqpack.io.render import batch_text
 
-from test_cli_audit import one_error_line, run, textdir  # noqa: F401 (a fixture)
+from test_cli import one_error_line, run, textdir  # noqa: F401 (a fixture)
 
 
 @pytest.fixture

@@ -34,13 +34,24 @@ PARTITION_CHOICES = ("train", "validation", "test")
 SHOWN_COLUMNS = 48
 
 
+def _refused_inputs() -> str:
+    """The paragraph of pack_corpus's docstring that lists the inputs it refuses."""
+    import inspect
+
+    from .io.writer import pack_corpus
+
+    (paragraph,) = [text for text in inspect.getdoc(pack_corpus).split("\n\n") if text.startswith("Refused inputs")]
+    return " ".join(paragraph.replace("``", "'").split())
+
+
 def _add_pack(commands) -> None:
     from .data.binding import DEFAULT_LIMITS
 
     pack = commands.add_parser(
         "pack", help="pack a corpus into a packed dataset on disk",
         description="Read, tokenize and pack documents into a packed dataset directory (written into a "
-                    "temporary sibling and renamed into place only when complete), then print its report.")
+                    "temporary sibling and renamed into place only when complete), then print its report.",
+        epilog=_refused_inputs())
     pack.add_argument("inputs", nargs="*", metavar="INPUT",
                       help="text files or directories (one document per file), .jsonl, .parquet, .arrow, "
                            "or a Megatron .idx/.bin prefix")
@@ -331,11 +342,13 @@ def _verify(args) -> int:
     else:
         from .io.render import printable
 
-        print(f"{printable(str(args.dataset))}: ok: {checked['files']} files ({checked['bytes']:,} bytes) match their SHA-256, "
+        sealed = "the manifest matches its seal" if checked["sealed"] else \
+            "the manifest has no seal (an older seqpack wrote it)"
+        tokenizer = ", the tokenizer is the one it was packed with" if args.tokenizer else ""
+        print(f"{printable(str(args.dataset))}: ok: {sealed}{tokenizer}, {checked['files']} files "
+              f"({checked['bytes']:,} bytes) match their SHA-256, "
               f"{_counted(checked['examples'], 'example')} placed by the rules, "
-              f"{_counted(checked['batches_verified'], 'batch', 'batches')} verified, "
-              f"{'the manifest matches its seal' if checked['sealed'] else 'the manifest has no seal (an older seqpack wrote it)'}"
-              f"{', the tokenizer is the one it was packed with' if args.tokenizer else ''}")
+              f"{_counted(checked['batches_verified'], 'batch', 'batches')} verified")
     return 0
 
 

@@ -338,6 +338,21 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
     windows. ``framed`` takes pre-tokenized documents as already ``[BOS, ..., EOS]``.
     An existing ``out`` is refused unless ``force``. The dataset appears at ``out`` only
     once complete (see :mod:`seqpack.io.format`).
+
+    Refused inputs (each an InvalidInputError naming the path, and the line or row):
+    a file given twice, or a directory and a file inside it; a lone Megatron ``.idx`` or
+    ``.bin``, or a broken document index; a dangling link, a pipe, a directory link cycle,
+    or a directory reached twice through links; a compressed file (gzip, bzip2, xz, zstd
+    or zip, known by its first bytes whatever its name); inside a text directory, a
+    Parquet, Arrow, Feather or Megatron file or a ``.jsonl``/``.ndjson`` file (give it as
+    an input of its own); a packed dataset given as an input (inside a directory it is
+    skipped and reported); a JSONL line that is not an object, or a field that is not a
+    string (a list of IDs with ``--ids-field``); a control token inside a text; an ID
+    outside the vocabulary; a document longer than a row without ``long="cut"`` (``--cut-long``); a flag
+    no input uses (``--glob`` without a directory, ``--text-field`` or ``--ids-field``
+    without JSONL, Parquet or Arrow, ``--framed`` without token IDs), and
+    ``--text-field`` with ``--ids-field``; an ``out`` inside an input directory, or an
+    input inside ``out``.
     """
     out = output_path(out)
     check_arguments(binding, tokenizer, config, policy, partition, long)
