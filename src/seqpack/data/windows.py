@@ -1,7 +1,8 @@
 """Cutting documents: overlapping ranges that fit a row, and fixed causal windows.
 
 :func:`window_ranges` cuts long documents into overlapping source ranges that each
-fit a row, so packing never truncates (the corpus on-ramp uses it). The rest is the
+fit a row, so packing never truncates; :func:`document_examples` applies it, or not, to
+a corpus's documents. The rest is the
 older complete-window policy, kept for contrast with variable-length examples:
 
 A window of context length ``L`` starting at ``s`` pairs inputs ``tokens[s:s+L]``
@@ -51,6 +52,16 @@ def window_ranges(lengths, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     starts = (np.arange(len(documents), dtype=np.int64) - first_piece) * capacity
     stops = np.minimum(starts + capacity + 1, lengths[documents])
     return documents, np.stack([starts, stops], axis=1)
+
+
+def document_examples(lengths: np.ndarray, capacity: int, long: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(documents, ranges)`` of documents of ``lengths`` tokens: each whole, or under
+    ``long="cut"`` cut by :func:`window_ranges`. The writer and the dataset on disk derive
+    a corpus's examples with this one rule."""
+    if long == "cut":
+        return window_ranges(lengths, capacity)
+    ranges = np.stack([np.zeros_like(lengths), lengths], axis=1)
+    return np.arange(lengths.shape[0], dtype=np.int64), ranges
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -9,7 +9,8 @@ batches with a plan's interface; :func:`verify_dataset` checks it; :mod:`seqpack
 and :mod:`seqpack.io.render` report and draw it.
 """
 
-from .dataset import PackedBatches, PackedDataset, open_dataset
+from ..packing.batches import PackedBatches
+from .dataset import PackedDataset, open_dataset
 from .encoding import TokenizerFile
 from .readers import ArrowBatches, JsonLines, Megatron, TextFiles, reader_for
 from .verify import verify_dataset

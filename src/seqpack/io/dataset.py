@@ -5,7 +5,7 @@ and builds nothing up front beyond
 O(examples) index arrays; ``batch(i)`` reads batch ``i``'s tokens (one contiguous run of
 ``tokens.bin``) and fills its fields with the same kernel as ``seqpack.pack``, so the
 batches equal those of ``seqpack.pack`` on the same examples under the same policy. The
-object follows :class:`PackedBatches` (what ``seqpack.plan`` returns follows it too), so
+object follows :class:`~seqpack.packing.PackedBatches` (what ``seqpack.plan`` returns follows it too), so
 anything that consumes a plan (a trainer loop, ``seqpack.torch.PackedIterableDataset``)
 takes a dataset on disk unchanged. Opening checks, without reading tokens, that every
 file has the size and shape the manifest records, that the placements tile each row
@@ -26,7 +26,6 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -36,6 +35,7 @@ from ..data.documents import BatchDocument
 from ..data.examples import SequenceExample
 from ..data.table import LONG_DOCUMENTS
 from ..data.tokenizer import ByteTokenizer, DecodeLimits, TokenizerIdentity
+from ..data.windows import document_examples
 from ..errors import InvalidInputError
 from ..layout.fields import FieldArrays, Placements
 from ..packing import budget
@@ -46,7 +46,6 @@ from ..packing.planning import batch_at
 from ..packing.report import EfficiencyReport
 from . import format as fmt
 from .readers import Input, input_path
-from .writer import examples_of
 
 
 #: How an input locates a document in it (see :class:`~seqpack.io.readers.Input`).
@@ -65,43 +64,6 @@ def input_of(index: int, item: dict) -> Input:
     if not (isinstance(name, str) and name and isinstance(kind, str) and kind and unit in UNITS):
         raise InvalidInputError(f"inputs[{index}] needs a name, a kind and a unit in {UNITS}")
     return Input(name, kind, unit)
-
-
-@runtime_checkable
-class PackedBatches(Protocol):
-    """Packed batches built on demand: what ``seqpack.plan`` returns and ``open_dataset`` opens.
-
-    ``len()`` batches; ``batch(i)`` (also ``[i]``) builds batch ``i``; iteration and
-    ``batches(reuse_buffers=...)`` build them in order; ``batch_rows(i)`` its rows;
-    ``batch_targets()`` every batch's valid targets (loss denominators) without building
-    any; ``report()`` the efficiency report; ``config``, ``policy``, ``partition``,
-    ``binding``, ``row_count``, ``batch_count`` and ``occurrence_count`` describe it.
-    ``isinstance(x, PackedBatches)`` checks that these names exist (a plan passes too).
-    """
-
-    config: PackConfig
-    policy: str
-    partition: Partition
-    binding: BatchBinding
-    row_count: int
-    batch_count: int
-    occurrence_count: int
-
-    def __len__(self) -> int: ...
-
-    def batch(self, number: int) -> PackedBatch: ...
-
-    def __getitem__(self, number: int) -> PackedBatch: ...
-
-    def batches(self, reuse_buffers: bool = False) -> Iterator[PackedBatch]: ...
-
-    def __iter__(self) -> Iterator[PackedBatch]: ...
-
-    def batch_rows(self, number: int) -> int: ...
-
-    def batch_targets(self) -> np.ndarray: ...
-
-    def report(self) -> EfficiencyReport: ...
 
 
 def binding_of(described: dict) -> tuple[BatchBinding, ByteTokenizer | None]:
@@ -253,7 +215,7 @@ class Part:
     def _check_examples(self, config: PackConfig, long: str) -> None:
         """The examples are the documents' ranges the pack makes (what ``example`` and
         ``example_id`` rely on to rebuild and name a document)."""
-        documents, ranges = examples_of(np.ascontiguousarray(self.documents[:, 2]), config.capacity, long)
+        documents, ranges = document_examples(np.ascontiguousarray(self.documents[:, 2]), config.capacity, long)
         if not (np.array_equal(documents, self.examples[:, 0]) and np.array_equal(ranges, self.examples[:, 1:])):
             raise InvalidInputError(f"{self.directory / 'examples.npy'}: the examples are not the documents' "
                                     f"ranges for capacity {config.capacity}")
@@ -319,7 +281,7 @@ class _BatchSource:
 
 
 class PackedDataset:
-    """A packed dataset on disk, its batches built on demand; follows :class:`PackedBatches`.
+    """A packed dataset on disk, its batches built on demand; follows :class:`~seqpack.packing.PackedBatches`.
 
     Batches are numbered globally across parts (a part's batches follow the previous
     part's); ordinals and segments are global example ordinals. ``threads`` is accepted

@@ -24,7 +24,7 @@ import numpy as np
 from ..data.binding import BatchBinding, Partition, check_partition
 from ..data.table import LONG_DOCUMENTS
 from ..data.tokenizer import ByteTokenizer
-from ..data.windows import window_ranges
+from ..data.windows import document_examples
 from ..errors import CapacityError, InvalidInputError
 from ..layout.sources import check_example_count
 from ..packing.config import PackConfig
@@ -151,14 +151,6 @@ def no_content() -> InvalidInputError:
     return InvalidInputError("the inputs hold no document with content")
 
 
-def examples_of(lengths: np.ndarray, capacity: int, long: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(documents, ranges)``: every document whole, or cut into windows (``long="cut"``)."""
-    if long == "cut":
-        return window_ranges(lengths, capacity)
-    ranges = np.stack([np.zeros_like(lengths), lengths], axis=1)
-    return np.arange(lengths.shape[0], dtype=np.int64), ranges
-
-
 def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str, long: str,
                progress: Progress) -> dict:
     """Place the staged documents' examples and write one part into ``directory``.
@@ -167,7 +159,7 @@ def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str,
     global firsts, which the manifest assigns.
     """
     capacity, per_batch = config.capacity, config.rows_per_batch
-    documents, ranges = examples_of(staged.lengths, capacity, long)
+    documents, ranges = document_examples(staged.lengths, capacity, long)
     check_example_count(documents.shape[0])
     lengths = ranges[:, 1] - ranges[:, 0] - 1
     placement = place(lengths, capacity, policy)

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .._limits import batch_index, check_bool, check_int
 from ..errors import InvalidInputError
-from ..io.dataset import PackedBatches
+from ..packing.batches import PackedBatches
 from ..packing.epoch import Epoch
 from .tensors import tensors
 
