@@ -25,6 +25,26 @@ D]`` storage is read or written in place. Each work item writes only its own seg
 output rows and sums in a fixed order, so results are bitwise identical for any thread
 count and CPU path. The exponentials use a vectorizable polynomial exp (below); the rest
 of the per-edge work is a few vector passes over each panel row.
+
+Paths. The exponential is compiled for AVX-512, AVX2 and baseline x86-64 and chosen at
+load time by ``__builtin_cpu_supports`` (no ``ifunc``, so musl builds too; no
+``-march=native``, no ``-ffast-math``). The kernels are built with ``-ffp-contract=off``:
+the only fused multiply-adds are the explicit ones, which every path rounds alike, so
+every path gives the same bits (``tests/test_dispatch.py`` forces each). On AVX2 the
+exponential's clamps are MAXPS and MINPS intrinsics (the compiler made nine compares and
+blends of the C expressions). On an x86-64 CPU without FMA each fused multiply-add is a
+call to libm's exact ``fma``: the tile products then run about a hundred times slower.
+
+Numerics. Inactive queries give exactly zero output, log-sum-exp and gradients. An
+infinite or NaN value in a valid cell reaches only the results that read it: queries
+before a poisoned key or value keep their exact output, log-sum-exp and dQ (each row of a
+product skips the zeros that stand for keys it may not see, where ``0 * inf`` would be
+NaN). A NaN lands in the same places on every path; its sign and payload may differ. The
+backward recomputes probabilities as ``exp(score - lse)``, whose rounding is about
+``|lse| * 2**-24`` in float32: past scores of about a thousand (ten million in float64)
+that rounding sets the gradients' relative error, as in torch's SDPA, which saves the
+same quantity. ``head_dim`` is at most 4096; query tiles shrink from 64 queries (up to
+head_dim 64) to 8 (at 4096) so that a tile's operands stay in cache.
 """
 
 cimport cython

@@ -226,7 +226,28 @@ def _has_block(ids: torch.Tensor) -> bool:
 
 def seqpack_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention hook: range attention of ``query`` ``[B, H, T, D]`` and
-    ``key``/``value`` ``[B, H_kv, T, D]``; returns ``([B, T, H, D] output, None)``."""
+    ``key``/``value`` ``[B, H_kv, T, D]``; returns ``([B, T, H, D] output, None)``.
+
+    The segments come from ``cu_seq_lens_q``, else ``seq_idx``, else ``position_ids`` (a
+    new segment wherever a position is not the previous one plus 1), else the packed
+    sequences transformers found in the model's ``position_ids`` when it built the mask;
+    the valid cells from ``valid_lengths`` (``[B]``), else a right-padded 2-D
+    ``attention_mask``. Views are read in place and the output written into ``[B, T, H,
+    D]`` storage.
+
+    Refused with an :class:`~seqpack.errors.InvalidInputError`, never a silent fallback:
+    dropout > 0; a cache (``use_cache=True``, or keys longer than the queries); a sliding
+    window or attention chunk narrower than a segment (a wider one changes nothing);
+    softcapping; attention sinks; position biases; sparse key or block selections
+    (``indices``, ``block_indices``); a 4-D mask; left padding; bidirectional attention or
+    blocks (a prefix marked by ``token_type_ids``); extra mask functions;
+    ``output_attentions=True``; value heads narrower than the query heads (multi-head
+    latent attention); a graph asked of the backward (``create_graph=True``); and segment,
+    position and padding keywords that disagree (``cu_seq_lens_q`` ending before the valid
+    cells, positions restarting inside one of its sequences, ``valid_lengths`` against
+    ``attention_mask``). Models that compute attention themselves instead of through
+    ``AttentionInterface`` (Bloom, MPT, Falcon) cannot use it.
+    """
     if dropout:
         raise InvalidInputError(f"seqpack attention has no dropout; the model asked for {dropout}")
     for keyword, (asks, reason) in _REFUSED.items():
