@@ -14,7 +14,7 @@ import hashlib
 import importlib.resources
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,37 +143,26 @@ def check_framed_document(
     bad = outside | control
     bad[0] = outside[0] or ids[0] != bos
     bad[-1] = outside[-1] or ids[-1] != eos or count == 1
-    if not bad.any():
-        return ids
-    position = int(np.argmax(bad))
-    token = int(ids[position])
-    if outside[position]:
+    if bad.any():
+        position = int(np.argmax(bad))
+        raise TokenizerError(_frame_error(ids, position, identity, bool(outside[position])), position)
+    return ids
+
+
+def _frame_error(ids: np.ndarray, position: int, identity: TokenizerIdentity, outside: bool) -> str:
+    """What breaks the frame at ``position``, the first bad position of ``ids``."""
+    token, count, bos, eos = int(ids[position]), ids.shape[0], identity.bos_id, identity.eos_id
+    if outside:
         kind = "negative" if token < 0 else "out of vocabulary"
-        raise TokenizerError(
-            f"token {token} at position {position} is {kind} "
-            f"(vocabulary size {size})",
-            position,
-        )
+        return f"token {token} at position {position} is {kind} (vocabulary size {identity.vocabulary_size})"
     if position == 0 and token != bos:
-        raise TokenizerError(
-            f"document must start with BOS {bos}; position 0 holds {token}", 0
-        )
+        return f"document must start with BOS {bos}; position 0 holds {token}"
     if count == 1:
-        raise TokenizerError(
-            f"document [{token}] has no EOS: a framed document needs at least "
-            f"BOS and EOS (position 0)",
-            0,
-        )
+        return f"document [{token}] has no EOS: a framed document needs at least BOS and EOS (position 0)"
     if position == count - 1:
-        raise TokenizerError(
-            f"document must end with EOS {eos}; position {position} holds {token}",
-            position,
-        )
+        return f"document must end with EOS {eos}; position {position} holds {token}"
     name = "BOS" if token == bos else "EOS"
-    raise TokenizerError(
-        f"control token {token} ({name}) at position {position} is inside the content",
-        position,
-    )
+    return f"control token {token} ({name}) at position {position} is inside the content"
 
 
 @functools.cache
@@ -192,6 +181,25 @@ def _fixture_merges() -> tuple[tuple[int, int], ...]:
                 f"{tokenizer.token_bytes(BASE_VOCABULARY_SIZE + rank)!r}, not {expected!r}"
             )
     return merges
+
+
+def _merge_error(rank: int, merge: object, seen: set[tuple[int, int]]) -> str | None:
+    """Why ``merge`` cannot be merge ``rank`` after the pairs ``seen`` (None: it can)."""
+    if rank >= MAX_MERGES:
+        return f"at most {MAX_MERGES} merges are supported"
+    try:
+        left, right = merge
+    except (TypeError, ValueError):
+        return f"merge {rank} must be a pair of IDs, got {merge!r}"
+    for value in (left, right):
+        if not is_int(value):
+            return f"merge {rank} holds a non-int ID {value!r}"
+        if not BYTE_OFFSET <= value < BASE_VOCABULARY_SIZE + rank:
+            return (f"merge {rank} uses ID {value}; it must be a content ID in "
+                    f"[{BYTE_OFFSET}, {BASE_VOCABULARY_SIZE + rank})")
+    if (int(left), int(right)) in seen:
+        return f"merge {rank} repeats the pair {(int(left), int(right))}"
+    return None
 
 
 class ByteTokenizer:
@@ -213,27 +221,13 @@ class ByteTokenizer:
         checked: list[tuple[int, int]] = []
         seen: set[tuple[int, int]] = set()
         for rank, merge in enumerate(merges):
-            if rank >= MAX_MERGES:
-                raise InvalidInputError(f"at most {MAX_MERGES} merges are supported")
-            try:
-                left, right = merge
-            except (TypeError, ValueError):
-                raise InvalidInputError(f"merge {rank} must be a pair of IDs, got {merge!r}")
-            pair = []
-            for value in (left, right):
-                if not is_int(value):
-                    raise InvalidInputError(f"merge {rank} holds a non-int ID {value!r}")
-                if not BYTE_OFFSET <= value < BASE_VOCABULARY_SIZE + rank:
-                    raise InvalidInputError(
-                        f"merge {rank} uses ID {value}; it must be a content ID in "
-                        f"[{BYTE_OFFSET}, {BASE_VOCABULARY_SIZE + rank})"
-                    )
-                pair.append(int(value))
-            key = (pair[0], pair[1])
-            if key in seen:
-                raise InvalidInputError(f"merge {rank} repeats the pair {key}")
-            seen.add(key)
-            checked.append(key)
+            merge = tuple(merge) if isinstance(merge, Iterator) else merge  # unpacked twice below
+            problem = _merge_error(rank, merge, seen)
+            if problem:
+                raise InvalidInputError(problem)
+            left, right = merge
+            checked.append((int(left), int(right)))
+            seen.add(checked[-1])
         self._merges = tuple(checked)
         pieces = [b"", b""] + [bytes([b]) for b in range(256)]
         for left, right in self._merges:

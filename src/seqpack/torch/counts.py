@@ -24,6 +24,44 @@ def check_denominator(value) -> int:
     return int(value)
 
 
+def call_denominator(denominator, count: int) -> int:
+    """The divisor of one loss call of ``count`` eligible targets: ``count`` itself (None),
+    or the step's ``denominator``, which must hold at least this call's targets."""
+    if denominator is None:
+        if count == 0:
+            raise InvalidInputError("zero loss-eligible targets: the token-weighted mean is undefined")
+        return count
+    denominator = check_denominator(denominator)
+    if count > denominator:
+        raise InvalidInputError(
+            f"denominator is {denominator} but this call alone has {count} eligible targets: "
+            "the step's count must include them"
+        )
+    return denominator
+
+
+def check_within_count(seen: int, counted: int, denominator: int) -> None:
+    """A step's micro-batches so far hold ``seen`` eligible targets: no more than this rank
+    ``counted`` (``denominator`` over every rank)."""
+    if seen > counted:
+        counted_as = (f"the step was counted as {counted} eligible targets" if counted == denominator
+                      else f"this rank's micro-batches of the step were counted as {counted} eligible "
+                           f"targets (of {denominator} over the ranks)")
+        raise InvalidInputError(
+            f"{counted_as} but its micro-batches so far hold {seen}: give LossAccumulator "
+            f"every micro-batch of the step"
+        )
+
+
+def gradient_factor(ddp: bool, group) -> int:
+    """What each loss is multiplied by so that DDP's average over ranks is the union's gradient."""
+    if not ddp:
+        return 1
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        raise InvalidInputError("ddp=True needs an initialized torch.distributed process group")
+    return torch.distributed.get_world_size(group)
+
+
 def target_count(item) -> int:
     """Eligible targets of a batch, a ``tensors()`` dict or targets; a plain count (an int,
     a numpy integer or a 0-d integer tensor such as Trainer's ``num_items_in_batch``) as is."""

@@ -16,14 +16,16 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from ..errors import InvalidInputError
 from .counts import (
+    call_denominator,
     check_denominator,
+    check_within_count,
+    gradient_factor,
     micro_batches,
     summed_over_ranks,
     target_count,
 )
-from .tensors import IGNORE_INDEX, eligible_targets
+from .tensors import eligible_logits
 
 
 def loss_sum(logits: torch.Tensor, batch_or_targets) -> tuple[torch.Tensor, int]:
@@ -32,28 +34,10 @@ def loss_sum(logits: torch.Tensor, batch_or_targets) -> tuple[torch.Tensor, int]
     ``logits`` ``[..., V]`` with leading dimensions those of the targets; bfloat16 and
     float16 logits are read in float32.
     """
-    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        found = logits.dtype if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise InvalidInputError(f"logits must be a floating-point tensor, not {found}")
-    targets = eligible_targets(batch_or_targets)
-    if logits.dim() < 1 or tuple(logits.shape[:-1]) != tuple(targets.shape):
-        raise InvalidInputError(
-            f"logits have shape {tuple(logits.shape)}; expected {tuple(targets.shape)} + (vocabulary,)"
-        )
-    classes = logits.shape[-1]
-    flat = targets.reshape(-1).to(logits.device)
-    cells = torch.nonzero(flat != IGNORE_INDEX).squeeze(1)
-    gold = flat.index_select(0, cells).long()
-    if gold.device.type == "cpu":  # elsewhere cross_entropy's own device-side check, without a host sync
-        outside = torch.nonzero((gold < 0) | (gold >= classes))
-        if outside.numel():
-            bad = int(outside[0, 0])
-            raise InvalidInputError(f"cell {int(cells[bad])} (row-major) has target {int(gold[bad])}, outside the "
-                                    f"vocabulary [0, {classes})")
-    rows = logits.reshape(flat.numel(), classes).index_select(0, cells)
+    rows, gold = eligible_logits(logits, batch_or_targets)
     if rows.dtype in (torch.bfloat16, torch.float16):
         rows = rows.float()
-    return F.cross_entropy(rows, gold, reduction="sum"), int(cells.numel())
+    return F.cross_entropy(rows, gold, reduction="sum"), int(gold.numel())
 
 
 def token_weighted_loss(logits: torch.Tensor, batch_or_targets, *, denominator=None) -> torch.Tensor:
@@ -67,17 +51,7 @@ def token_weighted_loss(logits: torch.Tensor, batch_or_targets, *, denominator=N
     contributes a zero loss with a graph.
     """
     total, count = loss_sum(logits, batch_or_targets)
-    if denominator is None:
-        if count == 0:
-            raise InvalidInputError("zero loss-eligible targets: the token-weighted mean is undefined")
-        return total / count
-    denominator = check_denominator(denominator)
-    if count > denominator:
-        raise InvalidInputError(
-            f"denominator is {denominator} but this call alone has {count} eligible targets: "
-            "the step's count must include them"
-        )
-    return total / denominator
+    return total / call_denominator(denominator, count)
 
 
 class LossAccumulator:
@@ -100,22 +74,13 @@ class LossAccumulator:
     def __init__(self, batches: Iterable, *, group=None, ddp: bool = False):
         self.counted = sum(target_count(item) for item in micro_batches(batches))  # this rank's
         self.denominator = check_denominator(summed_over_ranks(self.counted, group))
-        if ddp and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            raise InvalidInputError("ddp=True needs an initialized torch.distributed process group")
-        self.factor = torch.distributed.get_world_size(group) if ddp else 1
+        self.factor = gradient_factor(ddp, group)
         self.loss_sum = 0.0
         self.count = 0
 
     def __call__(self, logits: torch.Tensor, batch_or_targets) -> torch.Tensor:
         total, count = loss_sum(logits, batch_or_targets)
-        if self.count + count > self.counted:
-            counted = (f"the step was counted as {self.counted} eligible targets" if self.counted == self.denominator
-                       else f"this rank's micro-batches of the step were counted as {self.counted} eligible "
-                            f"targets (of {self.denominator} over the ranks)")
-            raise InvalidInputError(
-                f"{counted} but its micro-batches so far hold {self.count + count}: give LossAccumulator "
-                f"every micro-batch of the step"
-            )
+        check_within_count(self.count + count, self.counted, self.denominator)
         self.loss_sum += float(total.detach())
         self.count += count
         loss = total / self.denominator

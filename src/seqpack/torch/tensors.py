@@ -104,6 +104,32 @@ def _signed(labels: torch.Tensor) -> torch.Tensor:
     return signed
 
 
+def eligible_logits(logits: torch.Tensor, batch_or_targets) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logit rows, int64 targets)`` of the eligible cells, in row-major order: only
+    those rows of ``logits`` ``[..., V]`` are read. A target outside the vocabulary is
+    an error naming its cell (on the CPU; elsewhere ``cross_entropy``'s own device-side
+    check, so that no host sync is needed)."""
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        found = logits.dtype if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise InvalidInputError(f"logits must be a floating-point tensor, not {found}")
+    targets = eligible_targets(batch_or_targets)
+    if logits.dim() < 1 or tuple(logits.shape[:-1]) != tuple(targets.shape):
+        raise InvalidInputError(
+            f"logits have shape {tuple(logits.shape)}; expected {tuple(targets.shape)} + (vocabulary,)"
+        )
+    classes = logits.shape[-1]
+    flat = targets.reshape(-1).to(logits.device)
+    cells = torch.nonzero(flat != IGNORE_INDEX).squeeze(1)
+    gold = flat.index_select(0, cells).long()
+    if gold.device.type == "cpu":
+        outside = torch.nonzero((gold < 0) | (gold >= classes))
+        if outside.numel():
+            bad = int(outside[0, 0])
+            raise InvalidInputError(f"cell {int(cells[bad])} (row-major) has target {int(gold[bad])}, outside the "
+                                    f"vocabulary [0, {classes})")
+    return logits.reshape(flat.numel(), classes).index_select(0, cells), gold
+
+
 def eligible_targets(batch_or_targets) -> torch.Tensor:
     """Integer targets with ``IGNORE_INDEX`` at every cell that is not loss-eligible, in a
     signed dtype."""
