@@ -158,7 +158,7 @@ def test_a_failed_sync_behind_raises_from_the_next_write_or_close(tmp_path, monk
 @pytest.mark.parametrize("fmt_name", ["jsonl", "parquet"])
 def test_one_thread_and_two_write_the_same_dataset(tmp_path, monkeypatch, fmt_name):
     # Small chunks, so that reading ahead happens many times.
-    monkeypatch.setattr(io.readers, "CHUNK_DOCUMENTS", 97)
+    monkeypatch.setattr(io.readers.jsonl, "CHUNK_DOCUMENTS", 97)
     monkeypatch.setattr(io.ArrowBatches, "BATCH_ROWS", 97)
     rng = np.random.default_rng(3)
     sizes = np.clip(rng.lognormal(np.log(40), 1.0, 3000).astype(int), 1, 120)

@@ -38,10 +38,10 @@ from .readers import (
     JsonLines,
     Reader,
     TextFiles,
-    _column_field,
     batch_chunks,
     import_pyarrow,
 )
+from .readers.arrow import _column_field
 from .writer import (STAGED_TOKENS, Stage, check_arguments, check_readers, describe_binding, manifest_of,
                      no_content, output_path, stage_documents, write_part)
 

@@ -1,0 +1,152 @@
+"""What every reader shares: the :class:`Input` record naming an input, the
+:class:`DocumentChunk` every reader yields (bounded by ``CHUNK_BYTES`` of input and
+``CHUNK_DOCUMENTS`` documents), the :class:`Reader` protocol, and the path checks and
+errors that name a bad input. It imports no other module of the package.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ...errors import InvalidInputError
+
+#: Input bytes a chunk holds (about; one document may exceed it).
+CHUNK_BYTES = 8 << 20
+#: Documents a chunk holds at most.
+CHUNK_DOCUMENTS = 4096
+
+
+def missing_extra(what: str, extra: str) -> InvalidInputError:
+    return InvalidInputError(f"{what} needs the {extra!r} extra: pip install 'seqpack[{extra}]'")
+
+
+def input_path(value) -> Path:
+    """``value`` (a ``str`` or ``os.PathLike``) as a ``Path``; anything else is an
+    :class:`InvalidInputError`."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise InvalidInputError(f"expected a path (str or os.PathLike), got {type(value).__name__}")
+    return Path(value)
+
+
+#: What a path is when resolving it meets a symbolic link that loops (``ELOOP``).
+LINK_LOOP = "a symbolic link that loops (it points, directly or through others, back to itself)"
+
+
+def link_loop(path) -> str | None:
+    """What is wrong when resolving ``path`` meets a symbolic link that loops (the path
+    itself, or a directory on its way), else ``None``. ``Path.exists`` says ``False`` for
+    such a path, as for a missing one."""
+    try:
+        os.stat(path)
+        return None
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            return None
+    try:
+        os.lstat(path)
+    except OSError:  # a directory on the way loops, not the last name
+        return f"its path goes through {LINK_LOOP}"
+    return LINK_LOOP
+
+
+def not_a_file(path, what: str = "no such file") -> InvalidInputError:
+    """The error for an input path that is not a regular file: missing (``what``), a
+    symbolic link that loops, or a pipe, a device or a socket (``/dev/stdin``,
+    ``<(...)``), which seqpack cannot read twice or seek in."""
+    path = Path(path)
+    if (loop := link_loop(path)) is not None:
+        return InvalidInputError(f"{path}: {loop}")
+    if path.exists():
+        return InvalidInputError(f"{path}: not a regular file (a pipe, a device or a socket): write the data to "
+                                 f"a file first")
+    return InvalidInputError(f"{path}: {what}")
+
+
+def cannot_read(path, error: OSError) -> InvalidInputError:
+    """The one-line error for a file or directory that cannot be read."""
+    return InvalidInputError(f"{path}: cannot read: {error.strerror or error}")
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input: its name (a path, or a description of an in-memory table), the unit
+    that locates a document in it (``"line"`` 1-based, ``"row"`` and ``"sequence"``
+    0-based, or ``None`` for a file that is one document), and ``within``: the input
+    directory it was found in, for a file found by walking one."""
+
+    name: str
+    kind: str
+    unit: str | None
+    within: str | None = None
+
+    def where(self, location: int) -> str:
+        """``path:line``, ``name row 12``, ``name sequence 3`` or the file's name."""
+        if self.unit is None:
+            return self.name
+        if self.unit == "line":
+            return f"{self.name}:{location}"
+        return f"{self.name} {self.unit} {location}"
+
+
+@dataclass
+class DocumentChunk:
+    """Consecutive documents of one input.
+
+    Exactly one of ``texts`` (a list of ``str`` or ``bytes``), ``text_buffer`` (UTF-8
+    bytes as a uint8 array and int64 offsets) or ``ids`` (flat integer IDs and int64
+    offsets, one document each) is set. ``inputs`` and ``locations`` (int64) name each
+    document's input (an index into the readers' inputs) and its place there; ``nbytes``
+    counts the input bytes read.
+    """
+
+    inputs: np.ndarray
+    locations: np.ndarray
+    nbytes: int
+    texts: list | None = None
+    text_buffer: tuple[np.ndarray, np.ndarray] | None = None
+    ids: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return int(self.locations.shape[0])
+
+    def text_list(self) -> list:
+        """The texts as a list (``str`` or ``bytes``)."""
+        if self.texts is not None:
+            return self.texts
+        data, offsets = self.text_buffer
+        raw = data.tobytes()
+        bounds = offsets.tolist()
+        return [raw[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def joined_bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The texts' UTF-8 bytes back to back (uint8) with int64 offsets."""
+        if self.text_buffer is not None:
+            return self.text_buffer
+        encoded = [t.encode("utf-8") if isinstance(t, str) else t for t in self.texts]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(t) for t in encoded], out=offsets[1:])
+        return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
+
+
+class Reader(Protocol):
+    """Documents chunk by chunk: ``inputs`` lists what the reader reads, and
+    ``chunks(first_input)`` yields chunks whose input indices count from ``first_input``."""
+
+    inputs: list[Input]
+
+    def chunks(self, first_input: int) -> Iterator[DocumentChunk]: ...
+
+
+def check_fields(name: str, text_field: str | None, ids_field: str | None) -> None:
+    """A text field and an IDs field together are an error: one of them would be ignored."""
+    if text_field is not None and ids_field is not None:
+        raise InvalidInputError(f"{name}: give a text field ({text_field!r}) or an IDs field ({ids_field!r}), "
+                                f"not both")
+
