@@ -25,3 +25,11 @@ def corrupted():
         return clone
 
     return make
+
+
+@pytest.fixture
+def text(tmp_path):
+    """A text file ``a.txt`` holding ``hello``: one short document for a reader or a pack."""
+    path = tmp_path / "a.txt"
+    path.write_text("hello")
+    return path

@@ -213,3 +213,34 @@ def test_gradient_buffers_have_their_own_shapes_and_must_not_alias():
         range_attention_backward(q, k, v, out, lse, dout, lengths, starts, dk=k)
     with pytest.raises(InvalidInputError, match="dk overlaps dv in memory"):
         range_attention_backward(q, k, v, out, lse, dout, lengths, starts, dk=buffers[1], dv=buffers[1])
+
+
+# --- a scale that does not fit q's dtype ------------------------------------------------
+
+
+def small_attention(dtype=np.float64):
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 1, 4, 3)).astype(dtype) for _ in range(3))
+    return q, k, v, np.array([4, 2]), np.array([[0, 0, 2, 2], [0, 1, 0, 0]])
+
+
+# From the a3b4e78 audit: a scale that overflows float32 used to be taken silently.
+@pytest.mark.parametrize("scale", [1e39, 1e300])
+def test_a_scale_that_overflows_float32_is_rejected(scale):
+    q, k, v, lengths, starts = small_attention(np.float32)
+    out, lse = range_attention_forward(q, k, v, lengths, starts, scale=1e30)  # twin: fits float32
+    assert np.isfinite(out).all()
+    with pytest.raises(InvalidInputError, match="overflows float32"):
+        range_attention_forward(q, k, v, lengths, starts, scale=scale)
+    with pytest.raises(InvalidInputError, match="overflows float32"):
+        range_attention_backward(q, k, v, out, lse, out, lengths, starts, scale=scale)
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    assert np.isfinite(range_attention_forward(q64, k64, v64, lengths, starts, scale=1e39)[1]).all()
+
+
+# From the a3b4e78 audit: a scale too large for a float (10**400) was a foreign error, not an InvalidInputError.
+def test_a_scale_too_large_for_a_float_is_an_input_error():
+    q, k, v, lengths, starts = small_attention()
+    range_attention_forward(q, k, v, lengths, starts, scale=10**300)
+    with pytest.raises(InvalidInputError, match="scale is too large for a float"):
+        range_attention_forward(q, k, v, lengths, starts, scale=10**400)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from seqpack import InvalidInputError
 from seqpack.nn import attention as A, ops as F, softmax as S
 from seqpack.nn.attention import segment_spans
 from helpers import numerical_gradient
@@ -193,3 +194,58 @@ def test_poisoned_padded_attention_scores_change_nothing(poison):
         assert np.array_equal(clean, dirty) and np.isfinite(dirty).all()
     reference = A.causal_attention_with_ranges(Tensor(q), Tensor(k), Tensor(v), LENGTHS, STARTS).value
     assert np.array_equal(reference, clean_out)
+
+
+# --- the dense reference attention's input checks ----------------------------------------
+
+
+# From the a3b4e78 audit: NaN in padded cells reached the reference attention's values and gradients.
+def test_reference_attention_ignores_nan_in_padding():
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 2, 4, 4)) for _ in range(3))
+    lengths, starts = np.array([4, 2]), np.zeros((2, 4), int)
+    leaves = [Tensor(x, requires_grad=True) for x in (q, k, v)]
+    clean = A.causal_attention_with_ranges(*leaves, lengths, starts)
+    clean.backward(np.ones(clean.shape))
+    dirty_values = [x.copy() for x in (q, k, v)]
+    for x in dirty_values:
+        x[1, :, 2:] = np.nan
+    dirty_leaves = [Tensor(x, requires_grad=True) for x in dirty_values]
+    dirty = A.causal_attention_with_ranges(*dirty_leaves, lengths, starts)
+    dirty.backward(np.ones(dirty.shape))
+    assert np.array_equal(clean.value, dirty.value)  # inactive queries: zero mixture, not NaN
+    assert not dirty.value[1, :, 2:].any()
+    for a, b in zip(leaves, dirty_leaves):
+        assert np.array_equal(a.grad, b.grad)
+    fused = A.fused_range_attention(*(Tensor(x) for x in dirty_values), lengths, starts)
+    np.testing.assert_allclose(fused.value, dirty.value, rtol=1e-12, atol=1e-14)
+
+
+# From the a3b4e78 audit: keys or values of one row were broadcast silently across every row.
+def test_reference_attention_does_not_broadcast_keys_across_rows():
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((2, 4, 3)) for _ in range(3))
+    lengths, starts = [4, 4], np.zeros((2, 4), int)
+    A.causal_attention_with_ranges(Tensor(q), Tensor(k), Tensor(v), lengths, starts)
+    with pytest.raises(InvalidInputError, match=r"k has shape \(1, 4, 3\)"):
+        A.causal_attention_with_ranges(Tensor(q), Tensor(k[:1]), Tensor(v), lengths, starts)
+    with pytest.raises(InvalidInputError, match=r"v has shape \(1, 4, 3\)"):
+        A.causal_attention_with_ranges(Tensor(q), Tensor(k), Tensor(v[:1]), lengths, starts)
+    q4 = rng.standard_normal((2, 2, 4, 4))  # one shared key/value head still works
+    shared = A.causal_attention_with_ranges(Tensor(q4), Tensor(q4[:, :1]), Tensor(q4[:, :1]), lengths, starts)
+    fused = A.fused_range_attention(Tensor(q4), Tensor(q4[:, :1]), Tensor(q4[:, :1]), lengths, starts)
+    np.testing.assert_allclose(shared.value, fused.value, rtol=1e-12, atol=1e-14)
+
+
+# From the af72db5 audit: a NaN in one segment's v reached the other segment through the dense P @ V.
+def test_reference_attention_refuses_a_non_finite_valid_cell():
+    """A NaN in one segment's v would reach the other segment through the dense P @ V."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 6, 4)) for _ in range(3))
+    starts = np.array([[0, 0, 0, 3, 3, 3]])
+    v[0, 1, 2] = np.nan
+    with pytest.raises(InvalidInputError, match=r"v holds nan at row 0, cell 1"):
+        A.causal_attention_with_ranges(q, k, v, np.array([6]), starts)
+    v[0, 1, 2] = np.inf
+    with pytest.raises(InvalidInputError, match=r"v holds inf at row 0, cell 1"):
+        A.causal_attention_with_ranges(q, k, v, np.array([6]), starts)

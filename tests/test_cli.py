@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import numpy as np
@@ -616,3 +617,72 @@ def test_an_empty_split_name_is_a_usage_error(tmp_path, split):
     (tmp_path / "a.txt").write_text("hello")
     line = one_error_line(run("pack", tmp_path / "a.txt", "--out", tmp_path / "out", "--split", split), 2)
     assert line == "seqpack: error: --split needs the split's name or a split receipt .json file"
+
+
+# --- show and stats on a dataset: names, column windows, figures, the median -------------
+
+
+@pytest.fixture
+def dataset(tmp_path, textdir):
+    out = tmp_path / "d"
+    assert run("pack", textdir, "--out", out, "--capacity", 16, "--rows-per-batch", 3, "--quiet").returncode == 0
+    return out
+
+
+# From the d2457f3 audit: undecodable or control-character names broke show --svg (a traceback, not XML) and stats.
+@pytest.mark.skipif(os.name != "posix", reason="needs file names of arbitrary bytes")
+def test_names_with_undecodable_bytes_or_control_characters_are_shown_escaped(tmp_path, dataset):
+    """A directory name with a byte that is not UTF-8 made show --svg a traceback (and left
+    the figure empty); one with a control character wrote an SVG that is not XML."""
+    strict = {**os.environ, "PYTHONIOENCODING": "utf-8"}  # a locale whose stdout refuses surrogates
+    for raw, shown in ((b"bad\xffname", "bad\\xffname"), (b"d\x01<&x", "d\\x01<&x")):
+        renamed = os.path.join(os.fsencode(tmp_path), raw)
+        os.rename(os.fsencode(dataset), renamed)
+        figure = tmp_path / "figure.svg"
+        result = run("show", os.fsdecode(renamed), "--columns", "0:3", "--svg", figure, env=strict)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        titles = [t.text for t in ElementTree.parse(figure).iter("{http://www.w3.org/2000/svg}text")]
+        assert f"{tmp_path}/{shown}: batch 0" in titles
+        stats = run("stats", os.fsdecode(renamed), env=strict)
+        assert stats.returncode == 0, stats.stderr
+        assert stats.stdout.splitlines()[0].endswith(f"/{shown}")
+        verify = run("verify", os.fsdecode(renamed), "--quiet", env=strict)
+        assert verify.returncode == 0 and verify.stdout.startswith(f"{tmp_path}/{shown}: ok:"), verify.stderr
+        os.rename(renamed, os.fsencode(dataset))
+
+
+# From the d2457f3 audit: an empty --columns window was not a usage error.
+@pytest.mark.parametrize("window", ["3:3", "5:2"])
+def test_an_empty_column_window_is_a_usage_error(dataset, window):
+    result = run("show", dataset, "--columns", window)
+    assert f"--columns {window} is empty: STOP must be above START" in one_error_line(result, 2)
+
+
+# From the d2457f3 audit: a figure written inside the dataset made the dataset fail verify.
+@pytest.mark.parametrize("command", ["stats", "show"])
+def test_a_figure_inside_the_dataset_is_refused(dataset, command):
+    """The figure made the dataset fail verify: it holds only its manifest and parts."""
+    figure = dataset / "part-00000" / ".." / "figure.svg"
+    line = one_error_line(run(command, dataset, "--svg", figure), 1)
+    assert f"--svg {figure} is inside the dataset {dataset}, which holds only its manifest and parts" in line
+    assert not (dataset / "figure.svg").exists()
+    assert run("verify", dataset, "--quiet").returncode == 0
+
+
+# From the d2457f3 audit: stats printed 'median 2' for lengths 2 and 3 (round half to even).
+def test_the_median_length_keeps_its_half(tmp_path):
+    """Two examples of 2 and 3 predictions printed 'median 2' (round half to even)."""
+    corpus = tmp_path / "two"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("a")
+    (corpus / "b.txt").write_text("bc")
+    assert run("pack", corpus, "--out", tmp_path / "o", "--capacity", 8, "--quiet").returncode == 0
+    result = run("stats", tmp_path / "o")
+    assert "(lengths: median 2.5, mean 2.5, max 3)" in result.stdout
+
+
+# From the 0c1584e fix: show printed its text before finding that the figure cannot be written.
+def test_a_figure_that_cannot_be_written_fails_before_anything_is_printed(tmp_path):
+    result = run("show", "packed", "--svg", tmp_path / "missing" / "figure.svg")
+    assert "figure.svg: cannot write: No such file or directory" in one_error_line(result, 1)
+    assert result.stdout == ""

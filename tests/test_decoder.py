@@ -209,3 +209,28 @@ def test_parameters_over_the_memory_budget_are_refused_before_allocation():
     Decoder(small, 0, max_memory_bytes=8 * 266 * 4 + 10_000)
     with pytest.raises(MemoryBudgetError, match="max_memory_bytes is 1000"):
         Decoder(small, 0, max_memory_bytes=1000)
+
+
+# From the a3b4e78 audit: float or broadcast decoder positions were used silently.
+def test_decoder_positions_must_be_integers_of_the_cells_shape():
+    decoder = Decoder(DecoderConfig.small(10), seed=0)
+    inputs, positions = np.array([[1, 2, 3, -1]]), np.array([[0, 1, 2, 0]])
+    lengths, starts = np.array([3]), np.zeros((1, 4), int)
+    decoder.forward_arrays(inputs, positions, lengths, starts)
+    for bad, message in [(positions + 0.5, "positions must hold integers, got dtype float64"),
+                         (positions > 0, "positions must hold integers, got dtype bool"),
+                         (positions[:, :2], r"positions has shape \(1, 2\); expected \(1, 4\)"),
+                         (positions[0], r"positions has shape \(4,\); expected \(1, 4\)")]:
+        with pytest.raises(InvalidInputError, match=message):
+            decoder.forward_arrays(inputs, bad, lengths, starts)
+
+
+# From the a3b4e78 audit: a bool seed was taken as a number.
+@pytest.mark.parametrize("seed, message", [(True, "seed must be an int"), (1.0, "seed must be an int"),
+                                           (-1, "seed must be at least 0")])
+def test_decoder_seed_is_a_non_negative_int(seed, message):
+    config = DecoderConfig.small(10)
+    first = Decoder(config, np.int64(1)).named_parameters()["embedding"]
+    assert np.array_equal(first, Decoder(config, 1).named_parameters()["embedding"])
+    with pytest.raises(InvalidInputError, match=message):
+        Decoder(config, seed)

@@ -232,3 +232,49 @@ def test_packing_collator_refuses_what_it_would_ignore():
     for features, message in cases:
         with pytest.raises(InvalidInputError, match=message):
             collator(features)
+
+
+# From the 1589ef0 audit: non-integer labels or a lone batch were counted by num_items_in_batch.
+def test_num_items_in_batch_refuses_labels_that_are_not_integers_and_a_lone_batch():
+    batch, _ = packed(lengths=(5, 3, 9))
+    fields = sph.rows(batch)
+    assert sph.num_items_in_batch([{"shift_labels": fields["shift_labels"].tolist()}]) == batch.target_count
+    assert sph.num_items_in_batch([{"labels": [[-100, 5, -100, 7]]}]) == 2
+    assert sph.num_items_in_batch([{"labels": np.array([[9, 5, 6]], dtype=np.int16)}]) == 2
+    for labels, message in ((torch.tensor([[True, False, True]]), "labels must hold integers, got torch.bool"),
+                            (torch.tensor([[5.0, 6.0, -100.0]]), "labels must hold integers, got torch.float32"),
+                            (None, "labels must hold integers")):
+        for key in ("labels", "shift_labels"):
+            with pytest.raises(InvalidInputError, match=message):
+                sph.num_items_in_batch([{key: labels}])
+    for lone in (batch, fields):
+        with pytest.raises(InvalidInputError, match="one micro-batch .* pass the list"):
+            sph.num_items_in_batch(lone)
+
+
+# From the eee632d contract fuzz: a count or None given to num_items_in_batch was a TypeError.
+def test_num_items_in_batch_refuses_what_is_not_a_list_of_micro_batches():
+    """A count or None was a TypeError from iterating it."""
+    for value, found in ((5, "int"), (None, "NoneType")):
+        with pytest.raises(InvalidInputError, match=f"batches must be a list of the step's micro-batches, not {found}"):
+            sph.num_items_in_batch(value)
+
+
+# From the 1589ef0 audit: input_ids that are not one integer sequence were collated silently.
+def test_packing_collator_refuses_input_ids_that_are_not_one_integer_sequence():
+    collator = sph.PackingCollator(sp.PackConfig(capacity=CAPACITY, rows_per_batch=8),
+                                   tokenizer_identity=sp.ByteTokenizer().identity)
+    docs = documents(lengths=(5, 3))
+    good = {"input_ids": docs[0].tolist()}
+    cases = [
+        ("abc", "shape \\(\\) and dtype <U3"),
+        (7, "shape \\(\\) and dtype int64"),
+        ([docs[1].tolist()], "shape \\(1, 4\\)"),
+        (torch.from_numpy(docs[1][None]), "shape \\(1, 4\\)"),
+        (np.ones(4, dtype=bool), "dtype bool"),
+        (docs[1].astype(np.float64), "dtype float64"),
+    ]
+    for value, message in cases:
+        with pytest.raises(InvalidInputError, match=f"feature 1: input_ids must be a 1-D sequence .*{message}"):
+            collator([good, {"input_ids": value}])
+    assert collator([good, {"input_ids": torch.from_numpy(docs[1]).int()}])["input_ids"].shape[1] == CAPACITY

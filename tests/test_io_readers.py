@@ -743,10 +743,166 @@ def test_megatron_chunks_are_bounded_in_bytes_too(tmp_path, monkeypatch):
     CHUNK_BYTES of tokens, a longer sequence alone."""
     from seqpack.io import readers
 
-    monkeypatch.setattr(readers, "CHUNK_BYTES", 64)  # 32 uint16 tokens
+    monkeypatch.setattr(readers.megatron, "CHUNK_BYTES", 64)  # 32 uint16 tokens
     documents = [np.arange(n, dtype=np.int64) + 2 for n in (10, 10, 10, 40, 1, 0, 31, 32, 33, 5)]
     write_megatron_with_starts(tmp_path / "m", documents, [])
     chunks = list(io.Megatron(tmp_path / "m").chunks(0))
     assert [chunk.locations.tolist() for chunk in chunks] == [[0, 1, 2], [3], [4, 5, 6], [7], [8], [9]]
     flat = np.concatenate([chunk.ids[0] for chunk in chunks])
     assert flat.tolist() == np.concatenate(documents).tolist()
+
+
+# --- inputs the readers used to misread: non-objects, both fields, compressed or binary files,
+# datasets in a directory walk ---------------------------------------------------------------
+
+import bz2
+import gzip
+import io as io_module
+import lzma
+import zipfile
+
+
+# From the 89dfdcd audit: a JSONL line that is not an object was a foreign error.
+@pytest.mark.parametrize("line, kind", [('["text"]', "array"), ('"text"', "string"), ("5", "number"),
+                                        ("null", "null"), ("true", "boolean")])
+def test_a_jsonl_value_that_is_not_an_object_is_named(tmp_path, line, kind):
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text(json.dumps({"text": "ok"}) + "\n" + line + "\n")
+    with pytest.raises(sp.InvalidInputError, match=rf"docs.jsonl:2: a JSON {kind}, not an object with field 'text'"):
+        pack_readers([io.JsonLines(lines)], tmp_path / "out")
+
+
+# From the 89dfdcd audit: a text field and an IDs field were accepted together.
+def test_a_text_field_and_an_ids_field_together_are_refused(tmp_path):
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text(json.dumps({"text": "hi", "ids": [5]}) + "\n")
+    with pytest.raises(sp.InvalidInputError, match="not both"):
+        io.JsonLines(lines, text_field="text", ids_field="ids")
+    with pytest.raises(sp.InvalidInputError, match="not both"):
+        io.reader_for(lines, text_field="text", ids_field="ids")
+    pa = pytest.importorskip("pyarrow", reason="Arrow input needs the corpus extra: pip install 'seqpack[corpus]'")
+    with pytest.raises(sp.InvalidInputError, match="not both"):
+        io.ArrowBatches(pa.table({"text": ["hi"], "ids": [[5]]}), text_field="text", ids_field="ids")
+    # Either one alone still reads.
+    assert io.JsonLines(lines).field == "text" and io.JsonLines(lines, ids_field="ids").field == "ids"
+
+
+# From the 89dfdcd audit: a BOS or EOS ID that names no token (a gap in the vocabulary) was accepted.
+def test_a_bos_or_eos_id_that_names_no_token_is_refused(tmp_path):
+    pytest.importorskip("tokenizers", reason="tokenizer files need the hf extra: pip install 'seqpack[hf]'")
+    path = tmp_path / "gapped.json"
+    path.write_text(json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": {"a": 0, "[UNK]": 1, "c": 3, "d": 5}, "unk_token": "[UNK]"},
+    }))
+    assert io.TokenizerFile(path, bos=0, eos=3).bos_id == 0      # IDs of tokens are fine
+    with pytest.raises(sp.InvalidInputError, match="--bos 2 is not the ID of any token"):
+        io.TokenizerFile(path, bos=2, eos=3)
+    with pytest.raises(sp.InvalidInputError, match="--eos 2 is not the ID of any token"):
+        io.TokenizerFile(path, bos=0, eos="2")
+
+
+def _zip_bytes(data):
+    buffer = io_module.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("docs.jsonl", data)
+    return buffer.getvalue()
+
+
+COMPRESSORS = {"gzip": gzip.compress, "bzip2": bz2.compress, "xz": lzma.compress, "zip": _zip_bytes,
+               "zstd": lambda data: b"\x28\xb5\x2f\xfd" + data}  # a zstd frame's magic (no zstd module needed)
+
+
+# From the 6c3cdaf walkthrough: compressed inputs were packed as one text document or failed as not JSON.
+@pytest.mark.parametrize("kind", sorted(COMPRESSORS))
+def test_compressed_inputs_are_refused_by_their_first_bytes(tmp_path, kind):
+    """Used to pack the compressed bytes as one text document, or fail as 'not valid JSON'."""
+    data = COMPRESSORS[kind](json.dumps({"text": "hello"}).encode() + b"\n")
+    for name in ("docs.jsonl", "docs.txt"):
+        (tmp_path / name).write_bytes(data)
+    message = f"docs.jsonl: {kind}-compressed; decompress it first"
+    with pytest.raises(sp.InvalidInputError, match=message):
+        io.JsonLines(tmp_path / "docs.jsonl")
+    with pytest.raises(sp.InvalidInputError, match=message.replace("jsonl", "txt")):
+        pack_readers([io.TextFiles(tmp_path / "docs.txt")], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+# From the d863305 fix: a directory's Parquet, Arrow or Megatron file was packed as one text document of its bytes.
+def test_binary_corpus_files_in_a_directory_are_refused_not_read_as_text(tmp_path):
+    """A directory's Parquet file was packed as one 'text' document of its bytes."""
+    pa = pytest.importorskip("pyarrow", reason="writing Parquet and Arrow files needs the corpus extra")
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("plain text")
+    table = pa.table({"text": ["a", "b"]})
+    pq.write_table(table, corpus / "b.parquet")
+    with pa.ipc.new_file(str(tmp_path / "c.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    (tmp_path / "d.idx").write_bytes(b"MMIDIDX\x00\x00" + bytes(30))
+    hint = "give it as an input of its own, named by its extension"
+    with pytest.raises(sp.InvalidInputError, match=rf"b\.parquet: a Parquet file, not text: {hint}"):
+        pack_readers([io.TextFiles(corpus)], tmp_path / "out")
+    for name, what in (("c.arrow", "an Arrow file"), ("d.idx", "a Megatron index")):
+        (corpus / "b.parquet").unlink(missing_ok=True)
+        (corpus / name).write_bytes((tmp_path / name).read_bytes())
+        with pytest.raises(sp.InvalidInputError, match=rf"{re.escape(name)}: {what}, not text: "):
+            pack_readers([io.TextFiles(corpus)], tmp_path / "out")
+        (corpus / name).unlink()
+    with pytest.raises(sp.InvalidInputError, match=r"c\.arrow: an Arrow file, not JSONL: "):
+        io.JsonLines(tmp_path / "c.arrow")
+    assert not (tmp_path / "out").exists()
+    assert pack_readers([io.TextFiles(corpus, pattern="*.txt")], tmp_path / "out")["counts"]["documents"] == 1
+
+
+# From the 6c3cdaf walkthrough: the passing twin of the compressed-input check: text that starts like a magic number.
+@pytest.mark.parametrize("text", ["BZh91AY no", "PK and gz", ""])
+def test_text_that_starts_like_a_magic_number_is_text(tmp_path, text):
+    (tmp_path / "a.txt").write_text(text)
+    (tmp_path / "docs.jsonl").write_text(json.dumps({"text": text or "x"}) + "\n")
+    assert len(io.TextFiles(tmp_path / "a.txt").inputs) == 1
+    assert pack_readers([io.JsonLines(tmp_path / "docs.jsonl")], tmp_path / "out")["counts"]["documents"] == 1
+
+
+# From the 6c3cdaf walkthrough: a packed dataset met in a directory walk was read back as text documents.
+def test_a_packed_dataset_under_a_directory_is_skipped_and_listed(tmp_path, text):
+    corpus = tmp_path / "corpus"
+    (corpus / "deeper").mkdir(parents=True)
+    (corpus / "b.txt").write_text("bee")
+    pack_readers([io.TextFiles([text])], corpus / "deeper" / "packed")
+    (corpus / "deeper" / ".packed.seqpack-partial-0123456789ab").mkdir()   # a staging sibling: hidden
+    (corpus / "deeper" / ".packed.seqpack-partial-0123456789ab" / "tokens.bin").write_bytes(b"\x00\x01")
+    (corpus / "web").mkdir()
+    (corpus / "web" / "manifest.json").write_text('{"name": "an extension"}')  # not seqpack's: text
+    reader = io.TextFiles(corpus)
+    assert reader.paths == [corpus / "b.txt", corpus / "web" / "manifest.json"]
+    assert reader.skipped == [corpus / "deeper" / "packed"]
+    assert [item.within for item in reader.inputs] == [str(corpus)] * 2
+    with pytest.raises(sp.InvalidInputError, match=r"packed: a packed dataset, not text files"):
+        io.TextFiles(corpus / "deeper" / "packed")
+
+
+# From the 6c3cdaf walkthrough: a JSONL line without the field said only "no field 'text'", unlike Parquet.
+@pytest.mark.parametrize("record, hint", [
+    ({"input_ids": [5, 6]}, " (the line has 'input_ids': pass --ids-field input_ids)"),
+    ({"txt": "hi"}, "; name one with --text-field or --ids-field"),
+])
+def test_a_jsonl_line_without_the_field_says_which_flag_names_it(tmp_path, record, hint):
+    """Used to say only "no field 'text'", unlike the Parquet reader."""
+    lines = tmp_path / "ids2.jsonl"
+    lines.write_text(json.dumps(record) + "\n")
+    with pytest.raises(sp.InvalidInputError) as raised:
+        pack_readers([io.JsonLines(lines)], tmp_path / "out")
+    assert str(raised.value) == f"{lines}:1: no field 'text'{hint}"
+
+
+# From the 6c3cdaf walkthrough: reader_for did not take a Megatron PREFIX (the path without .idx/.bin).
+def test_reader_for_takes_a_megatron_prefix(tmp_path):
+    write_megatron(tmp_path / "meg", [[5, 6, 7], [8, 9]])
+    reader = io.reader_for(tmp_path / "meg")
+    assert isinstance(reader, io.Megatron) and reader.index_path == tmp_path / "meg.idx"
+    with pytest.raises(sp.InvalidInputError, match="nothing: no such file or directory"):
+        io.reader_for(tmp_path / "nothing")

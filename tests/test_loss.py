@@ -188,3 +188,59 @@ def test_constructed_probabilities_must_be_open_unit_interval(binding):
     gold[0, 0] = 1.0
     with pytest.raises(InvalidInputError, match="strictly between 0 and 1"):
         constructed_logits(batch, gold)
+
+
+# --- masked_nll: masks, targets and logits dtypes ------------------------------------------
+
+
+def loss_case():
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((2, 3, 5))
+    targets = rng.integers(0, 5, (2, 3))
+    mask = np.ones((2, 3), bool)
+    mask[1, 2] = False
+    return logits, targets, mask
+
+
+# From the a3b4e78 audit: loss masks and targets of another shape or of float/bool dtype were used silently.
+@pytest.mark.parametrize("tape", [False, True])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(loss_mask=lambda m: m[:, :2]), r"loss_mask has shape \(2, 2\)"),
+        (dict(loss_mask=lambda m: np.ones((2, 4), bool)), r"loss_mask has shape \(2, 4\)"),
+        (dict(targets=lambda t: t[:, :2]), r"targets has shape \(2, 2\)"),
+        (dict(targets=lambda t: t + 0.7), "targets must be integers, got dtype float64"),
+        (dict(targets=lambda t: t > 2), "targets must be integers, got dtype bool"),
+        (dict(loss_mask=lambda m: m * 0.5), "loss_mask must be bool, got dtype float64"),
+        (dict(loss_mask=lambda m: m.astype(int) * 2), "loss_mask holds 2"),
+        (dict(loss_mask=lambda m: np.where(m, np.nan, 0.0)), "loss_mask must be bool"),
+    ],
+)
+def test_masks_and_targets_must_match_the_logits(change, message, tape):
+    logits, targets, mask = loss_case()
+    wrap = (lambda x: Tensor(x, requires_grad=True)) if tape else (lambda x: x)
+    expected = masked_nll(wrap(logits), targets, mask)
+    assert masked_nll(wrap(logits), targets, mask.astype(np.uint8)).mean == expected.mean  # 0/1 integers pass
+    targets = change.get("targets", lambda t: t)(targets)
+    mask = change.get("loss_mask", lambda m: m)(mask)
+    with pytest.raises(InvalidInputError, match=message):
+        masked_nll(wrap(logits), targets, mask)
+
+
+# From the a3b4e78 audit: big-endian float64 logits were cut to float32.
+def test_big_endian_float64_logits_keep_float64():
+    logits, targets, mask = loss_case()
+    expected = masked_nll(logits, targets, mask)
+    swapped = masked_nll(logits.astype(">f8"), targets, mask)
+    assert swapped.mean == expected.mean
+    assert swapped.backward()["logits"].dtype == np.float64
+    assert masked_nll(logits.astype(">f4"), targets, mask).backward()["logits"].dtype == np.float32
+
+
+# From the a3b4e78 audit: logits wider than float64 (longdouble) are refused, naming their width.
+@pytest.mark.skipif(np.dtype(np.longdouble).itemsize <= 8, reason="longdouble is float64 here")
+def test_logits_wider_than_float64_are_rejected():
+    logits, targets, mask = loss_case()
+    with pytest.raises(InvalidInputError, match="wider than float64"):
+        masked_nll(logits.astype(np.longdouble), targets, mask)

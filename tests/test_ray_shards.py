@@ -4,17 +4,20 @@ shard plans, one part per shard, global ordinals, errors naming shard, file and 
 import io as io_module
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
 import seqpack as sp
 from seqpack import io
-from seqpack.errors import InvalidInputError
+from seqpack.errors import InvalidInputError, SeqpackError
 from seqpack.io import format as fmt
-from seqpack.io.shards import ShardJob, ShardProgress, Unit, pack_shard, pack_sharded, plan_shards
+from seqpack.io.shards import ShardJob, ShardProgress, Unit, pack_shard, pack_sharded, plan_shards, run_serially
 
 from helpers import write_jsonl
 
@@ -40,9 +43,9 @@ def readers(paths):
     return [io.JsonLines(path) for path in paths]
 
 
-def sharded(paths, out, shards, policy="best-fit-decreasing"):
+def sharded(paths, out, shards, policy="best-fit-decreasing", run=None):
     return pack_sharded(readers(paths), out, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=shards,
-                        policy=policy, long="cut")
+                        policy=policy, long="cut", run=run)
 
 
 def examples(dataset):
@@ -302,3 +305,244 @@ def test_a_cluster_that_cannot_be_joined_is_an_input_error(monkeypatch, tmp_path
     assert status == 1
     assert "cannot join the Ray cluster at auto: Could not find any running Ray instance." in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+# --- shard plans past int64, and runners that report a shard twice or never --------------
+
+
+def plan(readers, count):
+    return [[(unit.first_input, getattr(unit.reader, "start", None)) for unit in shard.units]
+            for shard in plan_shards(readers, count)[1]]
+
+
+# From the 5b53d75 audit: a shard count past int64 products wrapped around and merged shards.
+def test_a_shard_count_past_int64_products_plans_exactly(tmp_path):
+    """Text files of 1 and 3 bytes: with more shards than bytes each file is a shard of its
+    own. The int64 product of a middle byte and 2**62 wrapped around and merged them."""
+    for name, text in (("a.txt", "x"), ("b.txt", "yyy")):
+        (tmp_path / name).write_text(text)
+    readers = [io.TextFiles([tmp_path / "a.txt"]), io.TextFiles([tmp_path / "b.txt"])]
+    expected = [[(0, None)], [(1, None)]]
+    assert plan(readers, 4) == expected
+    for count in (2 ** 62, 10 ** 19, 2 ** 200):
+        assert plan(readers, count) == expected
+
+
+# From the 5b53d75 audit: more shards than bytes was a MemoryError or a wrapped int64.
+def test_a_huge_shard_count_splits_a_jsonl_file_like_one_shard_per_byte(tmp_path):
+    """More shards than bytes plan as one shard per byte (every line alone), instead of
+    a MemoryError or a wrapped int64."""
+    path = write_jsonl(tmp_path / "big.jsonl", ["x" * 50] * 40)
+    total = path.stat().st_size
+    expected = plan([io.JsonLines(path)], total)
+    assert len(expected) == 40
+    for count in (total + 1, 2 ** 40, 2 ** 62, 10 ** 30):
+        assert plan([io.JsonLines(path)], count) == expected
+
+
+# From the 5b53d75 audit: a shard reported twice was counted twice in the manifest, a missing one crashed.
+def test_a_runner_reporting_a_shard_twice_or_never_is_an_error(tmp_path):
+    """A duplicated task's record was counted twice (the manifest's input_bytes doubled);
+    a missing one crashed with a TypeError. Nothing is published either way."""
+    corpus = jsonl_corpus(tmp_path / "in", files=3)
+    expected = sharded(corpus, tmp_path / "serial", 3)
+
+    def twice(job, shards, staging):
+        for index, result in run_serially(job, shards, staging):
+            yield index, result
+            yield index, result
+
+    def never(job, shards, staging):
+        for index, result in run_serially(job, shards, staging):
+            if index != 1:
+                yield index, result
+
+    def stranger(job, shards, staging):
+        yield from run_serially(job, shards, staging)
+        yield -1, (None, 0)
+
+    for name, run, message in (("twice", twice, r"reported shard 0 of 3 twice"),
+                               ("never", never, r"never reported shard 1 of 3 \("),
+                               ("stranger", stranger, r"reported shard -1 of 3 \(no such shard\)")):
+        with pytest.raises(SeqpackError, match=message):
+            sharded(corpus, tmp_path / name, 3, run=run)
+        assert not (tmp_path / name).exists()
+    assert sharded(corpus, tmp_path / "again", 3)["input_bytes"] == expected["input_bytes"] == \
+        sum(p.stat().st_size for p in corpus)
+
+
+# From the 89dfdcd audit: pack_sharded took one path instead of a list of readers.
+def test_pack_sharded_refuses_one_input_instead_of_a_list(tmp_path):
+    (tmp_path / "a.txt").write_text("some text")
+    binding = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="audit")
+    with pytest.raises(sp.InvalidInputError, match="readers must be a list of readers"):
+        pack_sharded(str(tmp_path / "a.txt"), tmp_path / "out", binding=binding, tokenizer=binding.tokenizer,
+                     config=sp.PackConfig(64, 2), shards=2)
+    assert not (tmp_path / "out").exists()
+
+
+# --- the Ray entry point: its inputs, and the address it is given ------------------------
+
+
+# From the 5b53d75 audit: ray.pack_corpus iterated a path string character by character ('/data' read '/').
+def test_ray_pack_corpus_refuses_one_path_given_as_a_string(tmp_path):
+    """A string was iterated character by character: '/data' read the root directory '/'."""
+    pytest.importorskip("ray", reason="the Ray engine needs the ray extra")
+    from seqpack.ray import pack_corpus
+
+    (tmp_path / "a.txt").write_text("some text")
+    for inputs in (str(tmp_path), tmp_path):
+        with pytest.raises(InvalidInputError, match="inputs must be a list of readers or paths"):
+            pack_corpus(inputs, tmp_path / "out", config=CONFIG)
+    assert not (tmp_path / "out").exists()
+
+
+def closed_port() -> int:
+    """A loopback port that nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+FAILS_FAST = """
+import sys, time
+import ray
+import seqpack as sp
+from seqpack.errors import InvalidInputError
+from seqpack.ray import pack_corpus
+
+path, out, address = sys.argv[1:]
+started = time.monotonic()
+try:
+    pack_corpus([path], out, config=sp.PackConfig(32, 3), address=address)
+except InvalidInputError as error:
+    print(f"{time.monotonic() - started:.1f}|{ray.is_initialized()}|{error}")
+"""
+
+
+# From the bb15d34 fix: ray.init retried a closed port for ten minutes, then logged only Ray's GCS timeout.
+def test_ray_pack_corpus_fails_fast_on_an_unreachable_address(tmp_path):
+    """``ray.init`` retried a closed port for about ten minutes, then logged only Ray's
+    "Failed to get cluster ID from GCS server: TimedOut". Each call runs in a fresh
+    process, where no Ray is initialized yet (one already running would be used whatever
+    the address)."""
+    pytest.importorskip("ray", reason="the Ray engine needs the ray extra")
+    path = write_jsonl(tmp_path / "a.jsonl", ["some text"])
+    port = closed_port()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        run = subprocess.run([sys.executable, "-c", FAILS_FAST, str(path), str(tmp_path / "out"), address],
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert run.returncode == 0, run.stderr
+        seconds, initialized, message = run.stdout.strip().split("|", 2)
+        assert re.match(rf"^cannot reach a Ray cluster at {re.escape(address)}: ", message), message
+        assert float(seconds) < 10 and initialized == "False" and not (tmp_path / "out").exists()
+
+
+# From the bb15d34 fix: only an explicit host:port is probed; "auto", None and portless addresses are Ray's.
+def test_only_an_explicit_host_and_port_is_probed(monkeypatch):
+    """A silent address names the wait; "auto", None and addresses without a port are Ray's."""
+    pytest.importorskip("ray", reason="the Ray engine needs the ray extra")
+    from seqpack.ray import pipeline
+
+    calls = []
+
+    def silent(target, timeout):
+        calls.append((target, timeout))
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(pipeline.socket, "create_connection", silent)
+    for address in (None, "auto", "local", "head-node", "anyscale://cluster"):
+        pipeline.check_reachable(address)
+    assert calls == []
+    for address, target in (("10.0.0.7:6379", ("10.0.0.7", 6379)), ("ray://head:10001", ("head", 10001)),
+                            ("[::1]:6379", ("::1", 6379))):
+        with pytest.raises(InvalidInputError, match=rf"^cannot reach a Ray cluster at {re.escape(address)}: "
+                                                    r"no answer within 5 s$"):
+            pipeline.check_reachable(address)
+        assert calls.pop() == (target, pipeline.CONNECT_TIMEOUT)
+
+
+class LoopbackServer:
+    """A one-connection TCP server on a loopback port that ``reply(connection)`` answers."""
+
+    def __init__(self, reply):
+        import threading
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, args=(reply,), daemon=True)
+        self.thread.start()
+
+    def _serve(self, reply):
+        connection, _ = self.listener.accept()
+        with connection:
+            reply(connection)
+
+    def close(self):
+        """Once the connection is served (the kernel accepts a client before ``accept``
+        returns, so the probe may finish first), stop listening."""
+        self.thread.join(10)
+        self.listener.close()
+
+
+def http1(connection):
+    connection.recv(1024)
+    connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+
+def banner(connection):
+    connection.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+    connection.recv(1024)
+
+
+def silent(connection):
+    time.sleep(2)
+
+
+def hang_up(connection):
+    """Reads the whole greeting (unread bytes would make the close a reset), then closes."""
+    from seqpack.ray.pipeline import HTTP2_GREETING
+
+    received = b""
+    while len(received) < len(HTTP2_GREETING):
+        received += connection.recv(1024)
+
+
+# From the 00a23a6 fix: ray.init hung on a port where something other than a Ray cluster listens.
+@pytest.mark.parametrize("reply, message", [
+    (http1, r"is not a Ray cluster's address: an HTTP/1 server answers there \(the Ray dashboard does, on port 8265 "
+            r"by default; a cluster's address is its GCS port, 6379 by default, or ray://host:10001 for Ray Client\)$"),
+    (banner, r"is not a Ray cluster's address: the server answered b'SSH-2.0-O'$"),
+    (hang_up, r"is not a Ray cluster's address: the server closed the connection without a word$"),
+    (silent, r"^cannot reach a Ray cluster at ray://127\.0\.0\.1:\d+: no answer within 0\.5 s$"),
+])
+def test_an_address_where_something_else_listens_is_refused_in_seconds(monkeypatch, reply, message):
+    """``ray.init`` hung inside Ray on such an address; the probe names what answered."""
+    pytest.importorskip("ray", reason="the Ray engine needs the ray extra")
+    from seqpack.ray import pipeline
+
+    monkeypatch.delenv("RAY_USE_TLS", raising=False)
+    server = LoopbackServer(reply)
+    try:
+        started = time.monotonic()
+        with pytest.raises(InvalidInputError, match=message):
+            pipeline.check_reachable(f"ray://{server.address}", timeout=0.5)
+        assert time.monotonic() - started < 1.5
+    finally:
+        server.close()
+
+
+# From the 00a23a6 fix: a TLS cluster would not answer the plain-text greeting, so with RAY_USE_TLS none is sent.
+def test_with_tls_only_the_connection_is_checked(monkeypatch):
+    """A TLS cluster would not answer a plain-text greeting; with RAY_USE_TLS set the probe sends none."""
+    pytest.importorskip("ray", reason="the Ray engine needs the ray extra")
+    from seqpack.ray import pipeline
+
+    received = []
+    server = LoopbackServer(lambda connection: received.append(connection.recv(1024)))
+    monkeypatch.setenv("RAY_USE_TLS", "1")
+    try:
+        pipeline.check_reachable(server.address, timeout=0.5)
+    finally:
+        server.close()
+    assert received == [b""]

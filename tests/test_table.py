@@ -408,3 +408,13 @@ def test_the_table_owns_its_tokens(binding):
     assert table.lengths.tolist() == [3, 2]
     packed = sp.pack(table, sp.PackConfig(6, 1, 6, BIG), partition=TRAIN, binding=binding).batches[0]
     assert packed.inputs.tolist() == [[0, 99, 100, 0, 101, -1]]
+
+
+# From the a3b4e78 audit: a single string given as ids was read as one id per character.
+def test_a_single_string_is_not_a_list_of_ids(binding):
+    tokens, offsets = [0, 5, 1, 0, 6, 1], [0, 3, 6]
+    assert sp.ExampleTable.from_arrays(tokens, offsets, binding, ids=["a", "b"]).example_id(1) == "b"
+    with pytest.raises(sp.InvalidInputError, match="ids must be a sequence of names, not a single str"):
+        sp.ExampleTable.from_arrays(tokens, offsets, binding, ids="ab")
+    with pytest.raises(sp.InvalidInputError, match="not a single str"):
+        sp.ExampleTable.from_texts(["x", "y"], binding, capacity=4, ids="ab")

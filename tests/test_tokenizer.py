@@ -9,9 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack import (
+    BatchBinding,
     ByteTokenizer,
     DecodeLimitError,
     DecodeLimits,
+    ExampleTable,
     InvalidInputError,
     TokenizerError,
     TokenizerIdentity,
@@ -227,3 +229,22 @@ def test_external_identity_validation():
     with pytest.raises(InvalidInputError, match="maximum"):
         TokenizerIdentity.external(2**31 + 1, 0, 1, digest)
     assert TokenizerIdentity.external(2**31, 0, 1, digest).vocabulary_size == 2**31
+
+
+# From the a3b4e78 audit: decode limits past int64 were a foreign error where they were used.
+def test_decode_limits_beyond_int64_are_rejected_where_they_enter():
+    limits = DecodeLimits(2**63 - 1, 2**63 - 1)
+    binding = BatchBinding.for_tokenizer(ByteTokenizer(), split="audit", limits=limits)
+    assert len(ExampleTable.from_arrays([0, 5, 1], [0, 3], binding)) == 1
+    for name, arguments in [("max_tokens", (2**64, 10)), ("max_bytes", (10, 2**63))]:
+        with pytest.raises(InvalidInputError, match=f"{name} is .*; the maximum is 9223372036854775807"):
+            DecodeLimits(*arguments)
+
+
+# From the a3b4e78 audit: token_bytes took a bool, float or str as a token ID.
+@pytest.mark.parametrize("token", [True, 2.0, "2"])
+def test_token_bytes_takes_only_int_ids(token):
+    tokenizer = ByteTokenizer()
+    assert tokenizer.token_bytes(np.int64(67)) == b"A"
+    with pytest.raises(TokenizerError, match="a token ID must be an int"):
+        tokenizer.token_bytes(token)
