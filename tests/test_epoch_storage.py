@@ -12,7 +12,7 @@ import seqpack as sp
 from seqpack.data import _validate
 from seqpack.layout import _fill as _layout
 from seqpack import packing
-from seqpack.layout.fields import FieldArrays
+from seqpack.layout.fields import FieldArrays, supervision_bytes
 from test_policies import random_table
 from test_table import BIG, assert_same_batches, example_list
 
@@ -82,12 +82,12 @@ def test_fill_is_the_same_for_every_thread_count(binding, threads):
     table = random_table(rng.integers(2, 60, 300), binding, seed=23)
     placement = sp.place(table.lengths, 64, "best-fit-decreasing")
     order = np.argsort(placement.rows * 64 + placement.starts, kind="stable")
-    tokens, begins, ends = table.gather(order)
+    tokens, supervised, begins, ends = table.gather(order)
     segments = order.astype(np.int32)
     filled = []
     for count in (1, threads):
         fields = FieldArrays.allocate(placement.row_count, 64)
-        _layout.fill_rows(tokens, begins, ends, placement.rows[order], placement.starts[order], segments,
+        _layout.fill_rows(tokens, supervision_bytes(supervised), begins, ends, placement.rows[order], placement.starts[order], segments,
                           fields.cells, fields.flags.view(np.uint8), fields.valid_lengths, count)
         filled.append(fields)
     for one, many in zip(*filled):

@@ -107,8 +107,9 @@ SETUP = {
         segments = np.arange(n, dtype=np.int32)
         cells, flags = np.empty((4, n // 16, 16), np.int32), np.empty((3, n // 16, 16), np.uint8)
         lengths = np.empty(n // 16, np.int64)
-        call = lambda: _fill.fill_rows(tokens, begins, ends, rows, starts, segments, cells, flags, lengths, 2)
-        _fill.fill_rows(tokens, begins[:16], ends[:16], rows[:16], starts[:16], segments[:16], cells[:, :1],
+        every = np.zeros(0, np.uint8)  # every target supervised
+        call = lambda: _fill.fill_rows(tokens, every, begins, ends, rows, starts, segments, cells, flags, lengths, 2)
+        _fill.fill_rows(tokens, every, begins[:16], ends[:16], rows[:16], starts[:16], segments[:16], cells[:, :1],
                         flags[:, :1], lengths[:1], 2)
     """,
     "table validation": """

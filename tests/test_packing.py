@@ -373,7 +373,7 @@ def test_plan_batch_rows_rejects_numbers_outside_the_plan(table, binding):
 
 
 @pytest.mark.parametrize("pad", [False, True])
-def test_verify_catches_an_unsupervised_real_target(table, binding, pad):
+def test_verify_catches_a_loss_mask_that_is_not_the_supervision(table, binding, pad):
     if pad:
         batch = sp.pad(table, sp.PadConfig(2), partition=TRAIN, binding=binding)[1]
     else:
@@ -382,7 +382,7 @@ def test_verify_catches_an_unsupervised_real_target(table, binding, pad):
     loss_mask = batch.loss_mask.copy()
     loss_mask[0, 2] = False  # a real target dropped from the loss: the denominator shrinks
     batch.loss_mask = loss_mask
-    with pytest.raises(VerificationError, match="row 0, column 2") as raised:
+    with pytest.raises(VerificationError, match="row 0\\), column 2: loss_mask differs") as raised:
         batch.verify()
     assert (raised.value.row, raised.value.column) == (0, 2)
 

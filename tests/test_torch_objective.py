@@ -361,3 +361,23 @@ def test_step_target_count_takes_the_list_of_micro_batches_only():
     labels = st.tensors(batch)["shift_labels"]
     assert st.step_target_count(iter([batch, labels])) == st.step_target_count((batch, labels))
     assert st.step_target_count([batch, labels]) == 2 * batch.target_count
+
+
+def test_a_window_may_hold_a_micro_batch_without_supervised_targets():
+    # Issue 35: prompt-only micro-batches (every label -100) are legal inside a step that has
+    # supervised targets elsewhere; the step's count and gradients are those of the others.
+    window = list(packed_plan(PREDICTIONS, 16, 2))[:2]
+    prompts_only = {name: value.clone() for name, value in st.tensors(window[1]).items()}
+    prompts_only["shift_labels"][...] = st.IGNORE_INDEX
+    model = TinyModel()
+    accumulator = st.LossAccumulator([window[0], prompts_only])
+    assert accumulator.denominator == window[0].target_count
+    for item in (window[0], prompts_only):
+        accumulator(model(st.tensors(window[0]) if item is window[0] else item), item).backward()
+    with_empty = gradients(model)
+    model.zero_grad()
+    st.token_weighted_loss(model(st.tensors(window[0])), window[0]).backward()
+    for name, grad in gradients(model).items():
+        assert close(with_empty[name], grad), name
+    with pytest.raises(sp.InvalidInputError, match="a step needs at least one eligible target"):
+        st.LossAccumulator([prompts_only])

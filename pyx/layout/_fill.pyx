@@ -2,7 +2,7 @@
 
 ``fill_rows`` writes every stored field of a batch from placements (row, start
 column, segment) and the placed examples' source tokens, given as
-``tokens[begins[i]:ends[i]]``; ``first_row_violation`` and
+``tokens[begins[i]:ends[i]]`` with their supervision; ``first_row_violation`` and
 ``first_occurrence_violation`` scan finished arrays for the first broken invariant.
 The kernels trust their arguments: ``seqpack.layout`` validates them first.
 """
@@ -24,6 +24,9 @@ cdef enum:
     TARGET = 1
     POSITION = 2
     SEGMENT = 3
+    TOKEN_VALID = 0
+    TARGET_VALID = 1
+    LOSS_MASK = 2
     FLAG_COUNT = 3
 
 # Violation codes returned by the checking kernels (described in seqpack.layout.batch).
@@ -40,6 +43,7 @@ cpdef enum Violation:
     OCCURRENCE_POSITION = 9
     OCCURRENCE_TOKEN = 10
     ROW_COVERAGE = 11
+    OCCURRENCE_SUPERVISION = 12
 
 
 cdef inline void fill_constant(cell_t* cells, cell_t value, Py_ssize_t count) noexcept nogil:
@@ -62,6 +66,7 @@ cdef inline Py_ssize_t first_of_row(const int64_t[::1] rows, int64_t row) noexce
 
 def fill_rows(
     const cell_t[::1] tokens not None,          # source tokens of the placed examples
+    const flag_t[::1] supervised not None,      # aligned with tokens (0 or 1); empty: all supervised
     const int64_t[::1] begins not None,         # [n] example i owns tokens[begins[i]:ends[i]]
     const int64_t[::1] ends not None,           # [n]
     const int64_t[::1] rows not None,           # [n] batch-local row of example i, non-decreasing
@@ -79,7 +84,9 @@ def fill_rows(
 
     Example ``i`` with source tokens ``s`` (``len(s) - 1`` predictions) fills row
     ``rows[i]`` from column ``starts[i]``: inputs ``s[:-1]``, targets ``s[1:]``,
-    local positions from 0, its segment ID and all three validity fields true.
+    local positions from 0, its segment ID, both existence flags true and
+    ``loss_mask`` copied from ``supervised[begins[i] + 1 : ends[i]]`` (true when
+    ``supervised`` is empty).
     Placements come sorted by row and each row's placements tile its prefix
     without gaps (every planner's do). Every cell is written exactly once, in
     contiguous runs (copies and fills, not cell by cell), whatever the thread
@@ -90,6 +97,7 @@ def fill_rows(
     cdef Py_ssize_t row_count = cells.shape[1]
     cdef Py_ssize_t width = cells.shape[2]
     cdef Py_ssize_t r, i, j, c, first, length, end, rest, field
+    cdef bint masked = supervised.shape[0] > 0
     cdef cell_t* position
     cdef Interrupt interrupt
     cdef Interrupt* state = &interrupt
@@ -115,8 +123,12 @@ def fill_rows(
                 for j in range(length):
                     position[j] = <cell_t>j
                 fill_constant(&cells[SEGMENT, r, c], segments[i], length)
-                for field in range(FLAG_COUNT):
-                    memset(&flags[field, r, c], 1, length)
+                memset(&flags[TOKEN_VALID, r, c], 1, length)
+                memset(&flags[TARGET_VALID, r, c], 1, length)
+                if masked:
+                    memcpy(&flags[LOSS_MASK, r, c], &supervised[first + 1], length)
+                else:
+                    memset(&flags[LOSS_MASK, r, c], 1, length)
                 end = c + length
                 i = i + 1
             valid_lengths[r] = end
@@ -219,6 +231,7 @@ def first_row_violation(
 
 def first_occurrence_violation(
     const cell_t[::1] tokens not None,          # source tokens, as for fill_rows
+    const flag_t[::1] supervised not None,      # their supervision, as for fill_rows
     const int64_t[::1] begins not None,         # [n]
     const int64_t[::1] ends not None,           # [n]
     const int64_t[::1] rows not None,           # [n]
@@ -228,13 +241,15 @@ def first_occurrence_violation(
     const cell_t[:, ::1] targets not None,      # [R, T]
     const cell_t[:, ::1] positions not None,    # [R, T]
     const cell_t[:, ::1] segment_ids not None,  # [R, T]
+    const flag_t[:, ::1] loss_mask not None,    # [R, T]
     const int64_t[::1] valid_lengths not None,  # [R]
     int64_t[::1] covered not None,              # [R] scratch, zeroed by the caller
 ):
     """Return ``(code, occurrence, column)`` of the first record the arrays contradict.
 
     Each occurrence must lie inside its row's valid prefix and its cells must
-    carry its segment, local positions 0.. and exactly its source tokens; the
+    carry its segment, local positions 0.., exactly its source tokens and their
+    supervision as ``loss_mask``; the
     occurrences of a row must cover its valid prefix (``column`` is then -1 and
     ``occurrence`` is the row). Distinct segment IDs per record make overlaps fail.
     """
@@ -243,22 +258,23 @@ def first_occurrence_violation(
     cdef Py_ssize_t index = -1, column = -1
     cdef Violation code
     with nogil:
-        code = occurrence_violation(tokens, begins, ends, rows, starts, segments, inputs, targets,
-                                    positions, segment_ids, valid_lengths, covered, &index, &column)
+        code = occurrence_violation(tokens, supervised, begins, ends, rows, starts, segments, inputs, targets,
+                                    positions, segment_ids, loss_mask, valid_lengths, covered, &index, &column)
     return code, index, column
 
 
 cdef Violation occurrence_violation(
-    const cell_t[::1] tokens, const int64_t[::1] begins, const int64_t[::1] ends,
-    const int64_t[::1] rows,
+    const cell_t[::1] tokens, const flag_t[::1] supervised, const int64_t[::1] begins,
+    const int64_t[::1] ends, const int64_t[::1] rows,
     const int64_t[::1] starts, const cell_t[::1] segments, const cell_t[:, ::1] inputs,
     const cell_t[:, ::1] targets, const cell_t[:, ::1] positions,
-    const cell_t[:, ::1] segment_ids, const int64_t[::1] valid_lengths, int64_t[::1] covered,
-    Py_ssize_t* index, Py_ssize_t* column,
+    const cell_t[:, ::1] segment_ids, const flag_t[:, ::1] loss_mask, const int64_t[::1] valid_lengths,
+    int64_t[::1] covered, Py_ssize_t* index, Py_ssize_t* column,
 ) noexcept nogil:
     cdef Py_ssize_t n = rows.shape[0]
     cdef Py_ssize_t row_count = inputs.shape[0]
     cdef Py_ssize_t i, j, r, c, first, length
+    cdef bint masked = supervised.shape[0] > 0
     for i in range(n):
         index[0] = i
         first = begins[i]
@@ -276,6 +292,8 @@ cdef Violation occurrence_violation(
                 return OCCURRENCE_POSITION
             if inputs[r, c + j] != tokens[first + j] or targets[r, c + j] != tokens[first + j + 1]:
                 return OCCURRENCE_TOKEN
+            if (loss_mask[r, c + j] != 0) != (supervised[first + j + 1] != 0 if masked else True):
+                return OCCURRENCE_SUPERVISION
     column[0] = -1
     for r in range(row_count):
         index[0] = r

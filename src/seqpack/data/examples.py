@@ -12,6 +12,7 @@ import numpy as np
 
 from .binding import BatchBinding, Partition
 from .documents import BatchDocument
+from .supervision import as_supervision
 from ..errors import InvalidInputError
 
 SourceRange = Union[range, "tuple[int, int]"]
@@ -44,8 +45,9 @@ def _as_source_range(source_range, document_length: int) -> range:
 
 def check_stored(example: "SequenceExample", index: int) -> None:
     """What the constructor (which only stores) leaves unchecked and a layout relies on:
-    a document and a step-1 range of at least two of its tokens (``from_range`` also
-    validated the document under the binding)."""
+    a document, a step-1 range of at least two of its tokens and a supervision array
+    over the document, if any (``from_range`` also validated the document under the
+    binding and that a target is supervised)."""
     document, selected = example.document, example.source_range
     if not isinstance(document, BatchDocument) or not isinstance(example.binding, BatchBinding):
         raise InvalidInputError(f"example {example.id!r} (index {index}) holds no BatchDocument and BatchBinding: "
@@ -54,6 +56,11 @@ def check_stored(example: "SequenceExample", index: int) -> None:
             and selected.stop <= len(document) and len(selected) >= 2):
         raise InvalidInputError(f"example {example.id!r} (index {index}): source range {selected!r} is not a step-1 "
                                 f"range of at least 2 tokens inside its document of {len(document)} tokens")
+    mask = example.supervised
+    if mask is not None and not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_
+                                 and mask.shape == (len(document),)):
+        raise InvalidInputError(f"example {example.id!r} (index {index}): supervised is not a bool array over "
+                                f"its document's {len(document)} tokens: build it with from_range")
 
 
 class SequenceExample:
@@ -62,34 +69,43 @@ class SequenceExample:
     ``inputs`` are the range's tokens but the last, ``targets`` the range's tokens
     but the first (both int32, read-only views of the document); ``len(example)``
     is the number of predictions. The example keeps its id, document, partition
-    (the document's), range and binding.
+    (the document's), range, binding and ``supervised``: None (every target counts
+    in the loss) or a read-only bool array over the document's tokens.
     """
 
-    __slots__ = ("id", "document", "source_range", "binding")
+    __slots__ = ("id", "document", "source_range", "binding", "supervised")
 
-    def __init__(self, id: str, document: BatchDocument, source_range: range, binding: BatchBinding):
+    def __init__(self, id: str, document: BatchDocument, source_range: range, binding: BatchBinding,
+                 supervised: np.ndarray | None = None):
         # Use from_document / from_range: they validate. This only stores.
         self.id = id
         self.document = document
         self.source_range = source_range
         self.binding = binding
+        self.supervised = supervised
 
     @classmethod
-    def from_document(cls, id: str, document: BatchDocument, binding: BatchBinding) -> "SequenceExample":
+    def from_document(cls, id: str, document: BatchDocument, binding: BatchBinding, *,
+                      supervised=None) -> "SequenceExample":
         """The whole framed document as one example (its EOS is a real target)."""
         if not isinstance(document, BatchDocument):
             raise InvalidInputError(f"example {id!r}: expected a BatchDocument, got {type(document).__name__}")
-        return cls.from_range(id, document, range(0, len(document)), binding)
+        return cls.from_range(id, document, range(0, len(document)), binding, supervised=supervised)
 
     @classmethod
     def from_range(
-        cls, id: str, document: BatchDocument, source_range: SourceRange, binding: BatchBinding
+        cls, id: str, document: BatchDocument, source_range: SourceRange, binding: BatchBinding, *,
+        supervised=None,
     ) -> "SequenceExample":
         """An example from ``document.token_ids[source_range]``.
 
         The whole document is validated under ``binding`` (framing, control IDs,
         vocabulary, decode limits) and must have content; the range must be a
         step-1 range (or ``(start, stop)``) inside it with at least two tokens.
+        ``supervised`` (None: all) is a bool array over the document's tokens:
+        ``supervised[j]`` says whether token ``j``, as a target, counts in the loss
+        (the range's first token is no target). At least one of the example's
+        targets must be supervised.
         """
         if not isinstance(id, str) or not id:
             raise InvalidInputError("example ID must be a non-empty string")
@@ -107,7 +123,10 @@ class SequenceExample:
                 f"example {id!r}: source range [{selected.start}, {selected.stop}) has "
                 f"{len(selected)} tokens; a prediction needs at least 2"
             )
-        return cls(id, document, selected, binding)
+        supervised = as_supervision(supervised, len(document), f"example {id!r}: supervised")
+        if supervised is not None and not supervised[selected.start + 1 : selected.stop].any():
+            raise InvalidInputError(f"example {id!r}: none of its {len(selected) - 1} targets is supervised")
+        return cls(id, document, selected, binding, supervised)
 
     @property
     def partition(self) -> Partition:
@@ -125,6 +144,25 @@ class SequenceExample:
     @property
     def targets(self) -> np.ndarray:
         return self.document.token_ids[self.source_range.start + 1 : self.source_range.stop]
+
+    @property
+    def source_supervised(self) -> np.ndarray | None:
+        """The supervision of the selected range's tokens (None: every target supervised)."""
+        if self.supervised is None:
+            return None
+        return self.supervised[self.source_range.start : self.source_range.stop]
+
+    @property
+    def loss_mask(self) -> np.ndarray:
+        """Whether each target counts in the loss (bool, one per prediction)."""
+        if self.supervised is None:
+            return np.ones(len(self), dtype=np.bool_)
+        return self.supervised[self.source_range.start + 1 : self.source_range.stop]
+
+    @property
+    def target_count(self) -> int:
+        """Supervised targets: the example's share of a loss denominator."""
+        return len(self) if self.supervised is None else int(np.count_nonzero(self.loss_mask))
 
     def __len__(self) -> int:
         return len(self.source_range) - 1

@@ -19,6 +19,7 @@ from . import _validate
 from .binding import BatchBinding, Partition, check_expectations
 from .documents import BatchDocument
 from .examples import SequenceExample
+from .supervision import as_supervision, target_counts
 from .windows import window_ranges
 
 LONG_DOCUMENTS = ("error", "cut")
@@ -44,7 +45,9 @@ class ExampleTable:
     ``ranges`` every document is one full-document example. With ``ranges``
     (``[n, 2]`` start/stop pairs inside their documents) example ``i`` is the range of
     document ``documents[i]`` (default: document ``i``). ``ids`` names the examples
-    (default ``"#i"``). All examples share one partition and binding.
+    (default ``"#i"``). All examples share one partition and binding. ``supervised``
+    (None: every target) says which tokens, as targets, count in the loss;
+    ``target_counts`` holds each example's supervised targets (``lengths`` without it).
     """
 
     #: An example source (see ``seqpack.layout.ExampleSource``): ``gather`` hands over
@@ -52,7 +55,8 @@ class ExampleTable:
     copies_tokens = False
     held_bytes_per_example = 0
 
-    def __init__(self, tokens, doc_offsets, begins, ends, binding, partition, ids, index_base=0):
+    def __init__(self, tokens, doc_offsets, begins, ends, binding, partition, ids, index_base=0,
+                 supervised=None, counts=None):
         # Internal: use from_arrays, which validates. ``index_base`` is the position of
         # this table's first example in the table it was cut from (for default names);
         # ``first_ordinal`` is the occurrence ordinal packing gives it (0 unless streamed).
@@ -68,6 +72,9 @@ class ExampleTable:
         lengths = ends - begins - 1
         lengths.flags.writeable = False
         self.lengths = lengths
+        self.supervised = supervised
+        self.target_counts = lengths if supervised is None else (
+            counts if counts is not None else target_counts(supervised, begins, ends))
 
     @classmethod
     def from_arrays(
@@ -81,10 +88,14 @@ class ExampleTable:
         documents=None,
         ids: Sequence[str] | None = None,
         threads: int | None = None,
+        supervised=None,
     ) -> "ExampleTable":
         """Validate the documents and ranges in bulk and build the table (arrays are copied).
 
-        ``threads`` (None: ``seqpack._limits.default_threads()``) split the validation of
+        ``supervised`` (None: all) is a bool array over ``token_ids``: ``supervised[j]``
+        says whether token ``j``, as a target, counts in the loss (a document's first
+        token is never a target). An example none of whose targets is supervised is an
+        error naming it. ``threads`` (None: ``seqpack._limits.default_threads()``) split the validation of
         a large token array; the result never depends on it.
         """
         check_expectations(partition, binding)
@@ -123,8 +134,14 @@ class ExampleTable:
             ids = _check_ids(ids, begins.shape[0])
         if begins.shape[0] == 0:
             raise InvalidInputError("an example table needs at least one example")
-        table = cls(tokens, doc_offsets, begins, ends, binding, partition, ids)
+        supervised = as_supervision(supervised, tokens.shape[0], "supervised")
+        table = cls(tokens, doc_offsets, begins, ends, binding, partition, ids, supervised=supervised)
         table._check_documents(example_docs, supplied, threads)
+        unsupervised = np.flatnonzero(table.target_counts == 0)
+        if unsupervised.size:
+            index = int(unsupervised[0])
+            raise InvalidInputError(f"example {table.example_id(index)!r} (index {index}): none of its "
+                                    f"{int(table.lengths[index])} targets is supervised")
         tokens.flags.writeable = False
         return table
 
@@ -242,12 +259,14 @@ class ExampleTable:
         doc = BatchDocument(f"document {document}", self._tokens[start : self._doc_offsets[document + 1]],
                             self.partition)
         source_range = (int(self._begins[index]) - start, int(self._ends[index]) - start)
-        return SequenceExample(self.example_id(ordinal), doc, range(*source_range), self.binding)
+        supervised = None if self.supervised is None else self.supervised[start : self._doc_offsets[document + 1]]
+        return SequenceExample(self.example_id(ordinal), doc, range(*source_range), self.binding, supervised)
 
-    def gather(self, ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The whole token array, with the begins and ends of ``ordinals``' source tokens."""
+    def gather(self, ordinals: np.ndarray):
+        """The whole token array and its supervision, with the begins and ends of
+        ``ordinals``' source tokens."""
         index = np.asarray(ordinals) - self.first_ordinal
-        return self._tokens, self._begins[index], self._ends[index]
+        return self._tokens, self.supervised, self._begins[index], self._ends[index]
 
     def chunk(self, start: int, stop: int) -> "ExampleTable":
         """Examples ``[start, stop)`` as a table sharing this one's arrays (and example names)."""
@@ -255,7 +274,8 @@ class ExampleTable:
         start, stop, _ = bounds.indices(len(self))
         ids = None if self._ids is None else self._ids[start:stop]
         return ExampleTable(self._tokens, self._doc_offsets, self._begins[start:stop], self._ends[start:stop],
-                            self.binding, self.partition, ids, self._index_base + start)
+                            self.binding, self.partition, ids, self._index_base + start, self.supervised,
+                            self.target_counts[start:stop])
 
 
 def _check_offsets(offsets: np.ndarray, token_count: int) -> None:

@@ -19,7 +19,7 @@ from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
 from ..errors import BindingError, InvalidInputError, VerificationError
 from .counts import LayoutCounts
-from .fields import FieldArrays, Placements, fill_fields
+from .fields import FieldArrays, Placements, fill_fields, supervision_bytes
 from . import _fill
 
 
@@ -84,6 +84,7 @@ def _occurrence_message(code: int, index: int, column: int, batch: "BatchLayout"
         V.OCCURRENCE_SEGMENT: f"segment differs from the record's {record['segment']}",
         V.OCCURRENCE_POSITION: "local position differs from its offset in the example",
         V.OCCURRENCE_TOKEN: "input or target differs from the example's source range",
+        V.OCCURRENCE_SUPERVISION: "loss_mask differs from the example's supervision of its target",
     }[code]
     return f"{name}, column {column}: {what}"
 
@@ -172,12 +173,13 @@ class BatchLayout:
         return [self._source.example(i) for i in self._records["ordinal"].tolist()]
 
     def counts(self) -> LayoutCounts:
-        """Storage cells, valid targets, dense score positions and permitted edges of this batch."""
+        """Storage cells, valid targets (supervised or not), dense score positions and
+        permitted edges of this batch."""
         rows, width = self.shape
         lengths = self._placements.lengths
         return LayoutCounts(
             storage_cells=rows * width,
-            valid_targets=self.target_count,
+            valid_targets=int(self.valid_lengths.sum()),
             dense_score_positions=rows * width * width,
             permitted_edges=permitted_edges(lengths),
         )
@@ -254,12 +256,6 @@ class BatchLayout:
         )
         if code != _fill.Violation.OK:
             raise VerificationError(_violation_message(code, row, column, self), row, column if column >= 0 else None)
-        # Every real target is supervised: a valid cell outside loss_mask would shrink the
-        # loss denominator (the row check above leaves loss_mask free inside the prefix).
-        unsupervised = np.flatnonzero(self.token_valid & ~self.loss_mask)
-        if unsupervised.size:
-            row, column = divmod(int(unsupervised[0]), width)
-            raise VerificationError(_violation_message(_fill.Violation.VALID_FLAG, row, column, self), row, column)
         records = self._records
         segments = np.sort(records["segment"])
         if segments.size > 1 and np.any(segments[1:] == segments[:-1]):
@@ -269,7 +265,7 @@ class BatchLayout:
         first = self._source.first_ordinal
         if ordinals.size and (ordinals.min() < first or ordinals.max() >= first + len(self._source)):
             raise VerificationError("an occurrence record names an example outside this batch's examples")
-        tokens, begins, ends = self._source.gather(ordinals)
+        tokens, supervised, begins, ends = self._source.gather(ordinals)
         predictions = ends - begins - 1
         wrong = np.flatnonzero(records["stop"] - records["start"] != predictions)
         if wrong.size:
@@ -280,9 +276,9 @@ class BatchLayout:
                 int(record["row"]),
             )
         code, index, column = _fill.first_occurrence_violation(
-            tokens, begins, ends, c(records["row"]), c(records["start"]), c(records["segment"]),
-            c(self.inputs), c(self.targets), c(self.positions), c(self.segments),
-            c(self.valid_lengths), np.zeros(rows, dtype=np.int64),
+            tokens, supervision_bytes(supervised), begins, ends, c(records["row"]), c(records["start"]),
+            c(records["segment"]), c(self.inputs), c(self.targets), c(self.positions), c(self.segments),
+            c(self.loss_mask).view(np.uint8), c(self.valid_lengths), np.zeros(rows, dtype=np.int64),
         )
         if code != _fill.Violation.OK:
             row = index if code == _fill.Violation.ROW_COVERAGE else int(records["row"][index])

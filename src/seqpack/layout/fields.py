@@ -106,7 +106,16 @@ def fill_fields(source, placements: Placements, fields: FieldArrays, threads: in
     ``threads`` (checked by the caller; None for the default) splits the rows of a
     fill of at least ``PARALLEL_CELLS`` cells; smaller fills run on one thread.
     """
-    tokens, begins, ends = source.gather(placements.ordinals)
+    tokens, supervised, begins, ends = source.gather(placements.ordinals)
     threads = kernel_threads(threads) if fields.cells[0].size >= PARALLEL_CELLS else 1
-    _fill.fill_rows(tokens, begins, ends, placements.rows, placements.starts, placements.segments,
-                    fields.cells, fields.flags.view(np.uint8), fields.valid_lengths, threads)
+    _fill.fill_rows(tokens, supervision_bytes(supervised), begins, ends, placements.rows, placements.starts,
+                    placements.segments, fields.cells, fields.flags.view(np.uint8), fields.valid_lengths,
+                    threads)
+
+
+def supervision_bytes(supervised: np.ndarray | None) -> np.ndarray:
+    """A source's supervision as the kernels take it: uint8, empty when every target is supervised."""
+    return _ALL_SUPERVISED if supervised is None else supervised.view(np.uint8)
+
+
+_ALL_SUPERVISED = np.zeros(0, np.uint8)

@@ -17,6 +17,7 @@ import numpy as np
 from .._limits import INT32_MAX
 from ..data.binding import BatchBinding, Partition, check_expectations, check_owner
 from ..data.examples import SequenceExample, check_stored
+from ..data.supervision import gathered
 from ..data.table import ExampleTable
 from ..errors import CapacityError, InvalidInputError
 
@@ -24,9 +25,10 @@ from ..errors import CapacityError, InvalidInputError
 class ExampleSource(Protocol):
     """Examples by ordinal: ``first_ordinal`` up to ``first_ordinal + len(source)``.
 
-    ``gather(ordinals)`` returns int32 tokens and int64 ``begins``/``ends`` such that
-    example ``ordinals[i]``'s source tokens (its inputs plus its last target) are
-    ``tokens[begins[i]:ends[i]]``. ``copies_tokens`` says whether ``gather`` copies
+    ``gather(ordinals)`` returns int32 ``tokens``, their ``supervised`` (a bool array
+    aligned with them, or None when every target is supervised) and int64
+    ``begins``/``ends`` such that example ``ordinals[i]``'s source tokens (its inputs
+    plus its last target) are ``tokens[begins[i]:ends[i]]``. ``copies_tokens`` says whether ``gather`` copies
     them into a fresh array (a list of objects must) or hands over an array it already
     holds (a table does); ``held_bytes_per_example`` is what the source costs per
     example beyond the packer's own arrays. Both feed the memory budget.
@@ -42,7 +44,7 @@ class ExampleSource(Protocol):
 
     def example_id(self, ordinal: int) -> str: ...
 
-    def gather(self, ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+    def gather(self, ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]: ...
 
 
 class ExampleList:
@@ -67,20 +69,23 @@ class ExampleList:
     def example_id(self, ordinal: int) -> str:
         return self._examples[ordinal - self.first_ordinal].id
 
-    def gather(self, ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Flat int32 source tokens of ``ordinals``' examples with their int64 begins and ends."""
+    def gather(self, ordinals: np.ndarray):
+        """Flat int32 source tokens of ``ordinals``' examples and their supervision, with
+        their int64 begins and ends."""
         base = self.first_ordinal
-        selected = [self._examples[i - base].source_tokens for i in ordinals.tolist()]
-        ends = np.cumsum([len(tokens) for tokens in selected], dtype=np.int64)
+        examples = [self._examples[i - base] for i in ordinals.tolist()]
+        selected = [example.source_tokens for example in examples]
+        sizes = [len(tokens) for tokens in selected]
+        ends = np.cumsum(sizes, dtype=np.int64)
         begins = np.concatenate(([0], ends[:-1])).astype(np.int64) if selected else ends.copy()
         tokens = np.concatenate(selected).astype(np.int32, copy=False) if selected else np.empty(0, np.int32)
-        return tokens, begins, ends
+        return tokens, gathered([example.source_supervised for example in examples], sizes), begins, ends
 
 
 def check_examples(examples: Sequence[SequenceExample], partition: Partition, binding: BatchBinding,
-                   first_index: int = 0) -> np.ndarray:
+                   first_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Validate a list of examples against the partition and binding; return their prediction
-    lengths. Errors name an example by ``first_index`` plus its place in the list (a stream's
+    lengths and supervised target counts (int64). Errors name an example by ``first_index`` plus its place in the list (a stream's
     count so far)."""
     check_expectations(partition, binding)
     if isinstance(examples, (str, bytes)) or not isinstance(examples, Sequence):
@@ -95,22 +100,27 @@ def check_examples(examples: Sequence[SequenceExample], partition: Partition, bi
         check_stored(example, index)
         check_owner(f"example {example.id!r} (index {index})", example.binding, example.partition,
                     binding, partition)
-    return np.fromiter((len(example) for example in examples), dtype=np.int64, count=len(examples))
+    lengths = np.fromiter((len(example) for example in examples), dtype=np.int64, count=len(examples))
+    if all(example.supervised is None for example in examples):
+        return lengths, lengths
+    counts = np.fromiter((example.target_count for example in examples), dtype=np.int64, count=len(examples))
+    return lengths, counts
 
 
 def source_of(examples, partition: Partition, binding: BatchBinding,
-              first_index: int = 0) -> tuple[ExampleSource, np.ndarray]:
+              first_index: int = 0) -> tuple[ExampleSource, np.ndarray, np.ndarray]:
     """The :class:`ExampleSource` of a list of examples or a table, checked against the
     expected partition and binding (errors count examples from ``first_index``), with its
-    examples' prediction lengths (int64)."""
+    examples' prediction lengths and supervised target counts (int64; the same array
+    when every target is supervised)."""
     if isinstance(examples, ExampleTable):
         check_expectations(partition, binding)
         check_owner("the example table", examples.binding, examples.partition, binding, partition)
         if len(examples) == 0:
             raise InvalidInputError("a batch needs at least one example")
-        return examples, examples.lengths
-    lengths = check_examples(examples, partition, binding, first_index)
-    return ExampleList(examples), lengths
+        return examples, examples.lengths, examples.target_counts
+    lengths, counts = check_examples(examples, partition, binding, first_index)
+    return ExampleList(examples), lengths, counts
 
 
 def check_example_count(count: int) -> None:

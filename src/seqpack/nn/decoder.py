@@ -234,7 +234,7 @@ class Decoder:
         return self.forward_arrays(*self._separate_arrays(example)[:4])
 
     def loss_separate(self, example) -> MaskedLoss:
-        """The example's own token-weighted loss (every prediction is a target)."""
+        """The example's own token-weighted loss over its supervised targets."""
         return self.loss_arrays(*self._separate_arrays(example))
 
     def forward_padded(self, batch) -> DecoderForward:
@@ -264,7 +264,7 @@ class Decoder:
             np.array([length], dtype=np.int64),
             np.zeros((1, length), dtype=np.int32),
             np.asarray(example.targets, dtype=np.int32)[None, :],
-            np.ones((1, length), dtype=bool),
+            example.loss_mask[None, :],
         )
 
     def _batch_arrays(self, batch, kind, method: str):

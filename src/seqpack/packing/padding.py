@@ -51,7 +51,7 @@ def pad(
     """
     if not isinstance(config, PadConfig):
         raise InvalidInputError(f"config must be a PadConfig, not {type(config).__name__}")
-    source, lengths = source_of(examples, partition, binding)
+    source, lengths, _ = source_of(examples, partition, binding)
     count = lengths.shape[0]
     check_example_count(count)
     if config.max_width is not None:

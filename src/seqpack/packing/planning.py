@@ -51,8 +51,8 @@ class PackingPlan:
     ``memory_peak`` covers the plan plus one built batch (the largest).
     """
 
-    def __init__(self, partition, binding, config: PackConfig, policy: str, source, lengths, placement,
-                 plan_bytes: int, threads: int | None):
+    def __init__(self, partition, binding, config: PackConfig, policy: str, source, lengths, targets,
+                 placement, plan_bytes: int, threads: int | None):
         # Internal: seqpack.plan validates.
         self.threads = threads
         self.partition = partition
@@ -61,6 +61,7 @@ class PackingPlan:
         self.policy = policy
         self._source = source
         self._lengths = lengths
+        self._targets = targets  # supervised targets per example (``lengths`` itself without supervision)
         self.row_count = placement.row_count
         self.occurrence_count = int(lengths.shape[0])
         capacity, per_batch = config.capacity, config.rows_per_batch
@@ -85,7 +86,10 @@ class PackingPlan:
         self.memory_peak = self.plan_bytes + self.largest_gather + largest_batch
 
     def _sorted_lengths(self) -> np.ndarray:
-        return self._lengths if self._order is None else self._lengths[self._order]
+        return self._sorted(self._lengths)
+
+    def _sorted(self, per_example: np.ndarray) -> np.ndarray:
+        return per_example if self._order is None else per_example[self._order]
 
     def __len__(self) -> int:
         return self.batch_count
@@ -184,10 +188,10 @@ class PackingPlan:
         return PackedEpoch(batches, fields, self.report(), self.occurrence_count, required)
 
     def batch_targets(self) -> np.ndarray:
-        """Valid targets of every batch (the loss denominators), without building any."""
+        """Supervised targets of every batch (the loss denominators), without building any."""
         if not self.batch_count:
             return np.zeros(0, np.int64)
-        return np.add.reduceat(self._sorted_lengths(), self._bounds[:-1])
+        return np.add.reduceat(self._sorted(self._targets), self._bounds[:-1])
 
     def report(self) -> EfficiencyReport:
         """Storage and attention efficiency of the planned epoch."""
@@ -219,14 +223,16 @@ def placed_plan(examples, config, partition, binding, policy, threads) -> Packin
     config = check_config(config)
     threads = check_threads(threads)
     check_policy(policy, config.capacity)
-    source, lengths = source_of(examples, partition, binding)
+    source, lengths, targets = source_of(examples, partition, binding)
     check_example_count(lengths.shape[0])
     reject_longer(source, lengths, config.capacity, "capacity")
     before = budget.plan_bytes(lengths, config.capacity, policy, source.held_bytes_per_example)
+    if targets is not lengths:
+        before += targets.nbytes
     budget.require(before, config.max_memory_bytes, "the packing plan")
     placement = placed(lengths, config.capacity, policy)
     check_batch_cells(min(config.rows_per_batch, placement.row_count), config)
-    return PackingPlan(partition, binding, config, policy, source, lengths, placement, before, threads)
+    return PackingPlan(partition, binding, config, policy, source, lengths, targets, placement, before, threads)
 
 
 def plan(

@@ -13,8 +13,9 @@ from .._limits import permitted_edges
 class EfficiencyReport:
     """Rows, cells, real targets, padding and attention edges of a packed epoch.
 
-    ``batch_targets`` are the valid-target counts of each batch, the loss
-    denominators a trainer needs before the forward pass. Attention counts are per head.
+    ``valid_targets`` counts the cells that hold a target, ``supervised_targets`` those
+    that count in the loss; ``batch_targets`` are each batch's supervised targets, the
+    loss denominators a trainer needs before the forward pass. Attention counts are per head.
     """
 
     policy: str
@@ -23,6 +24,7 @@ class EfficiencyReport:
     batches: int
     cells: int
     valid_targets: int
+    supervised_targets: int
     permitted_edges: int
     dense_score_positions: int
     batch_targets: tuple
@@ -30,7 +32,7 @@ class EfficiencyReport:
     @classmethod
     def of(cls, policy: str, capacity: int, rows: int, lengths: np.ndarray, batch_targets: np.ndarray):
         """The report of ``rows`` rows of ``capacity`` holding examples of ``lengths``
-        predictions (int64), whose batches have ``batch_targets`` valid targets."""
+        predictions (int64), whose batches have ``batch_targets`` supervised targets."""
         return cls(
             policy=policy,
             capacity=capacity,
@@ -38,6 +40,7 @@ class EfficiencyReport:
             batches=int(batch_targets.shape[0]),
             cells=rows * capacity,
             valid_targets=int(lengths.sum()),
+            supervised_targets=int(batch_targets.sum()),
             permitted_edges=permitted_edges(lengths),
             dense_score_positions=rows * capacity**2,
             batch_targets=tuple(batch_targets.tolist()),
@@ -56,10 +59,15 @@ class EfficiencyReport:
         return self.permitted_edges / self.dense_score_positions if self.dense_score_positions else 0.0
 
     def as_dict(self) -> dict:
-        return {
+        """The report's counts; ``supervised_targets`` appears only when some target is not
+        supervised (so a report without supervision reads as it always has)."""
+        counts = {
             "policy": self.policy, "capacity": self.capacity, "rows": self.rows, "batches": self.batches,
             "cells": self.cells, "valid_targets": self.valid_targets,
             "real_target_fraction": self.real_target_fraction, "padding_cells": self.padding_cells,
             "permitted_edges": self.permitted_edges, "dense_score_positions": self.dense_score_positions,
             "permitted_fraction": self.permitted_fraction,
         }
+        if self.supervised_targets != self.valid_targets:
+            counts["supervised_targets"] = self.supervised_targets
+        return counts

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..data.binding import BatchBinding, Partition, check_expectations
 from ..data.examples import SequenceExample
+from ..data.supervision import gathered
 from ..data.table import ExampleTable
 from ..errors import InvalidInputError
 from ..layout.sources import ExampleList, check_example_count, reject_longer, source_of
@@ -42,16 +43,19 @@ class StreamSource:
         return self._source_of(ordinal).example_id(ordinal)
 
     def gather(self, ordinals: np.ndarray):
-        """Each source's part, with token arrays joined (once, when the sources differ)."""
+        """Each source's part, with token arrays (and their supervision) joined once,
+        when the sources differ."""
         which = np.searchsorted(self._firsts, ordinals, side="right") - 1
         parts = [self._sources[i].gather(ordinals[which == i]) for i in np.unique(which).tolist()]
-        if all(tokens is parts[0][0] for tokens, _, _ in parts):
-            return parts[0][0], np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
-        shift = np.cumsum([0] + [len(tokens) for tokens, _, _ in parts[:-1]])
+        if all(tokens is parts[0][0] for tokens, _, _, _ in parts):
+            return parts[0][0], parts[0][1], np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts])
+        sizes = [len(tokens) for tokens, _, _, _ in parts]
+        shift = np.cumsum([0] + sizes[:-1])
         return (
-            np.concatenate([tokens for tokens, _, _ in parts]),
-            np.concatenate([b + k for (_, b, _), k in zip(parts, shift)]),
-            np.concatenate([e + k for (_, _, e), k in zip(parts, shift)]),
+            np.concatenate([tokens for tokens, _, _, _ in parts]),
+            gathered([supervised for _, supervised, _, _ in parts], sizes),
+            np.concatenate([b + k for (_, _, b, _), k in zip(parts, shift)]),
+            np.concatenate([e + k for (_, _, _, e), k in zip(parts, shift)]),
         )
 
 
@@ -102,10 +106,10 @@ def _packed_stream(items, config: PackConfig, partition, binding) -> Iterator[Pa
         if isinstance(item, ExampleTable):
             if len(item) == 0:
                 continue
-            source, lengths = source_of(item.chunk(0, len(item)), partition, binding)
+            source, lengths, _ = source_of(item.chunk(0, len(item)), partition, binding)
             source.first_ordinal = ordinal
         else:
-            source, lengths = source_of([item], partition, binding, first_index=ordinal)
+            source, lengths, _ = source_of([item], partition, binding, first_index=ordinal)
             source.first_ordinal = ordinal
         check_example_count(ordinal + len(lengths))
         reject_longer(source, lengths, capacity, "capacity")
