@@ -11,6 +11,10 @@ Two shapes:
   seqpack attention alike (no ``attention_mask``; padding is its own segment, which
   seqpack attention skips through ``valid_lengths``).
 
+Both write -100 at every target the batch does not supervise (``loss_mask`` False).
+:class:`PackingCollator` packs Trainer's features, with TRL's supervision masks, into
+:func:`rows`.
+
 transformers ignores packing when a cache is on (``config.use_cache`` defaults to True):
 :func:`rows` therefore carries ``use_cache=False`` for the model's forward, and seqpack
 attention raises rather than run with a cache. :func:`flat` must equal transformers'
@@ -134,67 +138,118 @@ def num_items_in_batch(batches: Iterable, group=None) -> int:
     return step_target_count([_eligible(item) for item in micro_batches(batches)], group)
 
 
-# Each optional feature key: what it must equal for its document to be packed as it is
-# (every token an input, every target supervised), and why.
-_FEATURE_RULES = {
-    "labels": ("input_ids", "every target of a packed document is supervised, so masked labels "
-                            "(such as -100 for prompt tokens) cannot be kept"),
-    "attention_mask": ("all ones", "each feature must be one unpadded document"),
-    "completion_mask": ("all ones", "every target of a packed document is supervised"),
-    "assistant_masks": ("all ones", "every target of a packed document is supervised"),
-}
+#: The keys a feature may carry besides ``input_ids`` (their rules: ``PackingCollator``).
+_FEATURE_KEYS = ("labels", "completion_mask", "assistant_masks", "attention_mask")
 
 
-def _check_feature(index: int, feature: dict, document: np.ndarray) -> None:
-    """Raise unless every key of ``feature`` besides ``input_ids`` agrees with packing
-    ``document`` whole and supervising all of it (``_FEATURE_RULES``)."""
+def _per_token(index: int, key: str, value, length: int, kinds: str, what: str) -> np.ndarray:
+    """``feature[key]`` as a 1-D array of ``length`` ``what`` (a dtype kind in ``kinds``)."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise InvalidInputError(f"feature {index}: {key} is not a regular array: {error}") from None
+    if array.shape != (length,) or (array.size and array.dtype.kind not in kinds):
+        raise InvalidInputError(
+            f"feature {index}: {key} must be a 1-D sequence of {length} {what} (one per input_ids token), got "
+            f"shape {array.shape} and dtype {array.dtype}"
+        )
+    return array
+
+
+def _mask(index: int, key: str, value, length: int) -> np.ndarray:
+    """A 0/1 mask (bool, integers or floats) as bool."""
+    array = _per_token(index, key, value, length, "biuf", "0s and 1s")
+    outside = np.flatnonzero((array != 0) & (array != 1))
+    if outside.size:
+        raise InvalidInputError(f"feature {index}: {key}[{int(outside[0])}] is {array[outside[0]]}; a mask "
+                                f"holds 0 and 1")
+    return array.astype(bool)
+
+
+def _supervision(index: int, feature: dict, document: np.ndarray, completion_only_loss) -> np.ndarray:
+    """Which of ``document``'s tokens, as targets, ``feature`` supervises: every given mask
+    1 and the label, if given, not -100 (``PackingCollator``'s rule)."""
+    length = document.shape[0]
+    supervised = np.ones(length, dtype=bool)
     for key, value in feature.items():
         if key == "input_ids":
             continue
-        if key not in _FEATURE_RULES:
+        if key not in _FEATURE_KEYS:
             raise InvalidInputError(
-                f"feature {index} carries {key!r}, which PackingCollator does not use: pass input_ids only "
-                f"(known keys: {', '.join(['input_ids', *_FEATURE_RULES])})"
+                f"feature {index} carries {key!r}, which PackingCollator does not use "
+                f"(known keys: {', '.join(['input_ids', *_FEATURE_KEYS])})"
             )
-        equal_to, reason = _FEATURE_RULES[key]
-        expected = document if equal_to == "input_ids" else np.ones_like(document)
-        values = np.asarray(value)
-        if values.shape != document.shape or not np.array_equal(values, expected):
-            raise InvalidInputError(f"feature {index}: {key} must be {equal_to}: {reason}")
+        if key == "labels":
+            labels = _per_token(index, key, value, length, "iu", "integers")
+            kept = labels != IGNORE_INDEX
+            differing = np.flatnonzero(kept[1:] & (labels[1:] != document[1:])) + 1
+            if differing.size:
+                j = int(differing[0])
+                raise InvalidInputError(
+                    f"feature {index}: labels[{j}] is {labels[j]} but input_ids[{j}] is {document[j]}: a packed "
+                    f"target is the document's next token, so labels may only copy input_ids or be -100"
+                )
+            supervised &= kept
+        elif key == "attention_mask":
+            if not _mask(index, key, value, length).all():
+                raise InvalidInputError(f"feature {index}: attention_mask must be all ones: each feature must be "
+                                        f"one unpadded document")
+        else:
+            mask = _mask(index, key, value, length)
+            if key == "assistant_masks" or completion_only_loss is not False:
+                supervised &= mask
+    if length > 1 and not supervised[1:].any():
+        raise InvalidInputError(
+            f"feature {index}: none of its {length - 1} targets is supervised (labels -100 or a mask 0 at every "
+            f"token after the first): it adds nothing to the loss; drop it from the dataset"
+        )
+    return supervised
 
 
 class PackingCollator:
-    """A ``data_collator`` for ``transformers.Trainer``: packs a list of features into one batch.
+    """A ``data_collator`` for ``transformers.Trainer`` and ``trl.SFTTrainer``: packs a list of
+    features into one batch.
 
     ``PackingCollator(config, *, tokenizer_identity, policy="best-fit-decreasing",
-    split="hf-collator")``: each feature's ``input_ids`` must be one framed document
-    (``[BOS, content..., EOS]`` under ``tokenizer_identity``, a
-    :class:`~seqpack.TokenizerIdentity` or :class:`~seqpack.ByteTokenizer`); the call
-    packs the documents with ``policy`` into rows of ``config.capacity`` predictions and
-    returns :func:`rows` of that batch. More rows than ``config.rows_per_batch`` is a
-    :class:`~seqpack.CapacityError` (lower ``per_device_train_batch_size``). Trainer's
-    label smoothing shifts ``labels`` itself and would drop each full row's last
-    target: leave it off.
+    split="hf-collator", completion_only_loss=None)``: each feature's ``input_ids`` must be
+    one framed document (``[BOS, content..., EOS]`` under ``tokenizer_identity``, a
+    :class:`~seqpack.TokenizerIdentity` or :class:`~seqpack.ByteTokenizer`; the collator adds
+    no token); the call packs the documents with ``policy`` into rows of ``config.capacity``
+    predictions and returns :func:`rows` of that batch. More rows than
+    ``config.rows_per_batch`` is a :class:`~seqpack.CapacityError` (lower
+    ``per_device_train_batch_size``). Trainer's label smoothing shifts ``labels`` itself and
+    would drop each full row's last target: leave it off.
 
-    Every target of a packed document is supervised, so a feature may carry other keys
-    only where they say the same: ``labels`` equal to its ``input_ids``, and an all-ones
-    ``attention_mask``, ``completion_mask`` or ``assistant_masks``. Masked labels (prompt
-    tokens at -100), padding or any other key is an :class:`~seqpack.InvalidInputError`
-    naming the feature, never silently ignored.
+    Supervision is TRL's (``SFTTrainer`` turns the masks into -100 labels, its collator
+    reads them): entry ``j`` of ``labels``, ``completion_mask`` and ``assistant_masks`` is
+    about token ``j`` as a target, and token ``j`` is supervised only if every given mask
+    is 1 and its label, if given, is not -100. ``completion_mask`` is read unless
+    ``completion_only_loss`` is False (as ``SFTConfig(completion_only_loss=False)`` ignores
+    it), ``assistant_masks`` always. Entry 0 is no target (transformers' and TRL's
+    collators write -100 there): its value never counts.
+
+    Refused with an :class:`~seqpack.InvalidInputError` naming the feature: a label other
+    than -100 that differs from the ``input_ids`` token (packing cannot carry arbitrary
+    labels); a mask or ``labels`` not as long as ``input_ids``, or a mask holding other than
+    0 and 1; an ``attention_mask`` with a zero (padding); a feature with no supervised
+    target; any other key.
     """
 
     def __init__(self, config: PackConfig, *, tokenizer_identity, policy: str = "best-fit-decreasing",
-                 split: str = "hf-collator"):
+                 split: str = "hf-collator", completion_only_loss: bool | None = None):
         if not isinstance(config, PackConfig):
             raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
+        if completion_only_loss is not None and not isinstance(completion_only_loss, bool):
+            raise InvalidInputError(f"completion_only_loss must be None, True or False, not {completion_only_loss!r}")
         self.config = config
         self.policy = policy
+        self.completion_only_loss = completion_only_loss
         self.binding = BatchBinding.for_tokenizer(tokenizer_identity, split=split)
 
     def __call__(self, features: Sequence[dict]) -> dict:
         if not features:
             raise InvalidInputError("PackingCollator received no features")
-        documents = []
+        documents, supervision = [], []
         for index, feature in enumerate(features):
             if "input_ids" not in feature:
                 raise InvalidInputError(f"feature {index} has no input_ids; its keys are {sorted(feature)}")
@@ -205,11 +260,13 @@ class PackingCollator:
                     f"shape {document.shape} and dtype {document.dtype}"
                 )
             documents.append(document)
-            _check_feature(index, feature, documents[-1])
+            supervision.append(_supervision(index, feature, document, self.completion_only_loss))
         offsets = np.zeros(len(documents) + 1, dtype=np.int64)
         np.cumsum([document.size for document in documents], out=offsets[1:])
+        supervised = np.concatenate(supervision)
         table = ExampleTable.from_arrays(np.concatenate(documents), offsets, self.binding,
-                                         partition=Partition.TRAIN)
+                                         partition=Partition.TRAIN,
+                                         supervised=None if supervised.all() else supervised)
         epoch = pack(table, self.config, partition=Partition.TRAIN, binding=self.binding, policy=self.policy)
         if len(epoch.batches) > 1:
             needed = sum(batch.shape[0] for batch in epoch.batches)
