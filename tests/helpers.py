@@ -43,3 +43,23 @@ def reseal(directory, manifest: dict) -> None:
     from seqpack.io import format as fmt
 
     (Path(directory) / fmt.MANIFEST).write_text(json.dumps(fmt.seal(manifest)))
+
+
+def train_bpe(directory, lines, vocab_size: int = 320,
+              specials=("<unk>", "<|bos|>", "<|eos|>", "<|pad|>")):
+    """A byte-level BPE trained on ``lines``, saved as ``directory/tokenizer.json``; returns the path."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    directory = Path(directory)
+    corpus = directory / "bpe-train.txt"
+    corpus.write_text("\n".join(lines), encoding="utf-8")
+    tokenizer = Tokenizer(models.BPE(unk_token=specials[0]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train([str(corpus)], trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    path = directory / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path

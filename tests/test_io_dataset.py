@@ -10,7 +10,7 @@ import seqpack as sp
 from helpers import reseal
 from seqpack import io
 from seqpack.io import format as fmt
-from seqpack.io.encoding import ChunkEncoder
+from seqpack.io.chunks import ChunkEncoder
 from seqpack.io.progress import Progress
 from seqpack.io.writer import Stage, describe_binding, manifest_of, stage_documents, write_part
 from seqpack.packing.placement import POLICIES

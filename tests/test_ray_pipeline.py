@@ -540,3 +540,29 @@ def test_a_quiet_ray_run_prints_nothing_and_leaves_no_process(signal_corpus, tmp
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert _marked_processes(mark) == []
+
+
+def test_supervision_on_ray_is_byte_identical_to_serial_shards(cluster, tmp_path):
+    # Issue 35: pre-tokenized records with TRL's completion_mask (prompts long enough that
+    # some --cut-long windows hold no supervised target and are left out).
+    rng = np.random.default_rng(35)
+    (tmp_path / "in").mkdir()
+    paths = []
+    for number in range(3):
+        lines = []
+        for _ in range(120):
+            prompt, completion = int(rng.integers(1, 300)), int(rng.integers(1, 80))
+            ids = rng.integers(2, 258, prompt + completion).tolist()
+            lines.append(json.dumps({"input_ids": ids, "completion_mask": [0] * prompt + [1] * completion}) + "\n")
+        paths.append(tmp_path / "in" / f"sft{number}.jsonl")
+        paths[-1].write_text("".join(lines), encoding="utf-8")
+    readers = lambda: [io.JsonLines(p, ids_field="input_ids") for p in paths]  # noqa: E731
+    reference = serial(readers(), tmp_path / "serial", 3)
+    manifest = on_ray(readers(), tmp_path / "ray", 3)
+    assert manifest == reference and manifest["format_version"] == 2
+    assert manifest["supervision"]["applied"] == ["completion_mask"]
+    assert manifest["counts"]["skipped_unsupervised_windows"] > 0
+    assert_same_bytes(tmp_path / "serial", tmp_path / "ray")
+    io.verify_dataset(tmp_path / "ray")
+    dataset = io.open_dataset(tmp_path / "ray")
+    assert sum(batch.target_count for batch in dataset) == manifest["counts"]["supervised_targets"]

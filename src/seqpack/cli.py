@@ -68,6 +68,12 @@ def _add_pack(commands) -> None:
     pack.add_argument("--ids-field", metavar="NAME", help="read pre-tokenized IDs from this field or column")
     pack.add_argument("--framed", action="store_true",
                       help="pre-tokenized documents already start with BOS and end with EOS")
+    pack.add_argument("--no-completion-only-loss", action="store_true",
+                      help="prompt-completion records and completion_mask columns: supervise the prompt too")
+    pack.add_argument("--chat-template", type=Path, metavar="FILE.jinja",
+                      help="render 'messages' conversations with this chat template (transformers)")
+    pack.add_argument("--assistant-only-loss", action="store_true",
+                      help="conversations: supervise only the template's {%% generation %%} spans")
     pack.add_argument("--glob", metavar="PATTERN", help="only files whose names match PATTERN inside directories (e.g. '*.py'; a name, not a path)")
     pack.add_argument("--capacity", type=int, default=2048, help="columns (predictions) per row (default 2048)")
     pack.add_argument("--rows-per-batch", type=int, default=8, help="rows per batch (default 8)")
@@ -211,8 +217,19 @@ def _pack(args) -> int:
                    for path in args.inputs]
     _check_input_flags(args, readers)
     config = PackConfig(args.capacity, args.rows_per_batch)
+    if args.assistant_only_loss and args.chat_template is None:
+        raise UsageError("--assistant-only-loss goes with --chat-template FILE.jinja")
+    template = None
+    if args.chat_template is not None:
+        try:
+            template = args.chat_template.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise InvalidInputError(f"{args.chat_template}: cannot read the chat template: "
+                                    f"{getattr(error, 'strerror', None) or error}") from None
     common = dict(tokenizer=tokenizer, config=config, policy=args.policy, partition=data.Partition(args.partition),
-                  long="cut" if args.cut_long or args.sample else "error", framed=args.framed, force=args.force)
+                  long="cut" if args.cut_long or args.sample else "error", framed=args.framed, force=args.force,
+                  completion_only_loss=not args.no_completion_only_loss, chat_template=template,
+                  assistant_only_loss=args.assistant_only_loss)
     stamp = fmt.manifest_stamp(args.out)
     try:
         return _pack_and_report(args, readers, binding, common)
@@ -258,6 +275,12 @@ def _pack_and_report(args, readers, binding, common) -> int:
         raise DecodeLimitError(f"{error} (--max-document-tokens raises the limit)", error.position) from None
     for directory in (d for reader in readers if isinstance(reader, io.TextFiles) for d in reader.skipped):
         print(f"seqpack: skipped {directory}: a packed dataset, not text", file=sys.stderr)
+    supervision = manifest.get("supervision") or {}
+    if supervision.get("mismatched_prompts"):
+        count = supervision["mismatched_prompts"]
+        print(f"seqpack: warning: {count:,} record{'s' if count != 1 else ''}' prompt encoding is not a prefix of "
+              f"prompt + completion (first: {supervision['first_mismatched_prompt']}); as in TRL, the completion "
+              f"begins where they diverge", file=sys.stderr)
     if args.json:
         _print_json(manifest)
     else:
@@ -277,6 +300,11 @@ def _check_input_flags(args, readers) -> None:
         "--framed": (args.ids_field is not None or any(isinstance(r, kinds.Megatron) for r in readers)
                      or any(isinstance(r, kinds.ArrowBatches) and r.reads_ids() for r in readers),
                      "it applies to pre-tokenized inputs (--ids-field, an 'input_ids' column or Megatron)"),
+        "--chat-template": (any(r.record_kind == "conversation" for r in structured),
+                            "no INPUT holds conversations (a 'messages' field)"),
+        "--no-completion-only-loss": (any(r.record_kind == "prompt-completion"
+                                          or "completion_mask" in r.mask_columns for r in structured),
+                                      "no INPUT holds prompt-completion records or a 'completion_mask' column"),
     }
     for flag, (used, reason) in uses.items():
         given = getattr(args, flag[2:].replace("-", "_"))

@@ -9,7 +9,9 @@ object follows :class:`~seqpack.packing.PackedBatches` (what ``seqpack.plan`` re
 anything that consumes a plan (a trainer loop, ``seqpack.torch.PackedIterableDataset``)
 takes a dataset on disk unchanged. Opening checks, without reading tokens, that every
 file has the size and shape the manifest records, that the placements tile each row
-and place every example once, that the examples are the documents' ranges, and that the
+and place every example once, that the examples are the documents' ranges (less the
+windows left out for want of a supervised target), that the supervision of a version-2
+dataset is canonical and gives every example a supervised target, and that the
 manifest's counts agree with the files and each other (each part's
 firsts are the running sums of the parts before it), so a damaged file can never make
 the fill write out of bounds or serve the wrong batch; filling a batch refuses a token
@@ -33,6 +35,7 @@ from .._limits import batch_number, check_bool, check_threads, permitted_edges
 from ..data.binding import BatchBinding, Partition
 from ..data.documents import BatchDocument
 from ..data.examples import SequenceExample
+from ..data.supervision import range_target_counts, supervision_of
 from ..data.table import LONG_DOCUMENTS
 from ..data.tokenizer import ByteTokenizer, DecodeLimits, TokenizerIdentity
 from ..data.windows import document_examples
@@ -87,12 +90,27 @@ MAPPED_PARTS = 64
 _mapped: OrderedDict[int, weakref.ref] = OrderedDict()   # id(part) -> part, least recent first
 
 
+def _npy_header(path: Path) -> tuple[tuple, bool, np.dtype, int]:
+    """The shape, Fortran order, dtype and data offset of the ``.npy`` file at ``path``."""
+    try:
+        with open(path, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+                else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(handle)
+            return shape, fortran, dtype, handle.tell()
+    except (ValueError, OSError) as error:
+        raise InvalidInputError(f"{path}: not a readable .npy file: {error}") from None
+
+
 class Part:
     """One part's files, memory-mapped while in use (at most ``MAPPED_PARTS`` parts at a
     time), with the index arrays its batches need."""
 
-    def __init__(self, directory: Path, record: dict, config: PackConfig, dtype: np.dtype, long: str):
+    def __init__(self, directory: Path, record: dict, config: PackConfig, dtype: np.dtype, long: str,
+                 version: int = 1):
         self.directory = directory
+        self.supervised = version > 1
         self.name = record["name"]
         self.first_example = int(record["first_example"])
         self.first_document = int(record["first_document"])
@@ -101,7 +119,7 @@ class Part:
         self.example_count = int(record["examples"])
         self.row_count = int(record["rows"])
         self.batch_count = int(record["batches"])
-        self._sizes = {name: record["files"][name]["bytes"] for name in fmt.PART_FILES}
+        self._sizes = {name: record["files"][name]["bytes"] for name in fmt.part_files(version)}
         for name, expected in self._sizes.items():
             path = directory / name
             if not path.is_file():
@@ -111,11 +129,12 @@ class Part:
         self._dtype, self._document_count = dtype, int(record["documents"])
         self._maps, self._views = None, {}  # the arrays over the files, and their maps by file name
         self._check_placements(config)
-        self._check_examples(config, long)
+        self._check_supervision()
+        self._check_examples(config, long, record)
         self._check_counts(record, config)
 
-    def _mapped(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(tokens, occurrences, examples, documents)``, mapped now unless they are, each
+    def _mapped(self) -> tuple:
+        """``(tokens, occurrences, examples, documents, flips)``, mapped now unless they are, each
         file checked to still have its recorded size (reading a mapped file that shrank
         would kill the process with SIGBUS)."""
         key = id(self)
@@ -124,7 +143,8 @@ class Part:
             tokens = self._map("tokens.bin", self._dtype, (self._sizes["tokens.bin"] // self._dtype.itemsize,))
             self._maps = (tokens, self._table("occurrences.npy", self.example_count),
                           self._table("examples.npy", self.example_count),
-                          self._table("documents.npy", self._document_count))
+                          self._table("documents.npy", self._document_count),
+                          self._flips() if self.supervised else None)
             _mapped[key] = weakref.ref(self, lambda _, key=key: _mapped.pop(key, None))
             while len(_mapped) > MAPPED_PARTS:
                 _, oldest = _mapped.popitem(last=False)
@@ -153,19 +173,23 @@ class Part:
     occurrences = property(lambda self: self._mapped()[1], doc="occurrences.npy: (ordinal, row, column) each")
     examples = property(lambda self: self._mapped()[2], doc="examples.npy: (document, start, stop) each")
     documents = property(lambda self: self._mapped()[3], doc="documents.npy: (input, place, tokens) each")
+    flips = property(lambda self: self._mapped()[4], doc="supervision.npy: the flips (int64), or None")
+
+    def _flips(self) -> np.ndarray:
+        """``supervision.npy``'s flips as int64 (a copy: small, and read on every batch)."""
+        path = self.directory / fmt.SUPERVISION_FILE
+        shape, fortran, dtype, offset = _npy_header(path)
+        if dtype not in (np.dtype("<u4"), np.dtype("<i8")) or len(shape) != 1 or fortran:
+            raise InvalidInputError(f"{path}: holds {dtype} {shape}; expected a 1-D uint32 or int64 array of flips")
+        if offset + shape[0] * dtype.itemsize != self._sizes[fmt.SUPERVISION_FILE]:
+            raise InvalidInputError(f"{path}: {self._sizes[fmt.SUPERVISION_FILE]} bytes, not the {shape[0]} "
+                                    f"flips its header declares")
+        return self._map(fmt.SUPERVISION_FILE, dtype, shape, offset).astype(np.int64)
 
     def _table(self, name: str, rows: int) -> np.ndarray:
         """The int64 ``[rows, 3]`` table in the ``.npy`` file ``name``, mapped."""
         path = self.directory / name
-        try:
-            with open(path, "rb") as handle:
-                version = np.lib.format.read_magic(handle)
-                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
-                    else np.lib.format.read_array_header_2_0
-                shape, fortran, dtype = read_header(handle)
-                offset = handle.tell()
-        except (ValueError, OSError) as error:
-            raise InvalidInputError(f"{path}: not a readable .npy file: {error}") from None
+        shape, fortran, dtype, offset = _npy_header(path)
         if dtype != np.int64 or shape != (rows, 3) or fortran:
             raise InvalidInputError(f"{path}: holds {dtype} {shape}{' (Fortran order)' if fortran else ''}; "
                                     f"expected int64 ({rows}, 3)")
@@ -212,13 +236,51 @@ class Part:
         self.bounds = np.append(np.searchsorted(rows, np.arange(self.batch_count, dtype=np.int64) * per_batch),
                                 self.example_count)
 
-    def _check_examples(self, config: PackConfig, long: str) -> None:
+    def _check_supervision(self) -> None:
+        """What the fill and the loss trust of ``supervision.npy``: flips that rise inside the
+        token file, none on an example's first token (the canonical form the writer makes),
+        and a supervised target in every example."""
+        self.targets = self.lengths
+        if not self.supervised:
+            return
+        flips, where = self.flips, self.directory / fmt.SUPERVISION_FILE
+        if flips.size and (flips[0] < 0 or flips[-1] >= self.tokens.shape[0] or np.any(np.diff(flips) <= 0)):
+            raise InvalidInputError(f"{where}: the flips do not rise inside the {self.tokens.shape[0]} tokens")
+        firsts = self.token_offsets[:-1]
+        on_first = np.flatnonzero(np.isin(flips, firsts))
+        if on_first.size:
+            raise InvalidInputError(f"{where}: flip {int(on_first[0])} falls on an example's first token, "
+                                    f"which is no target")
+        self.targets = range_target_counts(flips, firsts, self.token_offsets[1:])
+        none = np.flatnonzero(self.targets == 0)
+        if none.size:
+            raise InvalidInputError(f"{where}: placement {int(none[0])} has no supervised target")
+
+    def _check_examples(self, config: PackConfig, long: str, record: dict) -> None:
         """The examples are the documents' ranges the pack makes (what ``example`` and
-        ``example_id`` rely on to rebuild and name a document)."""
+        ``example_id`` rely on to rebuild and name a document), but for the windows left
+        out for having no supervised target, which the manifest counts."""
         documents, ranges = document_examples(np.ascontiguousarray(self.documents[:, 2]), config.capacity, long)
+        where = f"{self.directory / 'examples.npy'}: the examples are not the documents' ranges for capacity " \
+                f"{config.capacity}"
+        if self.supervised:
+            skipped = record["skipped_unsupervised_windows"]
+            found = np.column_stack([documents, ranges])
+            expected = found.shape[0] - self.example_count
+            if expected != skipped:
+                raise InvalidInputError(f"{where} ({expected} windows missing; the manifest records {skipped!r} "
+                                        f"left out)")
+            if skipped:  # the windows the examples name (by their first token's place), in order
+                sizes = np.ascontiguousarray(self.documents[:, 2])
+                starts = np.concatenate(([0], np.cumsum(sizes)))
+                named = np.clip(self.examples[:, 0], 0, sizes.shape[0] - 1)
+                at = np.searchsorted(starts[documents] + ranges[:, 0], starts[named] + self.examples[:, 1])
+                at = np.minimum(at, found.shape[0] - 1)
+                if np.any(np.diff(at) <= 0):
+                    raise InvalidInputError(f"{where} (a window appears twice)")
+                documents, ranges = documents[at], ranges[at]
         if not (np.array_equal(documents, self.examples[:, 0]) and np.array_equal(ranges, self.examples[:, 1:])):
-            raise InvalidInputError(f"{self.directory / 'examples.npy'}: the examples are not the documents' "
-                                    f"ranges for capacity {config.capacity}")
+            raise InvalidInputError(where)
 
     def _check_counts(self, record: dict, config: PackConfig) -> None:
         """The part's recorded counts are the ones its files give (no token is read)."""
@@ -226,6 +288,8 @@ class Part:
         derived = {"tokens": self.tokens.shape[0], "document_tokens": int(self.documents[:, 2].sum()),
                    "batches": -(-self.row_count // config.rows_per_batch), "valid_targets": int(lengths.sum()),
                    "permitted_edges": permitted_edges(lengths)}
+        if self.supervised:
+            derived["supervised_targets"] = int(self.targets.sum())
         for key, value in derived.items():
             if record[key] != value:
                 raise InvalidInputError(f"{self.directory.parent / fmt.MANIFEST}: part {self.name} records {key} "
@@ -243,6 +307,11 @@ class Part:
         at = int(self.placement_of[local])
         return np.asarray(self.tokens[self.token_offsets[at]: self.token_offsets[at + 1]], dtype=np.int32)
 
+    def source_supervision(self, local: int) -> np.ndarray:
+        """Example ``local``'s supervision (bool, aligned with its source tokens)."""
+        at = int(self.placement_of[local])
+        return supervision_of(self.flips, int(self.token_offsets[at]), int(self.token_offsets[at + 1]))
+
 
 class _BatchSource:
     """The examples of one loaded batch, as an ``ExampleSource`` over its own int32 tokens;
@@ -252,9 +321,10 @@ class _BatchSource:
     held_bytes_per_example = 0
     first_ordinal = 0
 
-    def __init__(self, dataset: "PackedDataset", tokens, ordinals, begins, ends):
+    def __init__(self, dataset: "PackedDataset", tokens, supervised, ordinals, begins, ends):
         self._dataset = dataset
-        self._tokens, self._ordinals, self._begins, self._ends = tokens, ordinals, begins, ends
+        self._tokens, self._supervised = tokens, supervised
+        self._ordinals, self._begins, self._ends = ordinals, begins, ends
 
     def __len__(self) -> int:
         return self._dataset.occurrence_count
@@ -271,13 +341,13 @@ class _BatchSource:
 
     def gather(self, ordinals: np.ndarray):
         if ordinals is self._ordinals:  # the fill asks for the batch's own placement order
-            return self._tokens, self._begins, self._ends
+            return self._tokens, self._supervised, self._begins, self._ends
         known = self._ordinals[self._sorter]
         at = np.minimum(np.searchsorted(known, ordinals), known.shape[0] - 1)
         if not np.array_equal(known[at], ordinals):
             raise InvalidInputError("an occurrence names an example outside this batch")
         index = self._sorter[at]
-        return self._tokens, self._begins[index], self._ends[index]
+        return self._tokens, self._supervised, self._begins[index], self._ends[index]
 
 
 class PackedDataset:
@@ -314,7 +384,9 @@ class PackedDataset:
         except (KeyError, TypeError, ValueError) as error:  # InvalidInputError from the checks too
             raise malformed(self.path, error) from None
         try:
-            self.parts = [Part(self.path / record["name"], record, self.config, self.token_dtype, self.long)
+            self.version = manifest["format_version"]
+            self.parts = [Part(self.path / record["name"], record, self.config, self.token_dtype, self.long,
+                               self.version)
                           for record in records]
         except InvalidInputError:  # a file that disagrees with the manifest, named
             raise
@@ -337,6 +409,7 @@ class PackedDataset:
         largest = max(int(np.diff(part.bounds).max()) for part in self.parts)
         tokens = max(int(np.diff(part.token_offsets[part.bounds]).max()) for part in self.parts)
         index_bytes = sum(8 * (4 * part.example_count + part.batch_count) for part in self.parts)
+        index_bytes += sum(8 * (part.example_count + part.flips.shape[0]) for part in self.parts if part.supervised)
         #: Bytes one built batch holds, with its int32 tokens: what ``max_memory_bytes`` caps.
         self.batch_peak = budget.batch_bytes(self.largest_batch_rows, largest, self.config.capacity) + 4 * tokens
         #: Bytes held: the index arrays (memory-mapped from the files) and one built batch.
@@ -353,7 +426,7 @@ class PackedDataset:
                     raise InvalidInputError(f"{where}: part {record['name']} records {first} {record[first]!r}; "
                                             f"the parts before it hold {running[first]} {count}")
                 running[first] += record[count]
-        for key in fmt.COUNTS:
+        for key in fmt.counts_of(self.version):
             total = sum(record[key] for record in records)
             if counts[key] != total:
                 raise InvalidInputError(f"{where}: counts records {key} {counts[key]!r}; the parts hold {total}")
@@ -411,7 +484,8 @@ class PackedDataset:
                                     f"vocabulary [0, {self.binding.vocabulary_size})")
         ordinals = part.ordinals[first:end] + part.first_example
         begins, ends = offsets[:-1] - offsets[0], offsets[1:] - offsets[0]
-        source = _BatchSource(self, tokens, ordinals, begins, ends)
+        supervised = None if part.flips is None else supervision_of(part.flips, int(offsets[0]), int(offsets[-1]))
+        source = _BatchSource(self, tokens, supervised, ordinals, begins, ends)
         placements = Placements(ordinals, part.rows[first:end] - local * per_batch, part.starts[first:end],
                                 part.lengths[first:end], ordinals.astype(np.int32))
         rows = min(per_batch, part.row_count - local * per_batch)
@@ -434,8 +508,8 @@ class PackedDataset:
         return self.batches()
 
     def batch_targets(self) -> np.ndarray:
-        """Valid targets of every batch (the loss denominators), without building any."""
-        return np.concatenate([np.add.reduceat(part.lengths, part.bounds[:-1]) if part.batch_count
+        """Supervised targets of every batch (the loss denominators), without building any."""
+        return np.concatenate([np.add.reduceat(part.targets, part.bounds[:-1]) if part.batch_count
                                else np.zeros(0, np.int64) for part in self.parts])
 
     def lengths(self) -> np.ndarray:
@@ -477,11 +551,21 @@ class PackedDataset:
         document, start, stop = (int(v) for v in part.examples[local])
         column = np.ascontiguousarray(part.examples[:, 0])
         first, end = np.searchsorted(column, document), np.searchsorted(column, document, side="right")
+        windows = part.examples[int(first):int(end)]
+        if windows[0, 1] != 0 or windows[-1, 2] != part.documents[document, 2] \
+                or np.any(windows[1:, 1] != windows[:-1, 2] - 1):
+            raise InvalidInputError(f"example {ordinal} ({self.example_id(ordinal)}): a window of its document "
+                                    f"was left out (no supervised target), so the document cannot be rebuilt")
         pieces = [part.source_tokens(i) for i in range(int(first), int(end))]
         # Windows of one document share one token with the next: keep it once.
         tokens = np.concatenate([pieces[0]] + [piece[1:] for piece in pieces[1:]])
+        supervised = None
+        if part.flips is not None:
+            marks = [part.source_supervision(i) for i in range(int(first), int(end))]
+            supervised = np.concatenate([marks[0]] + [mark[1:] for mark in marks[1:]])
         doc = BatchDocument(f"document {part.first_document + document}", tokens, self.partition)
-        return SequenceExample.from_range(self.example_id(ordinal), doc, (start, stop), self.binding)
+        return SequenceExample.from_range(self.example_id(ordinal), doc, (start, stop), self.binding,
+                                          supervised=supervised)
 
 
 def open_dataset(path, *, threads: int | None = None) -> PackedDataset:

@@ -1,4 +1,4 @@
-"""Tokenizing chunks of documents into framed token arrays, validated under a binding.
+"""Tokenizers for corpora, and framing their documents.
 
 Two tokenizers: seqpack's :class:`~seqpack.ByteTokenizer`, and any Hugging Face
 ``tokenizers`` JSON file (:class:`TokenizerFile`, the ``hf`` extra), bound by identity:
@@ -6,9 +6,7 @@ the SHA-256 of the file, its vocabulary size (added tokens included) and the BOS
 EOS IDs, so seqpack never decodes the user's text. Texts are encoded a chunk at a time
 with the tokenizer's own parallelism (``encode_batch``); neither tokenizer adds special
 tokens, truncates or pads: seqpack frames every document ``[BOS, content..., EOS]``
-itself. Pre-tokenized documents are framed the same way (or taken as already framed).
-Every chunk is validated in one kernel pass, and an error names the document's file and
-line (or row).
+itself (:func:`frame`). :mod:`seqpack.io.chunks` encodes and validates the readers' chunks.
 """
 
 from __future__ import annotations
@@ -17,18 +15,15 @@ import hashlib
 import numbers
 import re
 import threading
-from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 
 import numpy as np
 
-from .._limits import INT32_MAX, check_bool, kernel_threads
-from ..data import _validate
-from ..data.binding import BatchBinding
+from .._limits import INT32_MAX
 from ..data.tokenizer import TokenizerIdentity
-from ..errors import InvalidInputError, SeqpackError
-from .readers import DocumentChunk, Input, missing_extra, not_a_file
+from ..errors import InvalidInputError
+from .readers import missing_extra, not_a_file
 
 
 def file_sha256(path) -> str:
@@ -180,11 +175,6 @@ class TokenizerFile:
         return flat, offsets
 
 
-def _document_of(offsets: np.ndarray, index: int) -> int:
-    """The document whose tokens hold flat ``index`` (``offsets`` rise from 0)."""
-    return int(np.searchsorted(offsets, index, side="right")) - 1
-
-
 class TokenizerFailure(InvalidInputError):
     """The tokenizers library could not encode text ``index`` of a batch (None: the batch)."""
 
@@ -208,126 +198,3 @@ def frame(content: np.ndarray, offsets: np.ndarray, bos: int, eos: int) -> tuple
     tokens[framed[:-1]] = bos
     tokens[framed[1:] - 1] = eos
     return tokens, framed
-
-
-@dataclass
-class Encoded:
-    """A chunk's valid documents: framed int32 ``tokens`` with int64 ``offsets``, each
-    document's ``inputs`` and ``locations``, and how many empty documents were skipped."""
-
-    tokens: np.ndarray
-    offsets: np.ndarray
-    inputs: np.ndarray
-    locations: np.ndarray
-    skipped: int
-
-
-class ChunkEncoder:
-    """Turns document chunks into validated framed tokens under ``binding``.
-
-    ``tokenizer`` is the binding's ``ByteTokenizer`` or a :class:`TokenizerFile`;
-    pre-tokenized chunks are framed with the binding's BOS and EOS unless ``framed``
-    (their IDs then already start with BOS and end with EOS). Documents with no content
-    are skipped and counted; every other rule break is an error naming the document.
-    """
-
-    def __init__(self, binding: BatchBinding, tokenizer, inputs: list[Input], *, framed: bool = False,
-                 threads: int | None = None):
-        self.binding = binding
-        self.tokenizer = tokenizer
-        self.inputs = inputs
-        self.framed = check_bool("framed", framed)
-        self.threads = kernel_threads(threads)
-        # With two threads or more, one reads the next chunk ahead (see ``read_ahead``) and
-        # the validation kernel takes the rest: at most ``threads`` cores are busy.
-        self.read_ahead = self.threads > 1
-        self.validation_threads = self.threads - 1 if self.read_ahead else 1
-
-    def where(self, chunk: DocumentChunk, index: int) -> str:
-        return self.inputs[int(chunk.inputs[index])].where(int(chunk.locations[index]))
-
-    def encode(self, chunk: DocumentChunk) -> Encoded:
-        binding = self.binding
-        if chunk.ids is not None:
-            values, offsets = chunk.ids
-            if values.size and values.dtype.kind not in "iu":
-                raise InvalidInputError(f"{self.where(chunk, 0)}: token IDs must be integers, not {values.dtype}")
-            self._check_int32(chunk, values, offsets)
-            if isinstance(self.tokenizer, TokenizerFile) and (bad := self.tokenizer.first_unknown(values)) >= 0:
-                raise InvalidInputError(f"{self.where(chunk, _document_of(offsets, bad))}: token ID {int(values[bad])} "
-                                        f"names no token of {self.tokenizer.path.name} (a gap in its IDs)")
-            if self.framed:
-                tokens = np.ascontiguousarray(values, dtype=np.int32)
-            else:
-                tokens, offsets = frame(values, offsets, binding.bos_id, binding.eos_id)
-        elif isinstance(self.tokenizer, TokenizerFile):
-            texts = [self._text(chunk, i, t) for i, t in enumerate(chunk.text_list())]
-            try:
-                content, offsets = self.tokenizer.encode(texts)
-            except TokenizerFailure as failure:
-                where = (self.where(chunk, failure.index) if failure.index is not None
-                         else f"{self.where(chunk, 0)} to {self.where(chunk, len(texts) - 1)}")
-                raise InvalidInputError(f"{where}: {failure}") from None
-            tokens, offsets = frame(content, offsets, binding.bos_id, binding.eos_id)
-        elif not self.tokenizer.merges:  # bytes: ID = byte + 2, no merges to apply
-            data, offsets = chunk.joined_bytes()
-            tokens, offsets = frame(data.astype(np.int32) + 2, offsets, binding.bos_id, binding.eos_id)
-        else:
-            documents = [self.tokenizer.encode_document(t) for t in chunk.text_list()]
-            offsets = np.zeros(len(documents) + 1, dtype=np.int64)
-            np.cumsum([len(d) for d in documents], out=offsets[1:])
-            tokens = np.concatenate(documents) if documents else np.zeros(0, np.int32)
-        return self._validated(chunk, tokens, offsets)
-
-    def _text(self, chunk: DocumentChunk, index: int, text) -> str:
-        if isinstance(text, str):
-            return text
-        try:
-            return text.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise InvalidInputError(f"{self.where(chunk, index)}: not UTF-8 text (byte {error.start})") from None
-
-    def _check_int32(self, chunk: DocumentChunk, values: np.ndarray, offsets: np.ndarray) -> None:
-        if not values.size or np.can_cast(values.dtype, np.int32):
-            return
-        low, high = int(values.min()), int(values.max())
-        if low >= -INT32_MAX - 1 and high <= INT32_MAX:
-            return
-        bad = np.flatnonzero((values < -INT32_MAX - 1) | (values > INT32_MAX))[0]
-        raise InvalidInputError(f"{self.where(chunk, _document_of(offsets, bad))}: token ID {int(values[bad])} "
-                                f"does not fit int32")
-
-    def _validated(self, chunk: DocumentChunk, tokens: np.ndarray, offsets: np.ndarray) -> Encoded:
-        """Skip empty documents, check the rest in one kernel pass, name the first bad one."""
-        binding = self.binding
-        inputs, locations = chunk.inputs, chunk.locations
-        lengths = np.diff(offsets)
-        pairs = offsets[:-1][lengths == 2]
-        empty = np.zeros(lengths.shape[0], dtype=bool)
-        empty[lengths == 2] = (tokens[pairs] == binding.bos_id) & (tokens[pairs + 1] == binding.eos_id)
-        skipped = int(empty.sum())
-        if skipped:  # [BOS, EOS]: no content, so no example
-            keep = ~empty
-            tokens = tokens[np.repeat(keep, lengths)]
-            offsets = np.concatenate(([0], np.cumsum(lengths[keep])))
-            inputs, locations = inputs[keep], locations[keep]
-        if offsets.shape[0] == 1:
-            return Encoded(tokens, offsets, inputs, locations, skipped)
-        pieces = binding.tokenizer.piece_lengths if binding.tokenizer is not None else np.zeros(0, np.int64)
-        checked = np.empty_like(tokens)
-        document, _ = _validate.first_bad_document(
-            tokens, offsets, pieces, binding.vocabulary_size, binding.bos_id, binding.eos_id,
-            binding.limits.max_tokens, binding.limits.max_bytes, checked,
-            self.validation_threads if tokens.shape[0] >= 1 << 20 else 1,
-        )
-        if document < 0:
-            return Encoded(checked, offsets, inputs, locations, skipped)
-        where = self.inputs[int(inputs[document])].where(int(locations[document]))
-        try:
-            binding.validate_document(tokens[int(offsets[document]): int(offsets[document + 1])])
-        except SeqpackError as error:
-            message = f"{where}: {error}"
-            if chunk.ids is not None and not self.framed and "position" in message:
-                message += " (positions count the BOS seqpack put before the IDs: the IDs' own index is one less)"
-            raise type(error)(message) from None
-        raise AssertionError(f"{where}: failed the bulk check but passed the per-document one")

@@ -18,6 +18,19 @@ subdirectory (``part-00000``...) packed on its own:
 ``documents.npy``
     int64 ``[documents, 3]``: the input (an index into the manifest's ``inputs``), the
     place in it (line, row or sequence) and the framed token count of each document.
+``supervision.npy`` (format version 2 only)
+    Which targets count in the loss, as *flips*: the sorted positions in ``tokens.bin``
+    whose supervision differs from the token before (the one before the first counts
+    as supervised); uint32 when the part holds fewer than 2**32 tokens, else int64. An
+    example's first token is no target and takes the state before it, so a flip never
+    falls on one: a prompt and its completion cost two integers, a fully supervised
+    example none.
+
+A dataset is written in version 2 when its inputs carry supervision (prompt-completion
+records, conversations, or mask columns): its manifest then records under
+``supervision`` what was applied, and its counts and parts ``supervised_targets`` and
+``skipped_unsupervised_windows`` (``--cut-long`` windows with no supervised target,
+left out). Any other dataset is written in version 1, byte for byte as before; both open.
 
 ``manifest.json`` records the format version, the binding (tokenizer identity, split
 digest, limits), partition, config, policy, token dtype, inputs, counts, the
@@ -67,12 +80,17 @@ from .._limits import check_bool
 from ..errors import InvalidInputError
 
 FORMAT = "seqpack-packed-dataset"
-FORMAT_VERSION = 1
+#: The version written for a dataset with supervision; one without is written as version 1.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 SEAL = "seal"
 #: How many levels of keys the seal names: ``binding.limits.max_tokens`` is three.
 SEAL_DEPTH = 3
 PART_FILES = ("tokens.bin", "occurrences.npy", "examples.npy", "documents.npy")
+SUPERVISION_FILE = "supervision.npy"
+#: The counts a version-2 dataset adds (totals of the parts', like ``COUNTS``).
+SUPERVISION_COUNTS = ("supervised_targets", "skipped_unsupervised_windows")
 #: The manifest's totals, each the sum of the parts' counts of that name.
 COUNTS = ("documents", "examples", "tokens", "document_tokens", "rows", "batches", "valid_targets",
           "permitted_edges", "skipped_empty_documents")
@@ -80,6 +98,21 @@ COUNTS = ("documents", "examples", "tokens", "document_tokens", "rows", "batches
 FIRSTS = {"first_example": "examples", "first_document": "documents", "first_row": "rows", "first_batch": "batches"}
 #: Vocabularies up to this size store uint16 tokens.
 UINT16_VOCABULARY = 1 << 16
+
+
+def part_files(version: int) -> tuple[str, ...]:
+    """The files a part of a dataset of format ``version`` holds."""
+    return PART_FILES if version == 1 else (*PART_FILES, SUPERVISION_FILE)
+
+
+def counts_of(version: int) -> tuple[str, ...]:
+    """The manifest's totals in format ``version``."""
+    return COUNTS if version == 1 else (*COUNTS, *SUPERVISION_COUNTS)
+
+
+def flips_dtype(tokens: int) -> np.dtype:
+    """``supervision.npy``'s dtype for a part of ``tokens`` tokens."""
+    return np.dtype("<u4") if tokens < 1 << 32 else np.dtype("<i8")
 
 
 def token_dtype(vocabulary_size: int) -> np.dtype:
@@ -201,7 +234,8 @@ def _stranger(directory: Path) -> str | None:
         elif not _is_part(entry.name) or entry.is_symlink() or not entry.is_dir():
             return repr(entry.name)
         else:
-            inside = sorted(child.name for child in entry.iterdir() if child.name not in PART_FILES)
+            inside = sorted(child.name for child in entry.iterdir()
+                            if child.name not in (*PART_FILES, SUPERVISION_FILE))
             if inside:
                 return repr(f"{entry.name}/{inside[0]}")
     return None
@@ -556,9 +590,10 @@ def read_manifest(directory, failure=InvalidInputError) -> dict:
         raise InvalidInputError(f"{path}: not valid JSON: {error}") from None
     if not _is_manifest(manifest):
         raise InvalidInputError(f"{path}: not a seqpack packed-dataset manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    version = manifest.get("format_version")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise InvalidInputError(
-            f"{path}: format version {manifest.get('format_version')!r}; this seqpack reads {FORMAT_VERSION}"
+            f"{path}: format version {version!r}; this seqpack reads {' and '.join(map(str, READABLE_VERSIONS))}"
         )
     check_seal(path, manifest, failure)
     return manifest

@@ -29,7 +29,7 @@ from ..data.binding import BatchBinding, Partition
 from ..errors import InvalidInputError, SeqpackError
 from ..packing.config import PackConfig
 from . import format as fmt
-from .encoding import ChunkEncoder
+from .chunks import ChunkEncoder, SupervisionOptions
 from .progress import Progress
 from .readers import (
     ArrowBatches,
@@ -37,13 +37,14 @@ from .readers import (
     Input,
     JsonLines,
     Reader,
+    SavedDataset,
     TextFiles,
-    batch_chunks,
     import_pyarrow,
+    record_chunks,
+    record_columns,
 )
-from .readers.arrow import _column_field
 from .writer import (STAGED_TOKENS, Stage, check_arguments, check_readers, describe_binding, manifest_of,
-                     no_content, output_path, stage_documents, write_part)
+                     no_content, output_path, stage_documents, supervise_part, write_part)
 
 #: What the manifest says about placement in a sharded dataset.
 PLACEMENT_SCOPE = "each shard (part) is placed on its own; rows and batches never span shards"
@@ -68,10 +69,10 @@ class RowGroups:
             handle = pa.parquet.ParquetFile(where.name, memory_map=True)
         except (pa.ArrowInvalid, OSError) as error:
             raise InvalidInputError(f"{where.name}: cannot read as parquet: {error}") from None
-        column, ids = _column_field(handle.schema_arrow.names, self.text_field, self.ids_field, where.name)
+        fields = record_columns(handle.schema_arrow.names, self.text_field, self.ids_field, where.name)
         batches = handle.iter_batches(batch_size=ArrowBatches.BATCH_ROWS, row_groups=list(self.groups),
-                                      columns=[column])
-        yield from batch_chunks(batches, column, ids, first_input, self.first_row, where)
+                                      columns=list(fields.read))
+        yield from record_chunks(batches, fields, first_input, self.first_row, where)
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,8 @@ def units_of(reader: Reader, first_input: int) -> list[Unit]:
             row += info.num_rows
         if units:
             return units
+    if isinstance(reader, SavedDataset):  # a directory: its data files' bytes
+        return [Unit(reader, first_input, sum(path.stat().st_size for path in reader.files))]
     weight = _file_bytes(reader.inputs) or int(getattr(getattr(reader, "source", None), "nbytes", 0) or 0)
     return [Unit(reader, first_input, weight)]
 
@@ -206,6 +209,7 @@ class ShardJob:
     long: str
     framed: bool
     threads: int | None
+    supervision: SupervisionOptions = SupervisionOptions()
 
 
 def pack_shard(job: ShardJob, shard: Shard, staging: Path) -> tuple[dict, int]:
@@ -221,7 +225,8 @@ def pack_shard(job: ShardJob, shard: Shard, staging: Path) -> tuple[dict, int]:
     attempt.mkdir()
     quiet = Progress(enabled=False)
     try:
-        encoder = ChunkEncoder(job.binding, job.tokenizer, job.inputs, framed=job.framed, threads=job.threads)
+        encoder = ChunkEncoder(job.binding, job.tokenizer, job.inputs, framed=job.framed, threads=job.threads,
+                               supervision=job.supervision)
         stage = Stage(attempt / STAGED_TOKENS, fmt.token_dtype(job.binding.vocabulary_size))
         try:
             staged = stage_documents(list(shard.units), encoder, stage, capacity=job.config.capacity, long=job.long,
@@ -277,19 +282,23 @@ class ShardProgress(Progress):
 def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer, config: PackConfig,
                  shards: int | None, policy: str = "next-fit", partition: Partition = Partition.TRAIN,
                  long: str = "error", framed: bool = False, force: bool = False, progress: bool = False,
-                 threads: int | None = None, run: Runner | None = None) -> dict:
+                 threads: int | None = None, run: Runner | None = None, completion_only_loss: bool = True,
+                 chat_template: str | None = None, assistant_only_loss: bool = False) -> dict:
     """Pack ``readers`` at ``out`` as one dataset of one part per shard; return its manifest.
 
     The arguments are :func:`~seqpack.io.pack_corpus`'s, plus ``shards`` (at most that
     many, or ``None`` for one per ``SHARD_BYTES``; see :func:`plan_shards`) and ``run``
     (default :func:`run_serially`); ``progress`` draws a bar over shards and tokens. Example ordinals, documents, rows and batches
     are global in shard order, then input order. Every runner gives the same bytes.
+    When some shard's inputs carry supervision, every part gets a supervision file
+    (those without, an empty one) and the dataset is format version 2.
     """
     out = output_path(out)
     check_arguments(binding, tokenizer, config, policy, partition, long)
     readers = check_readers(readers)
     inputs, planned = plan_shards(readers, shards)
-    job = ShardJob(binding, tokenizer, inputs, config, policy, long, framed, threads)
+    options = SupervisionOptions(completion_only_loss, chat_template, assistant_only_loss)
+    job = ShardJob(binding, tokenizer, inputs, config, policy, long, framed, threads, options)
     records: list = [None] * len(planned)
     input_bytes = 0
     with fmt.staging_directory(out, force, inputs) as staging:
@@ -316,6 +325,10 @@ def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer
             raise no_content()
         # Shards of nothing but empty documents have no part; their count goes to the first part.
         parts[0]["skipped_empty_documents"] += sum(r["skipped_empty_documents"] for r in records if r["name"] is None)
+        if any("supervision" in record for record in parts):
+            for record in parts:
+                if "supervision" not in record:
+                    supervise_part(staging / record["name"], record)
         names = {record["name"] for record in parts}
         for entry in staging.iterdir():  # what killed attempts left
             if entry.name not in names:
@@ -325,6 +338,7 @@ def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer
             dtype=fmt.token_dtype(binding.vocabulary_size), long=long,
             inputs=[{"name": item.name, "kind": item.kind, "unit": item.unit} for item in inputs],
             extra={"input_bytes": input_bytes, "shards": {"count": len(planned), "placement": PLACEMENT_SCOPE}},
+            options=options,
         )
         fmt.publish(staging, out, manifest, force)
     return manifest

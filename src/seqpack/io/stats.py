@@ -71,6 +71,10 @@ def stats_text(stats: dict) -> str:
         ("rows / batches", f"{report['rows']:,} / {report['batches']:,}"),
         ("cells", f"{report['cells']:,}"),
         ("valid targets", f"{report['valid_targets']:,}"),
+        *([("supervised targets", f"{counts['supervised_targets']:,} "
+                                  f"({counts['supervised_targets'] / report['valid_targets']:.4f} of the valid; "
+                                  f"{counts['skipped_unsupervised_windows']:,} windows without one left out)")]
+          if "supervised_targets" in counts else []),
         ("real-target fraction", f"{report['real_target_fraction']:.4f}"),
         ("padding cells", f"{report['padding_cells']:,}"),
         ("full rows", f"{fill['full_rows']:,} of {report['rows']:,} (mean fill {fill['mean']:.4f})"),

@@ -11,7 +11,9 @@ document is longer than the binding's ``max_tokens`` (``long_documents`` is chec
 open: examples must be the documents whole, or their windows for ``cut``), and every
 count matches: each part's against its files, the firsts and totals against the parts
 (checked on open), the report against the one the parts give, the shard count against
-the parts. Finally every batch is built and ``verify()``-ed. The first failure raises
+the parts; the supervision's flips rise, none falls on an example's first token, every
+example has a supervised target and the supervised counts are the files'. Finally every
+batch is built and ``verify()``-ed (its ``loss_mask`` against the flips). The first failure raises
 :class:`~seqpack.errors.VerificationError` naming the file and the field.
 """
 
@@ -54,7 +56,7 @@ def check_checksums(path: Path, manifest: dict, progress: Progress) -> int:
         listed = [(path / part["name"] / name, record) for part in manifest["parts"]
                   for name, record in part["files"].items()]
         for part in manifest["parts"]:
-            missing = set(fmt.PART_FILES) - set(part["files"])
+            missing = set(fmt.part_files(manifest["format_version"])) - set(part["files"])
             if missing:
                 raise VerificationError(f"{path / fmt.MANIFEST}: part {part['name']} lists no {sorted(missing)[0]}")
         expected = [(file, int(record["bytes"]), str(record["sha256"])) for file, record in listed]
@@ -122,7 +124,9 @@ def check_part(dataset: PackedDataset, part: Part) -> None:
         _fail(part.directory / "tokens.bin", "a document does not start with BOS")
     # Windows of one document share one token (the last input of one is the first of the next).
     if part.example_count > 1:
-        same = np.flatnonzero(part.examples[1:, 0] == part.examples[:-1, 0])
+        # (A window left out for having no supervised target breaks the chain: no pair there.)
+        same = np.flatnonzero((part.examples[1:, 0] == part.examples[:-1, 0])
+                              & (part.examples[1:, 1] == part.examples[:-1, 2] - 1))
         if same.size:
             at = part.placement_of
             last = np.asarray(tokens[part.token_offsets[at[same] + 1] - 1])

@@ -13,15 +13,17 @@ naming its file and line unless ``long="cut"``; nothing is ever truncated. See
 
 from __future__ import annotations
 
+import hashlib
 import os
 from contextlib import closing
 from dataclasses import dataclass
-from importlib.metadata import version
+from importlib.metadata import version as package_version
 from pathlib import Path
 
 import numpy as np
 
 from ..data.binding import BatchBinding, Partition, check_partition
+from ..data.supervision import flips_of, placed_flips, range_target_counts
 from ..data.table import LONG_DOCUMENTS
 from ..data.tokenizer import ByteTokenizer
 from ..data.windows import document_examples
@@ -32,7 +34,8 @@ from ..packing.gather import gather_ranges
 from ..packing.placement import check_policy, place
 from ..packing.report import EfficiencyReport
 from . import format as fmt
-from .encoding import ChunkEncoder, Encoded, TokenizerFile
+from .chunks import ChunkEncoder, Encoded, SupervisionOptions
+from .encoding import TokenizerFile
 from .progress import Progress
 from .readers import Reader, read_ahead
 
@@ -45,15 +48,25 @@ STAGE_MEMORY_BYTES = 1 << 30
 
 class Stage:
     """Framed tokens of the documents read so far, in input order: held in memory until
-    they pass ``limit`` bytes, then spilled to ``path`` (in the temporary output directory)."""
+    they pass ``limit`` bytes, then spilled to ``path`` (in the temporary output directory).
+    Their supervision is kept as flips (see :mod:`seqpack.io.format`), in memory."""
 
     def __init__(self, path: Path, dtype: np.dtype, limit: int = STAGE_MEMORY_BYTES):
         self.path, self.dtype, self.limit = path, dtype, limit
         self._held: list[np.ndarray] = []
         self._file = None
         self.nbytes = 0
+        self._flips: list[np.ndarray] = []
+        self._last = True  # the supervision of the last staged token
 
-    def add(self, tokens: np.ndarray) -> None:
+    def add(self, tokens: np.ndarray, supervised: np.ndarray | None = None) -> None:
+        start = self.nbytes // self.dtype.itemsize
+        if supervised is not None and supervised.size:
+            self._flips.append(flips_of(supervised, start, self._last))
+            self._last = bool(supervised[-1])
+        elif supervised is None and tokens.size and not self._last:  # every target supervised again
+            self._flips.append(np.array([start], np.int64))
+            self._last = True
         tokens = tokens.astype(self.dtype, copy=False)
         self.nbytes += tokens.nbytes
         if self._file is None and self.nbytes <= self.limit:
@@ -65,6 +78,10 @@ class Stage:
                 self._file.write(memoryview(held).cast("B"))
             self._held = []
         self._file.write(memoryview(tokens).cast("B"))
+
+    def flips(self) -> np.ndarray:
+        """The staged tokens' flips (int64)."""
+        return np.concatenate(self._flips) if self._flips else np.zeros(0, np.int64)
 
     def pieces(self) -> list[np.ndarray]:
         """The staged tokens: the chunks held in memory, or one memory map once spilled."""
@@ -84,7 +101,10 @@ class Stage:
 @dataclass
 class Staged:
     """Validated documents: their framed tokens back to back, in ``pieces`` (arrays that
-    each hold whole documents), and per document its token count, input and place in it."""
+    each hold whole documents), and per document its token count, input and place in it.
+    With supervision, ``flips`` describes it, ``supervision`` names its sources, and
+    ``mismatched`` counts the prompts that are no prefix of their record (``first_mismatched``
+    names the first); without, ``flips`` is None."""
 
     pieces: list
     lengths: np.ndarray
@@ -92,6 +112,10 @@ class Staged:
     locations: np.ndarray
     skipped_empty: int
     input_bytes: int
+    flips: np.ndarray | None = None
+    supervision: tuple = ()
+    mismatched: int = 0
+    first_mismatched: str | None = None
 
     @property
     def token_count(self) -> int:
@@ -107,8 +131,8 @@ def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, 
     is an error unless ``require_content`` is false (a shard of a larger corpus).
     """
     lengths, inputs, locations = [], [], []
-    skipped = input_bytes = 0
-    first_input = 0
+    skipped = input_bytes = mismatched = 0
+    first_input, first_mismatched, supervision = 0, None, set()
     for reader in readers:
         with closing(read_ahead(reader.chunks(first_input), enabled=encoder.read_ahead)) as chunks:
             for chunk in chunks:
@@ -116,7 +140,13 @@ def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, 
                 document_lengths = np.diff(encoded.offsets)
                 if long == "error":
                     check_lengths(encoder, encoded, document_lengths, capacity)
-                stage.add(encoded.tokens)
+                stage.add(encoded.tokens, encoded.supervised)
+                supervision.update(encoded.supervision)
+                if encoded.mismatched is not None and encoded.mismatched.size:
+                    mismatched += int(encoded.mismatched.size)
+                    if first_mismatched is None:
+                        at = int(encoded.mismatched[0])
+                        first_mismatched = encoder.inputs[int(encoded.inputs[at])].where(int(encoded.locations[at]))
                 lengths.append(document_lengths)
                 inputs.append(encoded.inputs)
                 locations.append(encoded.locations)
@@ -125,7 +155,9 @@ def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, 
                 progress.reading(len(document_lengths), int(encoded.tokens.shape[0]), chunk.nbytes)
         first_input += len(reader.inputs)
     join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
-    result = Staged(stage.pieces(), join(lengths), join(inputs), join(locations), skipped, input_bytes)
+    result = Staged(stage.pieces(), join(lengths), join(inputs), join(locations), skipped, input_bytes,
+                    stage.flips() if supervision else None, tuple(sorted(supervision)), mismatched,
+                    first_mismatched)
     if require_content and not result.lengths.size:
         raise no_content()
     return result
@@ -160,8 +192,21 @@ def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str,
     """
     capacity, per_batch = config.capacity, config.rows_per_batch
     documents, ranges = document_examples(staged.lengths, capacity, long)
+    document_starts = np.zeros(staged.lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(staged.lengths, out=document_starts[1:])
+    begins = document_starts[documents] + ranges[:, 0]
+    ends = document_starts[documents] + ranges[:, 1]
+    skipped_windows = 0
+    if staged.flips is not None:
+        targets = range_target_counts(staged.flips, begins, ends)
+        keep = targets > 0  # a document has a supervised target (checked): only a window may not
+        skipped_windows = int(keep.shape[0] - np.count_nonzero(keep))
+        if skipped_windows:
+            documents, ranges, begins, ends, targets = documents[keep], ranges[keep], begins[keep], ends[keep], targets[keep]
     check_example_count(documents.shape[0])
     lengths = ranges[:, 1] - ranges[:, 0] - 1
+    if staged.flips is None:
+        targets = lengths
     placement = place(lengths, capacity, policy)
     if policy == "next-fit":  # rows never decrease in input order
         order = None
@@ -169,10 +214,6 @@ def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str,
     else:
         order = np.argsort(placement.rows * capacity + placement.starts, kind="stable")
         rows, starts = placement.rows[order], placement.starts[order]
-    document_starts = np.zeros(staged.lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(staged.lengths, out=document_starts[1:])
-    begins = document_starts[documents] + ranges[:, 0]
-    ends = document_starts[documents] + ranges[:, 1]
     directory.mkdir()
     files = {"tokens.bin": _write_tokens(directory / "tokens.bin", staged.pieces, begins, ends, order, progress)}
     ordinals = np.arange(documents.shape[0], dtype=np.int64) if order is None else order
@@ -180,18 +221,37 @@ def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str,
     files["examples.npy"] = fmt.write_array(directory / "examples.npy", np.column_stack([documents, ranges]))
     files["documents.npy"] = fmt.write_array(
         directory / "documents.npy", np.stack([staged.inputs, staged.locations, staged.lengths], 1))
-    sorted_lengths = lengths if order is None else lengths[order]
+    tokens = int((ends - begins).sum())
+    if staged.flips is not None:
+        placed = placed_flips(staged.flips, *((begins, ends) if order is None else (begins[order], ends[order])))
+        files[fmt.SUPERVISION_FILE] = fmt.write_array(directory / fmt.SUPERVISION_FILE,
+                                                      placed.astype(fmt.flips_dtype(tokens)))
+    sorted_targets = targets if order is None else targets[order]
     batch_count = -(-placement.row_count // per_batch)
     bounds = np.searchsorted(rows, np.arange(batch_count, dtype=np.int64) * per_batch)
-    batch_targets = np.add.reduceat(sorted_lengths, bounds)
+    batch_targets = np.add.reduceat(sorted_targets, bounds)
     report = EfficiencyReport.of(policy, capacity, placement.row_count, lengths, batch_targets)
-    return {
+    record = {
         "examples": int(documents.shape[0]), "documents": int(staged.lengths.shape[0]),
-        "tokens": int((ends - begins).sum()), "document_tokens": staged.token_count,
+        "tokens": tokens, "document_tokens": staged.token_count,
         "rows": placement.row_count, "batches": batch_count, "valid_targets": report.valid_targets,
         "permitted_edges": report.permitted_edges, "skipped_empty_documents": staged.skipped_empty,
         "files": files,
     }
+    if staged.flips is not None:
+        record.update(supervised_targets=report.supervised_targets, skipped_unsupervised_windows=skipped_windows,
+                      supervision={"applied": list(staged.supervision), "mismatched_prompts": staged.mismatched,
+                                   "first_mismatched_prompt": staged.first_mismatched})
+    return record
+
+
+def supervise_part(directory: Path, record: dict) -> None:
+    """Give a part packed without supervision the (empty) supervision file and counts of
+    a version-2 part, as if its inputs had carried masks of all ones."""
+    record["files"][fmt.SUPERVISION_FILE] = fmt.write_array(directory / fmt.SUPERVISION_FILE,
+                                                            np.zeros(0, fmt.flips_dtype(record["tokens"])))
+    record.update(supervised_targets=record["valid_targets"], skipped_unsupervised_windows=0,
+                  supervision={"applied": [], "mismatched_prompts": 0, "first_mismatched_prompt": None})
 
 
 def _write_tokens(path: Path, pieces: list, begins, ends, order, progress: Progress) -> dict:
@@ -246,16 +306,21 @@ def describe_binding(binding: BatchBinding, tokenizer) -> dict:
 
 
 def manifest_of(parts: list[dict], *, binding: dict, partition: Partition, config: PackConfig, policy: str,
-                dtype: np.dtype, long: str, inputs: list, extra: dict | None = None) -> dict:
+                dtype: np.dtype, long: str, inputs: list, extra: dict | None = None,
+                options: SupervisionOptions = SupervisionOptions()) -> dict:
     """The manifest of ``parts`` (records from :func:`write_part`, in order, each with
     its ``name``): assigns each part its first global example, document, row and batch,
-    and sums the counts and the report."""
+    and sums the counts and the report. Parts with supervision (every part, or none:
+    see :func:`supervise_part`) make a dataset of format version 2, recording what was
+    applied under ``options``; else it is version 1."""
+    supervision = supervision_record([part.pop("supervision", None) for part in parts], options)
+    version = 1 if supervision is None else fmt.FORMAT_VERSION
     running = dict.fromkeys(fmt.FIRSTS, 0)
     for part in parts:
         for first, count in fmt.FIRSTS.items():
             part[first] = running[first]
             running[first] += part[count]
-    counts = {key: sum(part[key] for part in parts) for key in fmt.COUNTS}
+    counts = {key: sum(part[key] for part in parts) for key in fmt.counts_of(version)}
     cells = counts["rows"] * config.capacity
     report = {
         "policy": policy, "capacity": config.capacity, "rows": counts["rows"], "batches": counts["batches"],
@@ -264,8 +329,12 @@ def manifest_of(parts: list[dict], *, binding: dict, partition: Partition, confi
         "permitted_edges": counts["permitted_edges"], "dense_score_positions": counts["rows"] * config.capacity**2,
         "permitted_fraction": counts["permitted_edges"] / (counts["rows"] * config.capacity**2),
     }
+    if supervision is not None and counts["supervised_targets"] != counts["valid_targets"]:
+        report["supervised_targets"] = counts["supervised_targets"]  # as EfficiencyReport.as_dict
+    if supervision is not None:
+        extra = {**(extra or {}), "supervision": supervision}
     return {
-        "format": fmt.FORMAT, "format_version": fmt.FORMAT_VERSION, "created_by": f"seqpack {version('seqpack')}",
+        "format": fmt.FORMAT, "format_version": version, "created_by": f"seqpack {package_version('seqpack')}",
         "binding": binding, "partition": partition.value,
         "config": {"capacity": config.capacity, "rows_per_batch": config.rows_per_batch,
                    "max_cells": config.max_cells, "max_memory_bytes": config.max_memory_bytes},
@@ -320,8 +389,17 @@ def check_readers(readers) -> list:
 def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer, config: PackConfig,
                 policy: str = "next-fit", partition: Partition = Partition.TRAIN, long: str = "error",
                 framed: bool = False, force: bool = False, progress: Progress | None = None,
-                threads: int | None = None) -> dict:
+                threads: int | None = None, completion_only_loss: bool = True, chat_template: str | None = None,
+                assistant_only_loss: bool = False) -> dict:
     """Pack every document of ``readers`` into a packed dataset at ``out``; return its manifest.
+
+    Records that carry supervision are encoded as TRL 1.16's ``SFTTrainer`` encodes them
+    and packed with it (a dataset of format version 2): prompt-completion records
+    (supervising the completion only unless ``completion_only_loss=False``; a record
+    whose prompt encoding is no prefix of the joint one is counted in the manifest),
+    conversations rendered with ``chat_template`` (the Jinja text; ``assistant_only_loss``
+    supervises its ``{% generation %}`` spans only), and token IDs beside
+    ``completion_mask``, ``assistant_masks`` or ``labels`` columns.
 
     ``tokenizer`` is ``binding.tokenizer`` (a ByteTokenizer) or a
     :class:`~seqpack.io.encoding.TokenizerFile` whose identity is the binding's.
@@ -344,7 +422,11 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
     no input uses (``--glob`` without a directory, ``--text-field`` or ``--ids-field``
     without JSONL, Parquet or Arrow, ``--framed`` without token IDs), and
     ``--text-field`` with ``--ids-field``; an ``out`` inside an input directory, or an
-    input inside ``out``.
+    input inside ``out``; a document none of whose targets is supervised; a label that
+    is neither -100 nor its token, a mask value other than 0 and 1; prompt-completion
+    records or conversations without a tokenizers file; conversations without a chat
+    template; ``assistant_only_loss`` without a chat template, or with one that has no
+    ``{% generation %}`` block; a conversation with no assistant token under it.
     """
     out = output_path(out)
     check_arguments(binding, tokenizer, config, policy, partition, long)
@@ -353,7 +435,8 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
         raise InvalidInputError(f"progress must be a Progress or None, not {type(progress).__name__}")
     progress = progress or Progress(enabled=False)
     inputs = [item for reader in readers for item in reader.inputs]
-    encoder = ChunkEncoder(binding, tokenizer, inputs, framed=framed, threads=threads)
+    options = SupervisionOptions(completion_only_loss, chat_template, assistant_only_loss)
+    encoder = ChunkEncoder(binding, tokenizer, inputs, framed=framed, threads=threads, supervision=options)
     with fmt.staging_directory(out, force, inputs) as staging:
         stage = Stage(staging / STAGED_TOKENS, fmt.token_dtype(binding.vocabulary_size))
         try:
@@ -367,7 +450,24 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
             [part], binding=describe_binding(binding, tokenizer), partition=partition, config=config,
             policy=policy, dtype=stage.dtype, long=long,
             inputs=[{"name": item.name, "kind": item.kind, "unit": item.unit} for item in inputs],
-            extra={"input_bytes": staged.input_bytes},
+            extra={"input_bytes": staged.input_bytes}, options=options,
         )
         fmt.publish(staging, out, manifest, force)
     return manifest
+
+
+def supervision_record(parts: list[dict | None], options: SupervisionOptions) -> dict | None:
+    """What the manifest records of the supervision the parts applied (None: none had any)."""
+    if all(part is None for part in parts):
+        return None
+    if any(part is None for part in parts):
+        raise AssertionError("some parts have supervision and some not: supervise_part the others")
+    template = options.chat_template
+    return {
+        "applied": sorted({name for part in parts for name in part["applied"]}),
+        "completion_only_loss": options.completion_only_loss, "assistant_only_loss": options.assistant_only_loss,
+        "chat_template_sha256": None if template is None else hashlib.sha256(template.encode("utf-8")).hexdigest(),
+        "mismatched_prompts": sum(part["mismatched_prompts"] for part in parts),
+        "first_mismatched_prompt": next((part["first_mismatched_prompt"] for part in parts
+                                         if part["first_mismatched_prompt"] is not None), None),
+    }

@@ -210,7 +210,9 @@ def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None
 def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str = "next-fit", shards: int | None = None,
                 address: str | None = None, workers: int | None = None, binding: BatchBinding | None = None,
                 partition: Partition = Partition.TRAIN, long: str = "error", framed: bool = False,
-                force: bool = False, progress: bool = False, threads: int = 1, max_retries: int = MAX_RETRIES) -> dict:
+                force: bool = False, progress: bool = False, threads: int = 1, max_retries: int = MAX_RETRIES,
+                completion_only_loss: bool = True, chat_template: str | None = None,
+                assistant_only_loss: bool = False) -> dict:
     """Pack ``inputs`` at ``out`` on a Ray cluster, one task per shard; return the manifest.
 
     ``inputs`` are readers or paths (read by :func:`seqpack.io.reader_for`);
@@ -227,7 +229,9 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
     is (then ``address`` is an error). ``threads`` must fit the cluster's largest node,
     and the output is checked before any cluster starts.
     The dataset's bytes equal :func:`seqpack.io.shards.pack_sharded`'s with the same
-    shards, whatever the number of workers or the order in which they finish.
+    shards, whatever the number of workers or the order in which they finish;
+    ``completion_only_loss``, ``chat_template`` and ``assistant_only_loss`` are
+    :func:`seqpack.io.pack_corpus`'s.
     """
     threads = 1 if threads is None else check_int("threads", threads, maximum=MAX_THREADS)
     max_retries = check_int("max_retries", max_retries, minimum=0)
@@ -259,6 +263,8 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
         return pack_sharded(
             readers, out, binding=binding, tokenizer=tokenizer, config=config, shards=shards, policy=policy,
             partition=partition, long=long, framed=framed, force=force, progress=progress, threads=threads,
+            completion_only_loss=completion_only_loss, chat_template=chat_template,
+            assistant_only_loss=assistant_only_loss,
             run=ray_runner(ray, cpus_per_task=threads, max_retries=max_retries, workers=workers, shutdown=started),
         )
     finally:

@@ -1,19 +1,25 @@
 """Parquet, Arrow IPC files and streams, Feather, ``pyarrow.Table`` and
-``datasets.Dataset``: record batches handed over as their buffers, with no Python object
-per document or token. pyarrow (the ``corpus`` extra) is imported by
-:func:`import_pyarrow` when data is opened, never when this module is.
+``datasets.Dataset``: record batches read by their columns' names, as
+:func:`~.jsonl.find_record_fields` finds them (``text``, ``prompt`` and ``completion``,
+``messages``, else ``input_ids`` with its mask columns). Text, token IDs and masks are
+handed over as their buffers (flat values and offsets: no Python object per document or
+token); prompts, completions and messages become Python objects, one per record. pyarrow
+(the ``corpus`` extra) is imported by :func:`import_pyarrow` when data is opened, never
+when this module is.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import InvalidInputError
-from .base import DocumentChunk, Input, check_fields, missing_extra, not_a_file
+from .base import DocumentChunk, Input, RecordReader, check_fields, missing_extra, not_a_file
+from .jsonl import RecordFields, find_record_fields
 
 
 def import_pyarrow():
@@ -29,25 +35,21 @@ def import_pyarrow():
     return pyarrow
 
 
-def _column_field(schema_names, text_field: str | None, ids_field: str | None, name: str) -> tuple[str, bool]:
-    """The column to read and whether it holds IDs: ``ids_field`` if given, else
-    ``text_field`` (default ``"text"``), else ``"input_ids"`` when that is the column there is."""
+def record_columns(schema_names, text_field: str | None, ids_field: str | None, name: str) -> RecordFields:
+    """The columns an input's records are read from (:func:`~.jsonl.find_record_fields`,
+    ``input_ids`` when no other kind is there); each must be there, once."""
     check_fields(name, text_field, ids_field)
-    if ids_field is not None:
-        chosen, ids = ids_field, True
-    elif text_field is not None:
-        chosen, ids = text_field, False
-    elif "text" in schema_names:
-        chosen, ids = "text", False
-    elif "input_ids" in schema_names:
-        chosen, ids = "input_ids", True
-    else:
-        raise InvalidInputError(f"{name}: no 'text' or 'input_ids' column; name one with --text-field or --ids-field")
-    if chosen not in schema_names:
-        raise InvalidInputError(f"{name}: no column {chosen!r} (columns: {', '.join(schema_names)})")
-    if list(schema_names).count(chosen) > 1:
-        raise InvalidInputError(f"{name}: {list(schema_names).count(chosen)} columns are named {chosen!r}")
-    return chosen, ids
+    names = list(schema_names)
+    found = find_record_fields(names, text_field, ids_field, ids_default="input_ids")
+    if found is None:
+        raise InvalidInputError(f"{name}: no 'text' or 'input_ids' column (nor 'prompt' and 'completion', nor "
+                                f"'messages'); name one with --text-field or --ids-field")
+    for column in found.read:
+        if column not in names:
+            raise InvalidInputError(f"{name}: no column {column!r} (columns: {', '.join(names)})")
+        if names.count(column) > 1:
+            raise InvalidInputError(f"{name}: {names.count(column)} columns are named {column!r}")
+    return found
 
 
 def _first_null(array) -> int:
@@ -55,53 +57,171 @@ def _first_null(array) -> int:
     return int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
 
 
-def arrow_chunk(array, input_index: int, first_row: int, where: Input, ids: bool) -> DocumentChunk:
-    """One chunk from an Arrow string or list array (a column of a record batch).
+def _row_of(offsets: np.ndarray, index: int) -> int:
+    """The row (0-based, within the batch) whose values hold flat value ``index``."""
+    return int(np.searchsorted(offsets, index, side="right")) - 1
 
-    Strings are handed over as their UTF-8 buffer and offsets, lists as their flat
-    values and offsets: no Python object per document or token.
-    """
-    pa = import_pyarrow()
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    if array.null_count:
-        row = first_row + _first_null(array)
-        raise InvalidInputError(f"{where.where(row)}: the document is null")
-    count = len(array)
-    locations = np.arange(first_row, first_row + count, dtype=np.int64)
-    inputs = np.full(count, input_index, dtype=np.int64)
+
+def _is_list(pa, kind) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+
+def _is_string(pa, kind) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _offsets(pa, array) -> np.ndarray:
+    """Int64 offsets of a list array's rows into its flattened values (from 0)."""
+    lengths = pa.compute.list_value_length(array).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = np.zeros(len(array) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def _integer_lists(pa, array, column: str, what: str, first_row: int, where: Input) -> tuple[np.ndarray, np.ndarray]:
+    """A list-of-integers column's flat values (its own dtype) and int64 offsets; a null
+    value is named by its row (as ``what``: a token ID, a mask's value)."""
     kind = array.type
-    if ids:
-        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)) \
-                or not pa.types.is_integer(kind.value_type):
-            raise InvalidInputError(f"{where.name}: column type {kind} is not a list of integers")
-        lengths = pa.compute.list_value_length(array).to_numpy(zero_copy_only=False).astype(np.int64)
-        offsets = np.zeros(count + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        values = array.flatten()
-        if values.null_count:
-            row = first_row + int(np.searchsorted(offsets, _first_null(values), side="right")) - 1
-            raise InvalidInputError(f"{where.where(row)}: a token ID is null")
-        flat = values.to_numpy(zero_copy_only=False)
-        return DocumentChunk(inputs, locations, flat.nbytes, ids=(flat, offsets))
+    if not _is_list(pa, kind) or not pa.types.is_integer(kind.value_type):
+        raise InvalidInputError(f"{where.name}: column {column!r} of type {kind} is not a list of integers")
+    offsets = _offsets(pa, array)
+    values = array.flatten()
+    if values.null_count:
+        raise InvalidInputError(f"{where.where(first_row + _row_of(offsets, _first_null(values)))}: {what} is null")
+    return values.to_numpy(zero_copy_only=False), offsets
+
+
+def _python_strings(array, column: str, first_row: int, where: Input, offsets: np.ndarray | None = None) -> list:
+    """A string array as a list of ``str``; bytes that are not UTF-8 are named by their
+    row (``offsets`` map the array's values to rows, for values of lists)."""
+    try:
+        return array.to_pylist()
+    except UnicodeDecodeError:  # only on this error path: find the value
+        index = next(i for i in range(len(array)) if not _decodes(array[i]))
+        row = index if offsets is None else _row_of(offsets, index)
+        raise InvalidInputError(f"{where.where(first_row + row)}: column {column!r} is not valid UTF-8") from None
+
+
+def _decodes(scalar) -> bool:
+    try:
+        scalar.as_py()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _conversations(pa, array, column: str, first_row: int, where: Input) -> list:
+    """A messages column (lists of structs with string ``role`` and ``content``) as
+    lists of ``{"role", "content"}`` dicts; an empty list or a null message, role or
+    content is named by its row."""
+    kind = array.type
+    message = kind.value_type if _is_list(pa, kind) else None
+    if message is None or not pa.types.is_struct(message) or not all(
+            message.get_field_index(key) >= 0 and _is_string(pa, message.field(key).type)
+            for key in ("role", "content")):
+        raise InvalidInputError(f"{where.name}: column {column!r} of type {kind} is not a list of messages "
+                                f"(structs of string 'role' and 'content')")
+    offsets = _offsets(pa, array)
+    empty = np.flatnonzero(offsets[1:] == offsets[:-1])
+    if empty.size:
+        raise InvalidInputError(f"{where.where(first_row + int(empty[0]))}: column {column!r} is an empty list")
+    values = array.flatten()
+    if values.null_count:
+        raise InvalidInputError(f"{where.where(first_row + _row_of(offsets, _first_null(values)))}: a message is null")
+    parts = {}
+    for key in ("role", "content"):
+        part = pa.compute.struct_field(values, key)
+        if part.null_count:
+            row = first_row + _row_of(offsets, _first_null(part))
+            raise InvalidInputError(f"{where.where(row)}: a message's {key!r} is null")
+        parts[key] = _python_strings(part, column, first_row, where, offsets)
+    roles, contents, bounds = parts["role"], parts["content"], offsets.tolist()
+    return [[{"role": role, "content": content} for role, content in zip(roles[a:b], contents[a:b])]
+            for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _text_buffer(pa, array, column: str, where: Input) -> tuple[np.ndarray, np.ndarray]:
+    """A string or binary column's UTF-8 bytes and int64 offsets (from 0)."""
+    kind = array.type
     if pa.types.is_string(kind) or pa.types.is_binary(kind):
         offset_type = np.int32
     elif pa.types.is_large_string(kind) or pa.types.is_large_binary(kind):
         offset_type = np.int64
     else:
-        raise InvalidInputError(f"{where.name}: column type {kind} is not a string column")
+        raise InvalidInputError(f"{where.name}: column {column!r} of type {kind} is not a string column")
+    count = len(array)
     _, offset_buffer, data_buffer = array.buffers()
     offsets = np.frombuffer(offset_buffer, dtype=offset_type)[array.offset: array.offset + count + 1]
     offsets = offsets.astype(np.int64)
     data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
-    data = data[offsets[0]: offsets[-1]]
-    return DocumentChunk(inputs, locations, int(data.shape[0]), text_buffer=(data, offsets - offsets[0]))
+    return data[offsets[0]: offsets[-1]], offsets - offsets[0]
 
 
-class ArrowBatches:
+def arrow_chunk(batch, fields: RecordFields, input_index: int, first_row: int, where: Input) -> DocumentChunk:
+    """One chunk from a record batch (or table): its records by ``fields``.
+
+    Text is handed over as its UTF-8 buffer and offsets; IDs and masks as their flat
+    values and offsets, every mask row as long as its IDs row; prompts and completions
+    as lists of ``str``, messages as lists of ``{"role", "content"}`` dicts. A null
+    record or value, a wrong type or a mask of another length is named by its row.
+    """
+    pa = import_pyarrow()
+    columns = {}
+    for column in fields.read:
+        array = batch.column(column)
+        columns[column] = array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+        if columns[column].null_count:
+            what = "the document" if fields.kind in ("text", "ids") and column == fields.fields[0] \
+                else f"column {column!r}"
+            raise InvalidInputError(f"{where.where(first_row + _first_null(columns[column]))}: {what} is null")
+    count = batch.num_rows
+    inputs = np.full(count, input_index, dtype=np.int64)
+    locations = np.arange(first_row, first_row + count, dtype=np.int64)
+    if fields.kind == "text":
+        data, offsets = _text_buffer(pa, columns[fields.fields[0]], fields.fields[0], where)
+        return DocumentChunk(inputs, locations, int(data.shape[0]), text_buffer=(data, offsets))
+    if fields.kind == "ids":
+        ids = fields.fields[0]
+        flat, offsets = _integer_lists(pa, columns[ids], ids, "a token ID", first_row, where)
+        masks = {mask: _mask(pa, columns[mask], mask, ids, offsets, first_row, where) for mask in fields.masks}
+        nbytes = flat.nbytes + sum(values.nbytes for values in masks.values())
+        return DocumentChunk(inputs, locations, nbytes, ids=(flat, offsets), masks=masks or None)
+    nbytes = sum(int(array.nbytes) for array in columns.values())
+    if fields.kind == "conversation":
+        return DocumentChunk(inputs, locations, nbytes,
+                             conversations=_conversations(pa, columns["messages"], "messages", first_row, where))
+    for column in fields.fields:
+        if not _is_string(pa, columns[column].type):
+            raise InvalidInputError(f"{where.name}: column {column!r} of type {columns[column].type} is not a "
+                                    f"string column")
+    prompts, completions = (_python_strings(columns[column], column, first_row, where) for column in fields.fields)
+    return DocumentChunk(inputs, locations, nbytes, prompts=prompts, completions=completions)
+
+
+def _mask(pa, array, mask: str, ids: str, offsets: np.ndarray, first_row: int, where: Input) -> np.ndarray:
+    """A mask column's flat values, each row as long as its IDs row (``offsets``)."""
+    values, mask_offsets = _integer_lists(pa, array, mask, f"a {mask!r} value", first_row, where)
+    differ = np.flatnonzero(np.diff(mask_offsets) != np.diff(offsets))
+    if differ.size:
+        row = int(differ[0])
+        raise InvalidInputError(f"{where.where(first_row + row)}: column {mask!r} has "
+                                f"{int(mask_offsets[row + 1] - mask_offsets[row])} values; column {ids!r} has "
+                                f"{int(offsets[row + 1] - offsets[row])} IDs")
+    return values
+
+
+class ArrowBatches(RecordReader):
     """Record batches of a Parquet file, an Arrow IPC file or stream, a ``pyarrow.Table`` or a
-    ``datasets.Dataset``; rows count from 0. The column is ``ids_field`` (a list of
-    integer IDs), or ``text_field`` (strings), or by default ``"text"``, else ``"input_ids"``."""
+    ``datasets.Dataset``; rows count from 0. The columns are ``ids_field`` (lists of
+    integer IDs) or ``text_field`` (strings), else found by name as
+    :func:`record_columns` finds them: ``text``; ``prompt`` and ``completion``
+    (strings); ``messages`` (lists of ``{role, content}`` structs of strings); else
+    ``input_ids``. Beside IDs, the mask columns there (``completion_mask``,
+    ``assistant_masks``, ``labels``) are read, each row as long as its IDs.
+
+    ``record_kind`` (``"text"``, ``"ids"``, ``"prompt-completion"`` or
+    ``"conversation"``) and ``mask_columns`` say what the records are (found on first
+    use: this opens the file)."""
 
     BATCH_ROWS = 4096
 
@@ -118,8 +238,21 @@ class ArrowBatches:
             self.inputs = [Input(name or type(source).__name__, "table", "row")]
         check_fields(self.inputs[0].name, text_field, ids_field)
 
-    def _batches(self):
-        """``(column names, iterator of record batches or tables)``."""
+    @cached_property
+    def record_fields(self) -> RecordFields:
+        """The columns read (:func:`record_columns`)."""
+        return self._open()[0]
+
+    def reads_ids(self) -> bool:
+        """Whether the records are token IDs (by the fields given, else by the columns
+        there are: this opens the file)."""
+        return self.record_kind == "ids"
+
+    def _fields(self, names) -> RecordFields:
+        return record_columns(names, self.text_field, self.ids_field, self.inputs[0].name)
+
+    def _open(self) -> tuple[RecordFields, Iterator]:
+        """``(the columns read, an iterator of record batches or tables holding them)``."""
         pa = import_pyarrow()
         source = self.source
         if isinstance(source, (str, os.PathLike)):
@@ -127,25 +260,24 @@ class ArrowBatches:
             try:
                 if self.inputs[0].kind == "parquet":
                     handle = pa.parquet.ParquetFile(path, memory_map=True)
-                    names = handle.schema_arrow.names
-                    column, _ = _column_field(names, self.text_field, self.ids_field, path)
-                    return names, handle.iter_batches(batch_size=self.BATCH_ROWS, columns=[column])
+                    fields = self._fields(handle.schema_arrow.names)
+                    return fields, handle.iter_batches(batch_size=self.BATCH_ROWS, columns=list(fields.read))
                 with open(path, "rb") as handle:
                     feather_v1 = handle.read(4) == b"FEA1"
                 if feather_v1:  # no IPC framing: pyarrow's feather module reads it whole
                     table = pa.feather.read_table(path, memory_map=True)
-                    return table.column_names, iter(table.to_batches(max_chunksize=self.BATCH_ROWS))
+                    return self._fields(table.column_names), iter(table.to_batches(max_chunksize=self.BATCH_ROWS))
                 try:
                     reader = pa.ipc.open_file(path)
                     batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
                 except pa.ArrowInvalid:
                     reader = pa.ipc.open_stream(path)
                     batches = iter(reader)
-                return reader.schema.names, batches
+                return self._fields(reader.schema.names), batches
             except (pa.ArrowInvalid, OSError) as error:
                 raise InvalidInputError(f"{path}: cannot read as {self.inputs[0].kind}: {error}") from None
         if isinstance(source, pa.Table):
-            return source.column_names, iter(source.to_batches(max_chunksize=self.BATCH_ROWS))
+            return self._fields(source.column_names), iter(source.to_batches(max_chunksize=self.BATCH_ROWS))
         if hasattr(source, "with_format") and hasattr(source, "column_names"):  # datasets.Dataset
             names = source.column_names
             if isinstance(names, dict):
@@ -154,36 +286,27 @@ class ArrowBatches:
             if names is None:
                 raise InvalidInputError(f"{type(source).__name__} with unknown columns (no features): "
                                         f"give it features, or a Dataset")
-            return names, source.with_format("arrow").iter(batch_size=self.BATCH_ROWS)
+            return self._fields(names), source.with_format("arrow").iter(batch_size=self.BATCH_ROWS)
         raise InvalidInputError(
             f"expected a path, a pyarrow.Table or a datasets.Dataset, not {type(source).__name__}"
         )
 
-    def reads_ids(self) -> bool:
-        """Whether the column read holds token IDs (by the fields given, else by the
-        columns there are: this opens the file)."""
-        names, _ = self._batches()
-        return _column_field(names, self.text_field, self.ids_field, self.inputs[0].name)[1]
-
     def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
-        names, batches = self._batches()
-        where = self.inputs[0]
-        column, ids = _column_field(names, self.text_field, self.ids_field, where.name)
-        yield from batch_chunks(batches, column, ids, first_input, 0, where)
+        fields, batches = self._open()
+        yield from record_chunks(batches, fields, first_input, 0, self.inputs[0])
 
 
-def batch_chunks(batches, column: str, ids: bool, first_input: int, first_row: int,
-                 where: Input) -> Iterator[DocumentChunk]:
-    """The chunks of record ``batches`` (``column`` of each; rows from ``first_row``);
-    damage found while reading them (a truncated file, a corrupt page) is one error naming
-    the file and the first row of the read that failed."""
+def record_chunks(batches, fields: RecordFields, first_input: int, first_row: int,
+                  where: Input) -> Iterator[DocumentChunk]:
+    """The chunks of record ``batches`` (their ``fields`` columns; rows from
+    ``first_row``); damage found while reading them (a truncated file, a corrupt page)
+    is one error naming the input and the first row of the read that failed."""
     pa = import_pyarrow()
     row = first_row
     try:
         for batch in batches:
             if batch.num_rows:
-                yield arrow_chunk(batch.column(column), first_input, row, where, ids)
+                yield arrow_chunk(batch, fields, first_input, row, where)
             row += batch.num_rows
     except (pa.ArrowInvalid, OSError) as error:
         raise InvalidInputError(f"{where.where(row)}: cannot read as {where.kind}: {error}") from None
-

@@ -100,10 +100,14 @@ class DocumentChunk:
     """Consecutive documents of one input.
 
     Exactly one of ``texts`` (a list of ``str`` or ``bytes``), ``text_buffer`` (UTF-8
-    bytes as a uint8 array and int64 offsets) or ``ids`` (flat integer IDs and int64
-    offsets, one document each) is set. ``inputs`` and ``locations`` (int64) name each
-    document's input (an index into the readers' inputs) and its place there; ``nbytes``
-    counts the input bytes read.
+    bytes as a uint8 array and int64 offsets), ``ids`` (flat integer IDs and int64
+    offsets, one document each), ``prompts`` with ``completions`` (lists of ``str``:
+    prompt-completion records) or ``conversations`` (lists of ``{"role", "content"}``
+    messages) is set. With ``ids``, ``masks`` holds the records' supervision columns
+    found by name, each flat integer values aligned with the IDs: ``completion_mask``
+    and ``assistant_masks`` (1 = supervised), ``labels`` (-100 = unsupervised).
+    ``inputs`` and ``locations`` (int64) name each document's input (an index into the
+    readers' inputs) and its place there; ``nbytes`` counts the input bytes read.
     """
 
     inputs: np.ndarray
@@ -112,6 +116,10 @@ class DocumentChunk:
     texts: list | None = None
     text_buffer: tuple[np.ndarray, np.ndarray] | None = None
     ids: tuple[np.ndarray, np.ndarray] | None = None
+    masks: dict[str, np.ndarray] | None = None
+    prompts: list | None = None
+    completions: list | None = None
+    conversations: list | None = None
 
     def __len__(self) -> int:
         return int(self.locations.shape[0])
@@ -133,6 +141,20 @@ class DocumentChunk:
         offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(t) for t in encoded], out=offsets[1:])
         return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
+
+
+class RecordReader:
+    """What a reader of records (JSONL, Arrow) says of them, from its ``record_fields``:
+    ``record_kind`` (``"text"``, ``"ids"``, ``"prompt-completion"`` or ``"conversation"``)
+    and ``mask_columns`` (TRL's mask columns read beside the IDs)."""
+
+    @property
+    def record_kind(self) -> str:
+        return self.record_fields.kind
+
+    @property
+    def mask_columns(self) -> tuple[str, ...]:
+        return self.record_fields.masks
 
 
 class Reader(Protocol):

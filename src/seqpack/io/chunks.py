@@ -1,0 +1,272 @@
+"""Tokenizing chunks of documents into framed token arrays, validated under a binding.
+
+Texts are encoded a chunk at a time with the tokenizer's own parallelism; pre-tokenized
+documents are framed ``[BOS, content..., EOS]`` (or taken as already framed);
+prompt-completion records and conversations are encoded as TRL encodes them
+(:mod:`seqpack.io.supervision`), with their supervision. Every chunk is validated in one
+kernel pass, and an error names the document's file and line (or row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._limits import INT32_MAX, check_bool, kernel_threads
+from ..data import _validate
+from ..data.binding import BatchBinding
+from ..errors import InvalidInputError, SeqpackError
+from .encoding import TokenizerFailure, TokenizerFile, frame
+from .readers import DocumentChunk, Input
+from .supervision import RecordError, encode_conversations, encode_prompt_completion
+
+#: The ``labels`` value of a token that is no supervised target (PyTorch's ignore index).
+IGNORE_LABEL = -100
+
+
+def _document_of(offsets: np.ndarray, index: int) -> int:
+    """The document whose tokens hold flat ``index`` (``offsets`` rise from 0)."""
+    return int(np.searchsorted(offsets, index, side="right")) - 1
+
+
+@dataclass(frozen=True)
+class SupervisionOptions:
+    """How records that carry supervision are encoded, as TRL's ``SFTConfig`` names it:
+    ``completion_only_loss`` (prompt-completion records and ``completion_mask`` columns
+    supervise the completion only), ``chat_template`` (the Jinja text that renders
+    conversations) and ``assistant_only_loss`` (supervise its ``{% generation %}`` spans only)."""
+
+    completion_only_loss: bool = True
+    chat_template: str | None = None
+    assistant_only_loss: bool = False
+
+    def __post_init__(self):
+        check_bool("completion_only_loss", self.completion_only_loss)
+        check_bool("assistant_only_loss", self.assistant_only_loss)
+        if self.chat_template is not None and not isinstance(self.chat_template, str):
+            raise InvalidInputError(f"chat_template must be the template's text, not {type(self.chat_template).__name__}")
+        if self.assistant_only_loss and self.chat_template is None:
+            raise InvalidInputError("assistant_only_loss needs a chat template (--chat-template FILE.jinja)")
+
+
+@dataclass
+class Encoded:
+    """A chunk's valid documents: framed int32 ``tokens`` with int64 ``offsets``, each
+    document's ``inputs`` and ``locations``, and how many empty documents were skipped.
+    ``supervised`` (None: every target) is aligned with ``tokens``; ``supervision`` names
+    what it came from (``"prompt-completion"``, ``"conversation"`` or mask columns);
+    ``mismatched`` lists the documents whose prompt encoding is not a prefix of the joint one."""
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    inputs: np.ndarray
+    locations: np.ndarray
+    skipped: int
+    supervised: np.ndarray | None = None
+    supervision: tuple = ()
+    mismatched: np.ndarray | None = None
+
+
+class ChunkEncoder:
+    """Turns document chunks into validated framed tokens under ``binding``.
+
+    ``tokenizer`` is the binding's ``ByteTokenizer`` or a :class:`TokenizerFile`;
+    pre-tokenized chunks are framed with the binding's BOS and EOS unless ``framed``
+    (their IDs then already start with BOS and end with EOS). Documents with no content
+    are skipped and counted; every other rule break is an error naming the document.
+    """
+
+    def __init__(self, binding: BatchBinding, tokenizer, inputs: list[Input], *, framed: bool = False,
+                 threads: int | None = None, supervision: SupervisionOptions = SupervisionOptions()):
+        self.binding = binding
+        self.supervision = supervision
+        self.tokenizer = tokenizer
+        self.inputs = inputs
+        self.framed = check_bool("framed", framed)
+        self.threads = kernel_threads(threads)
+        # With two threads or more, one reads the next chunk ahead (see ``read_ahead``) and
+        # the validation kernel takes the rest: at most ``threads`` cores are busy.
+        self.read_ahead = self.threads > 1
+        self.validation_threads = self.threads - 1 if self.read_ahead else 1
+
+    def where(self, chunk: DocumentChunk, index: int) -> str:
+        return self.inputs[int(chunk.inputs[index])].where(int(chunk.locations[index]))
+
+    def encode(self, chunk: DocumentChunk) -> Encoded:
+        if chunk.prompts is not None or chunk.conversations is not None:
+            return self._supervised_records(chunk)
+        binding = self.binding
+        supervised, supervision = None, ()
+        if chunk.ids is not None:
+            values, offsets = chunk.ids
+            if values.size and values.dtype.kind not in "iu":
+                raise InvalidInputError(f"{self.where(chunk, 0)}: token IDs must be integers, not {values.dtype}")
+            self._check_int32(chunk, values, offsets)
+            if isinstance(self.tokenizer, TokenizerFile) and (bad := self.tokenizer.first_unknown(values)) >= 0:
+                raise InvalidInputError(f"{self.where(chunk, _document_of(offsets, bad))}: token ID {int(values[bad])} "
+                                        f"names no token of {self.tokenizer.path.name} (a gap in its IDs)")
+            if chunk.masks:
+                supervised, supervision = self._masked(chunk, values, offsets)
+            if self.framed:
+                tokens = np.ascontiguousarray(values, dtype=np.int32)
+            else:
+                tokens, framed = frame(values, offsets, binding.bos_id, binding.eos_id)
+                if supervised is not None:  # the added EOS is supervised as the token before it
+                    supervised, _ = frame(supervised, offsets, 0, 0)
+                    supervised = supervised.astype(np.bool_)
+                    ends = framed[1:][np.diff(offsets) > 0] - 1
+                    supervised[ends] = supervised[ends - 1]
+                offsets = framed
+        elif isinstance(self.tokenizer, TokenizerFile):
+            texts = [self._text(chunk, i, t) for i, t in enumerate(chunk.text_list())]
+            try:
+                content, offsets = self.tokenizer.encode(texts)
+            except TokenizerFailure as failure:
+                where = (self.where(chunk, failure.index) if failure.index is not None
+                         else f"{self.where(chunk, 0)} to {self.where(chunk, len(texts) - 1)}")
+                raise InvalidInputError(f"{where}: {failure}") from None
+            tokens, offsets = frame(content, offsets, binding.bos_id, binding.eos_id)
+        elif not self.tokenizer.merges:  # bytes: ID = byte + 2, no merges to apply
+            data, offsets = chunk.joined_bytes()
+            tokens, offsets = frame(data.astype(np.int32) + 2, offsets, binding.bos_id, binding.eos_id)
+        else:
+            documents = [self.tokenizer.encode_document(t) for t in chunk.text_list()]
+            offsets = np.zeros(len(documents) + 1, dtype=np.int64)
+            np.cumsum([len(d) for d in documents], out=offsets[1:])
+            tokens = np.concatenate(documents) if documents else np.zeros(0, np.int32)
+        return self._validated(chunk, tokens, offsets, supervised, supervision)
+
+    def _masked(self, chunk: DocumentChunk, values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """TRL's rule for pre-tokenized records: a token is a supervised target when every
+        applied mask column is 1 there and its label (if any) is not -100; a label must
+        otherwise be the token itself (packing keeps no other label). ``completion_mask``
+        applies under ``completion_only_loss``, ``assistant_masks`` always. When seqpack
+        frames the IDs, the EOS it adds is supervised as the last ID is."""
+        supervised = np.ones(values.shape[0], dtype=np.bool_)
+        applied = []
+        for name in sorted(chunk.masks):
+            column = chunk.masks[name]
+            if name == "completion_mask" and not self.supervision.completion_only_loss:
+                continue
+            if name == "labels":
+                wrong = np.flatnonzero((column != IGNORE_LABEL) & (column != values))
+                if wrong.size:
+                    at = int(wrong[0])
+                    document = _document_of(offsets, at)
+                    raise InvalidInputError(
+                        f"{self.where(chunk, document)}: labels[{at - int(offsets[document])}] is {int(column[at])}, "
+                        f"neither -100 nor its input_ids token {int(values[at])}: a packed document's targets "
+                        f"are its own tokens")
+                supervised &= column != IGNORE_LABEL
+            else:
+                wrong = np.flatnonzero((column != 0) & (column != 1))
+                if wrong.size:
+                    at = int(wrong[0])
+                    document = _document_of(offsets, at)
+                    raise InvalidInputError(f"{self.where(chunk, document)}: {name}[{at - int(offsets[document])}] "
+                                            f"is {int(column[at])}; a mask holds 0 and 1")
+                supervised &= column == 1
+            applied.append(name)
+        return supervised, tuple(applied)
+
+    def _supervised_records(self, chunk: DocumentChunk) -> Encoded:
+        """Prompt-completion records or conversations, encoded as TRL encodes them."""
+        options = self.supervision
+        if not isinstance(self.tokenizer, TokenizerFile):
+            raise InvalidInputError(f"{self.where(chunk, 0)}: prompt-completion records and conversations need a "
+                                    f"tokenizers file (--tokenizer FILE), not the byte tokenizer")
+        try:
+            if chunk.prompts is not None:
+                encoded = encode_prompt_completion(self.tokenizer, chunk.prompts, chunk.completions,
+                                                   completion_only_loss=options.completion_only_loss)
+                supervision = ("prompt-completion",)
+            else:
+                if options.chat_template is None:
+                    raise InvalidInputError(f"{self.where(chunk, 0)}: conversations (a 'messages' field) need a chat "
+                                            f"template: --chat-template FILE.jinja")
+                encoded = encode_conversations(self.tokenizer, chunk.conversations, chat_template=options.chat_template,
+                                               assistant_only_loss=options.assistant_only_loss)
+                supervision = ("conversation",)
+        except RecordError as error:
+            raise InvalidInputError(f"{self.where(chunk, error.index)}: {error.detail}") from None
+        return self._validated(chunk, encoded.tokens, encoded.offsets, encoded.supervised, supervision,
+                               encoded.mismatched)
+
+    def _text(self, chunk: DocumentChunk, index: int, text) -> str:
+        if isinstance(text, str):
+            return text
+        try:
+            return text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidInputError(f"{self.where(chunk, index)}: not UTF-8 text (byte {error.start})") from None
+
+    def _check_int32(self, chunk: DocumentChunk, values: np.ndarray, offsets: np.ndarray) -> None:
+        if not values.size or np.can_cast(values.dtype, np.int32):
+            return
+        low, high = int(values.min()), int(values.max())
+        if low >= -INT32_MAX - 1 and high <= INT32_MAX:
+            return
+        bad = np.flatnonzero((values < -INT32_MAX - 1) | (values > INT32_MAX))[0]
+        raise InvalidInputError(f"{self.where(chunk, _document_of(offsets, bad))}: token ID {int(values[bad])} "
+                                f"does not fit int32")
+
+    def _validated(self, chunk: DocumentChunk, tokens: np.ndarray, offsets: np.ndarray, supervised=None,
+                   supervision: tuple = (), mismatched=None) -> Encoded:
+        """Skip empty documents, check the rest in one kernel pass, name the first bad one
+        (or the first whose targets are all unsupervised)."""
+        binding = self.binding
+        inputs, locations = chunk.inputs, chunk.locations
+        lengths = np.diff(offsets)
+        pairs = offsets[:-1][lengths == 2]
+        empty = np.zeros(lengths.shape[0], dtype=bool)
+        empty[lengths == 2] = (tokens[pairs] == binding.bos_id) & (tokens[pairs + 1] == binding.eos_id)
+        skipped = int(empty.sum())
+        if mismatched is not None:
+            kept = np.flatnonzero(~empty)
+            mismatched = np.searchsorted(kept, mismatched[~empty[mismatched]])  # as kept documents
+        if skipped:  # [BOS, EOS]: no content, so no example
+            keep = ~empty
+            tokens = tokens[np.repeat(keep, lengths)]
+            if supervised is not None:
+                supervised = supervised[np.repeat(keep, lengths)]
+            offsets = np.concatenate(([0], np.cumsum(lengths[keep])))
+            inputs, locations = inputs[keep], locations[keep]
+        encoded = Encoded(tokens, offsets, inputs, locations, skipped, supervised, supervision, mismatched)
+        if offsets.shape[0] == 1:
+            return encoded
+        pieces = binding.tokenizer.piece_lengths if binding.tokenizer is not None else np.zeros(0, np.int64)
+        checked = np.empty_like(tokens)
+        document, _ = _validate.first_bad_document(
+            tokens, offsets, pieces, binding.vocabulary_size, binding.bos_id, binding.eos_id,
+            binding.limits.max_tokens, binding.limits.max_bytes, checked,
+            self.validation_threads if tokens.shape[0] >= 1 << 20 else 1,
+        )
+        if document < 0:
+            encoded.tokens = checked
+            if supervised is not None:
+                self._check_supervised(encoded)
+            return encoded
+        where = self.inputs[int(inputs[document])].where(int(locations[document]))
+        try:
+            binding.validate_document(tokens[int(offsets[document]): int(offsets[document + 1])])
+        except SeqpackError as error:
+            message = f"{where}: {error}"
+            if chunk.ids is not None and not self.framed and "position" in message:
+                message += " (positions count the BOS seqpack put before the IDs: the IDs' own index is one less)"
+            raise type(error)(message) from None
+        raise AssertionError(f"{where}: failed the bulk check but passed the per-document one")
+
+    def _check_supervised(self, encoded: Encoded) -> None:
+        """Every document needs a supervised target (TRL refuses an assistant-only
+        example without one): the first that has none is an error naming it."""
+        running = np.zeros(encoded.tokens.shape[0] + 1, dtype=np.int64)
+        np.cumsum(encoded.supervised, out=running[1:])
+        starts, ends = encoded.offsets[:-1], encoded.offsets[1:]
+        none = np.flatnonzero(running[ends] == running[starts + 1])
+        if none.size:
+            document = int(none[0])
+            where = self.inputs[int(encoded.inputs[document])].where(int(encoded.locations[document]))
+            raise InvalidInputError(f"{where}: none of the document's {int(ends[document] - starts[document] - 1)} "
+                                    f"targets is supervised ({', '.join(encoded.supervision)}): it would add "
+                                    f"nothing to the loss")

@@ -1,0 +1,396 @@
+"""Supervised fine-tuning inputs (TRL 1.16's formats): prompt-completion records,
+conversations and token IDs with their masks read alike from JSONL, Parquet and a
+``datasets.save_to_disk`` directory; every error names its place."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import seqpack as sp
+from seqpack import io
+from seqpack.io import readers
+from seqpack.io.readers import MASK_COLUMNS, SavedDataset
+
+
+def pyarrow():
+    return pytest.importorskip("pyarrow",
+                               reason="Parquet and Arrow need the corpus extra: pip install 'seqpack[corpus]'")
+
+
+def datasets_library():
+    datasets = pytest.importorskip("datasets", reason="save_to_disk directories come from the bench extra: "
+                                                      "pip install 'seqpack[bench]'")
+    datasets.disable_progress_bars()
+    return datasets
+
+
+#: The same records of each kind, every format; each kind with its corners.
+RECORDS = {
+    "text": [{"text": t} for t in ["the quick brown fox", "", "é ü ñ\nsecond line", "x"]],
+    "prompt-completion": [
+        {"prompt": "Question: two plus two?", "completion": " four."},
+        {"prompt": "", "completion": "all completion"},  # empty prompt
+        {"prompt": "the lazy dog", "completion": ""},  # empty completion
+        {"prompt": "Ün\nï", "completion": "cödé \"quoted\""},
+        {"prompt": "p5", "completion": "c5"},
+    ],
+    "conversation": [
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello!"}]},
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"},
+                      {"role": "assistant", "content": "4"}]},
+        {"messages": [{"role": "user", "content": ""}]},  # one message, empty content
+        {"messages": [{"role": "user", "content": "ünï"}, {"role": "assistant", "content": "cödé"}]},
+    ],
+    "ids": [
+        {"input_ids": [5, 6, 7], "completion_mask": [0, 1, 1], "assistant_masks": [0, 0, 1], "labels": [-100, 6, 7]},
+        {"input_ids": [], "completion_mask": [], "assistant_masks": [], "labels": []},  # an empty record
+        {"input_ids": [9], "completion_mask": [1], "assistant_masks": [1], "labels": [9]},
+        {"input_ids": [3, 4, 2**40], "completion_mask": [1, 0, 1], "assistant_masks": [1, 1, 0],
+         "labels": [3, -100, 2**40]},
+    ],
+}
+
+
+def write_jsonl(path, records, blank_lines=False):
+    lines = [json.dumps(record, ensure_ascii=bool(i % 2)) + "\n" for i, record in enumerate(records)]
+    path.write_text(("\n" if blank_lines else "").join(lines), encoding="utf-8")
+    return path
+
+
+def write_parquet(path, records, **options):
+    pa = pyarrow()
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(records), path, **options)
+    return path
+
+
+def write_saved(path, records, num_shards=3):
+    datasets = datasets_library()
+    columns = {key: [record[key] for record in records] for key in records[0]}
+    datasets.Dataset.from_dict(columns).save_to_disk(str(path), num_shards=num_shards)
+    return path
+
+
+def one_kind(chunk):
+    """The one content field a chunk sets (its texts, IDs, prompts or conversations)."""
+    present = [name for name in ("texts", "text_buffer", "ids", "prompts", "conversations")
+            if getattr(chunk, name) is not None]
+    assert len(present) == 1, present
+    assert (chunk.prompts is None) == (chunk.completions is None)
+    assert chunk.masks is None or chunk.ids is not None
+    return present[0]
+
+
+def records_of(reader):
+    """``(location, record)`` of every record a reader yields, the record as plain Python values."""
+    found = []
+    for chunk in reader.chunks(0):
+        kind = one_kind(chunk)
+        if kind == "prompts":
+            assert len(chunk.prompts) == len(chunk.completions) == len(chunk)
+            items = [{"prompt": p, "completion": c} for p, c in zip(chunk.prompts, chunk.completions)]
+        elif kind == "conversations":
+            items = [{"messages": messages} for messages in chunk.conversations]
+        elif kind == "ids":
+            flat, offsets = chunk.ids
+            masks = chunk.masks or {}
+            assert offsets.dtype == np.int64 and offsets[0] == 0 and offsets[-1] == flat.shape[0]
+            for values in masks.values():
+                assert values.dtype.kind == "i" and values.shape == flat.shape
+            bounds = offsets.tolist()
+            items = [{"input_ids": flat[a:b].tolist(), **{name: values[a:b].tolist() for name, values in masks.items()}}
+                     for a, b in zip(bounds[:-1], bounds[1:])]
+        else:
+            items = [{"text": t.decode() if isinstance(t, bytes) else t} for t in chunk.text_list()]
+        assert len(items) == len(chunk) == chunk.inputs.shape[0]
+        found.extend(zip(chunk.locations.tolist(), items))
+    return found
+
+
+def readers_of(tmp_path, kind, records):
+    """The JSONL, Parquet and save_to_disk readers of the same records."""
+    ids_field = "input_ids" if kind == "ids" else None
+    jsonl = write_jsonl(tmp_path / f"{kind}.jsonl", records, blank_lines=True)
+    parquet = write_parquet(tmp_path / f"{kind}.parquet", records, row_group_size=2)
+    saved = write_saved(tmp_path / f"{kind}-saved", records)
+    return {"jsonl": io.reader_for(jsonl, ids_field=ids_field), "parquet": io.reader_for(parquet),
+            "saved": io.reader_for(saved)}
+
+
+@pytest.mark.parametrize("kind", sorted(RECORDS))
+def test_each_kind_reads_the_same_from_jsonl_parquet_and_a_saved_dataset(tmp_path, kind):
+    records = RECORDS[kind]
+    found = readers_of(tmp_path, kind, records)
+    assert isinstance(found["saved"], SavedDataset) and len(found["saved"].files) == 3
+    masks = MASK_COLUMNS if kind == "ids" else ()
+    for name, reader in found.items():
+        assert (reader.record_kind, reader.mask_columns) == (kind, masks), name
+        read = records_of(reader)
+        assert [record for _, record in read] == records, name
+    # JSONL lines count from 1 (blank lines between records); rows from 0, across a saved dataset's files.
+    assert [line for line, _ in records_of(found["jsonl"])] == [1 + 2 * i for i in range(len(records))]
+    for name in ("parquet", "saved"):
+        assert [row for row, _ in records_of(found[name])] == list(range(len(records)))
+    assert found["parquet"].reads_ids() == found["saved"].reads_ids() == (kind == "ids")
+
+
+def test_the_kind_follows_the_first_record_and_text_comes_first(tmp_path):
+    both = tmp_path / "both.jsonl"  # text and prompt-completion fields: text wins, as in Arrow
+    write_jsonl(both, [{"text": "t", "prompt": "p", "completion": "c", "messages": []}])
+    assert io.JsonLines(both).record_kind == "text" and records_of(io.JsonLines(both)) == [(1, {"text": "t"})]
+    assert io.ArrowBatches(pyarrow().table({"messages": [[{"role": "u", "content": "x"}]], "prompt": ["p"],
+                                            "completion": ["c"]})).record_kind == "prompt-completion"
+    lone = tmp_path / "lone.jsonl"  # a prompt alone is no prompt-completion record
+    write_jsonl(lone, [{"prompt": "p"}])
+    assert io.JsonLines(lone).record_kind == "text"
+    named = tmp_path / "named.jsonl"  # a field named by the user is read as text, whatever else is there
+    write_jsonl(named, [{"prompt": "p", "completion": "c"}])
+    assert records_of(io.JsonLines(named, text_field="prompt")) == [(1, {"text": "p"})]
+    assert io.JsonLines(named, text_field="prompt").mask_columns == ()
+
+
+def test_masks_are_carried_exactly_and_only_those_present(tmp_path):
+    pa = pyarrow()
+    records = [{"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8]}, {"input_ids": [2], "labels": [-100]}]
+    path = write_jsonl(tmp_path / "labels.jsonl", records)
+    for reader in (io.JsonLines(path, ids_field="input_ids"), io.ArrowBatches(pa.Table.from_pylist(records))):
+        assert reader.mask_columns == ("labels",)
+        (chunk,) = reader.chunks(0)
+        assert list(chunk.masks) == ["labels"]
+        assert chunk.masks["labels"].tolist() == [-100, -100, 7, 8, -100]
+        assert chunk.ids[1].tolist() == [0, 4, 5]
+    bare = write_jsonl(tmp_path / "bare.jsonl", [{"input_ids": [5, 6]}])
+    (chunk,) = io.JsonLines(bare, ids_field="input_ids").chunks(0)
+    assert chunk.masks is None
+    # A mask only a later record has is not read: the first record sets the columns.
+    later = write_jsonl(tmp_path / "later.jsonl", [{"input_ids": [5]}, {"input_ids": [6], "labels": [6]}])
+    assert [chunk.masks for chunk in io.JsonLines(later, ids_field="input_ids").chunks(0)] == [None]
+    # Narrow Arrow types stay as they are (a flat view, no Python object per value).
+    table = pa.table({"input_ids": pa.array([[5, 6]], pa.list_(pa.int32())),
+                      "assistant_masks": pa.array([[0, 1]], pa.list_(pa.int8()))})
+    (chunk,) = io.ArrowBatches(table).chunks(0)
+    assert chunk.masks["assistant_masks"].dtype == np.int8 and chunk.masks["assistant_masks"].tolist() == [0, 1]
+
+
+def test_messages_keep_role_and_content_only(tmp_path):
+    messages = [{"role": "user", "content": "hi", "name": "ann"}, {"role": "assistant", "content": "yo"}]
+    path = write_jsonl(tmp_path / "named.jsonl", [{"messages": messages}])
+    expected = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert records_of(io.JsonLines(path)) == [(1, {"messages": expected})]
+    parquet = write_parquet(tmp_path / "named.parquet", [{"messages": messages}])  # "name" is None in message 1
+    assert records_of(io.reader_for(parquet)) == [(0, {"messages": expected})]
+
+
+PROMPT_COMPLETION = '{"prompt": "a", "completion": "b"}\n'
+CONVERSATION = '{"messages": [{"role": "user", "content": "hi"}]}\n'
+IDS = '{"input_ids": [5, 6, 7], "completion_mask": [0, 1, 1]}\n'
+
+
+@pytest.mark.parametrize("content, ids_field, message", [
+    (PROMPT_COMPLETION + '{"prompt": "a", "completion": 5}\n', None, r":2: field 'completion' is not a string$"),
+    (PROMPT_COMPLETION + '{"prompt": ["a"], "completion": "b"}\n', None, r":2: field 'prompt' is not a string$"),
+    (PROMPT_COMPLETION * 2 + '\n{"prompt": "a"}\n', None,
+     r":4: no field 'completion' \(the first record is a prompt-completion record: every record must be one\)$"),
+    (PROMPT_COMPLETION + '{"text": "a"}\n', None, r":2: no field 'prompt' \(the first record is a prompt-completion "),
+    (PROMPT_COMPLETION + CONVERSATION, None, r":2: no field 'prompt' \(the first record is a prompt-completion "),
+    (CONVERSATION + PROMPT_COMPLETION, None, r":2: no field 'messages' \(the first record is a conversation "),
+    ('{"text": "a"}\n' + CONVERSATION, None,
+     (r":2: no field 'text' \(the line is a conversation record, but the first record is text: every record must be "
+      r"of one kind\)$")),
+    (PROMPT_COMPLETION + '["a", "b"]\n', None,
+     r":2: a JSON array, not an object with fields 'prompt' and 'completion'$"),
+    (PROMPT_COMPLETION + '{"prompt": "a\\ud800", "completion": "b"}\n', None,
+     r":2: field 'prompt' holds '\\ud800' \(a lone surrogate\) at character 1: it has no UTF-8 encoding$"),
+    (CONVERSATION + '{"messages": []}\n', None, r":2: field 'messages' is an empty array, not a non-empty list of "),
+    (CONVERSATION + '{"messages": "hi"}\n', None, r":2: field 'messages' is a JSON string, not a non-empty list "),
+    (CONVERSATION + '{"messages": [{"role": "user", "content": "a"}, ["x"]]}\n', None,
+     r":2: messages\[1\] is a JSON array, not an object with 'role' and 'content'$"),
+    (CONVERSATION + '{"messages": [{"role": "user"}]}\n', None, r":2: messages\[0\] has no 'content'$"),
+    (CONVERSATION + '{"messages": [{"role": 1, "content": "a"}]}\n', None,
+     r":2: messages\[0\]\['role'\] is not a string$"),
+    (CONVERSATION + '{"messages": [{"role": "user", "content": null}]}\n', None,
+     r":2: messages\[0\]\['content'\] is not a string$"),
+    (CONVERSATION + '{"messages": [{"role": "user", "content": "é"}, '
+                    '{"role": "assistant", "content": "ok\\udc00"}]}\n', None,
+     r":2: messages\[1\]\['content'\] holds '\\udc00' \(a lone surrogate\) at character 2"),
+    (IDS + '{"input_ids": [5, 6, 7], "completion_mask": [0, 1]}\n', "input_ids",
+     r":2: field 'completion_mask' has 2 values; field 'input_ids' has 3 IDs$"),
+    (IDS + '{"input_ids": [5, 6]}\n', "input_ids",
+     r":2: no field 'completion_mask' \(the first record has it beside 'input_ids': every record must\)$"),
+    (IDS + '{"input_ids": [5], "completion_mask": [true]}\n', "input_ids",
+     r":2: field 'completion_mask' is not a list of ints$"),
+    ('{"input_ids": [5], "labels": [-100]}\n{"input_ids": [5], "labels": [-18446744073709551616]}\n', "input_ids",
+     r":2: field 'labels' value -18446744073709551616 does not fit int64$"),
+])
+def test_jsonl_record_errors_name_the_line_and_the_field(tmp_path, content, ids_field, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(sp.InvalidInputError, match=re.escape(str(path)) + message):
+        list(io.JsonLines(path, ids_field=ids_field).chunks(0))
+    good = tmp_path / "good.jsonl"  # the first line alone, the exact twin, reads
+    good.write_text(content.splitlines()[0] + "\n")
+    assert len(records_of(io.JsonLines(good, ids_field=ids_field))) == 1
+
+
+def messages(pa, rows):
+    return pa.array(rows, pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("columns, message", [
+    (lambda pa: {"prompt": ["a", "b"], "completion": pa.array([1, 2])},
+     r"Table: column 'completion' of type int64 is not a string column"),
+    (lambda pa: {"prompt": ["a", None, "c"], "completion": ["x", "y", "z"]}, r"Table row 1: column 'prompt' is null"),
+    (lambda pa: {"prompt": pa.array([b"a"], pa.binary()), "completion": ["x"]},
+     r"Table: column 'prompt' of type binary is not a string column"),
+    (lambda pa: {"messages": messages(pa, [HI, HI, []])}, r"Table row 2: column 'messages' is an empty list"),
+    (lambda pa: {"messages": messages(pa, [HI, None])}, r"Table row 1: column 'messages' is null"),
+    (lambda pa: {"messages": messages(pa, [HI, HI + [{"role": "assistant", "content": None}]])},
+     r"Table row 1: a message's 'content' is null"),
+    (lambda pa: {"messages": messages(pa, [HI, [None]])}, r"Table row 1: a message is null"),
+    (lambda pa: {"messages": pa.array([["hi"]])},
+     (r"Table: column 'messages' of type list<item: string> is not a list of messages \(structs of string 'role' "
+      r"and 'content'\)")),
+    (lambda pa: {"input_ids": [[5, 6], [7, 8]], "labels": [[-100, 6], [8]]},
+     r"Table row 1: column 'labels' has 1 values; column 'input_ids' has 2 IDs"),
+    (lambda pa: {"input_ids": [[5, 6], [7]], "completion_mask": [None, [1]]},
+     r"Table row 0: column 'completion_mask' is null"),
+    (lambda pa: {"input_ids": [[5], [6, 7]], "labels": [[5], [-100, None]]}, r"Table row 1: a 'labels' value is null"),
+    (lambda pa: {"input_ids": [[5]], "assistant_masks": [[1.0]]},
+     r"Table: column 'assistant_masks' of type list<item: double> is not a list of integers"),
+])
+def test_arrow_record_errors_name_the_row_and_the_column(columns, message):
+    pa = pyarrow()
+    with pytest.raises(sp.InvalidInputError, match=f"^{message}$"):
+        list(io.ArrowBatches(pa.table(columns(pa))).chunks(0))
+
+
+def test_parquet_and_saved_dataset_errors_name_the_file_or_directory_and_the_row(tmp_path):
+    records = [{"input_ids": [5, 6], "labels": [5, 6]} for _ in range(6)]
+    records[4] = {"input_ids": [5, 6], "labels": [5]}
+    parquet = write_parquet(tmp_path / "bad.parquet", records, row_group_size=2)
+    with pytest.raises(sp.InvalidInputError, match=rf"^{re.escape(str(parquet))} row 4: column 'labels' has 1 values"):
+        list(io.reader_for(parquet).chunks(0))
+    saved = write_saved(tmp_path / "bad-saved", records)  # rows 0-1, 2-3, 4-5: row 4 is the third file's first
+    with pytest.raises(sp.InvalidInputError, match=rf"^{re.escape(str(saved))} row 4: column 'labels' has 1 values"):
+        list(io.reader_for(saved).chunks(0))
+    prompts = write_saved(tmp_path / "null-saved", [{"prompt": p, "completion": "c"} for p in ["a", "b", "c", None]],
+                          num_shards=2)
+    with pytest.raises(sp.InvalidInputError, match=rf"^{re.escape(str(prompts))} row 3: column 'prompt' is null$"):
+        list(io.reader_for(prompts).chunks(0))
+
+
+def test_a_saved_dataset_reads_its_files_in_the_order_state_json_lists_them(tmp_path):
+    records = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(6)]
+    saved = write_saved(tmp_path / "saved", records)
+    state = json.loads((saved / "state.json").read_text())
+    state["_data_files"].reverse()
+    (saved / "state.json").write_text(json.dumps(state))
+    assert [record["prompt"] for _, record in records_of(io.reader_for(saved))] == ["p4", "p5", "p2", "p3", "p0", "p1"]
+    assert [row for row, _ in records_of(io.reader_for(saved))] == list(range(6))
+    state["_data_files"].append({"filename": "data-00009-of-00003.arrow"})
+    (saved / "state.json").write_text(json.dumps(state))
+    with pytest.raises(sp.InvalidInputError, match=r"data-00009-of-00003\.arrow: no such file \(listed in .*state"):
+        io.reader_for(saved)
+    state["_data_files"][-1] = {"filename": "../elsewhere.arrow"}
+    (saved / "state.json").write_text(json.dumps(state))
+    with pytest.raises(sp.InvalidInputError, match=r"state\.json: data file '\.\./elsewhere\.arrow' is not a file "):
+        io.reader_for(saved)
+    (saved / "state.json").write_text("{}")
+    with pytest.raises(sp.InvalidInputError, match=r"state\.json: no '_data_files' list"):
+        io.reader_for(saved)
+
+
+def test_a_saved_dataset_dict_is_refused_naming_its_splits(tmp_path):
+    datasets = datasets_library()
+    split = datasets.Dataset.from_dict({"prompt": ["p"], "completion": ["c"]})
+    datasets.DatasetDict({"train": split, "test": split}).save_to_disk(str(tmp_path / "dd"))
+    message = (rf"^{re.escape(str(tmp_path / 'dd'))}: a datasets.DatasetDict of splits 'train', 'test': give one "
+               rf"split's directory, such as {re.escape(str(tmp_path / 'dd' / 'train'))}$")
+    for make in (io.reader_for, SavedDataset):
+        with pytest.raises(sp.InvalidInputError, match=message):
+            make(tmp_path / "dd")
+    assert records_of(io.reader_for(tmp_path / "dd" / "test")) == [(0, {"prompt": "p", "completion": "c"})]
+
+
+def test_a_saved_dataset_is_named_in_a_pack_error(tmp_path):
+    """A packing error names the directory and the row, as for any table."""
+    saved = write_saved(tmp_path / "saved", [{"input_ids": [5, 6]}, {"input_ids": [7, 400]}], num_shards=2)
+    with pytest.raises(sp.InvalidInputError, match=rf"{re.escape(str(saved))} row 1: token 400 at position 2"):
+        io.pack_corpus([io.reader_for(saved)], tmp_path / "out", config=sp.PackConfig(32, 2),
+                       tokenizer=sp.ByteTokenizer(), binding=sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(),
+                                                                                           split="tests"))
+
+
+@pytest.mark.parametrize("kind", sorted(RECORDS))
+def test_chunks_end_at_chunk_documents_with_records_whole(tmp_path, monkeypatch, kind):
+    monkeypatch.setattr(readers.jsonl, "CHUNK_DOCUMENTS", 3)
+    records = (RECORDS[kind] * 3)[:7]
+    path = write_jsonl(tmp_path / "docs.jsonl", records)
+    reader = io.JsonLines(path, ids_field="input_ids" if kind == "ids" else None)
+    assert [len(chunk) for chunk in reader.chunks(0)] == [3, 3, 1]
+    assert [record for _, record in records_of(reader)] == records
+    monkeypatch.setattr(readers.jsonl, "CHUNK_BYTES", 1)  # every record alone
+    assert [len(chunk) for chunk in reader.chunks(0)] == [1] * 7
+    monkeypatch.setattr(io.ArrowBatches, "BATCH_ROWS", 3)
+    parquet = io.reader_for(write_parquet(tmp_path / "docs.parquet", records))
+    assert [len(chunk) for chunk in parquet.chunks(0)] == [3, 3, 1]
+    assert [record for _, record in records_of(parquet)] == records
+
+
+def test_split_pieces_give_the_whole_files_prompt_completion_records(tmp_path, monkeypatch):
+    monkeypatch.setattr(readers.jsonl, "CHUNK_DOCUMENTS", 4)
+    records = [{"prompt": "p" * (i % 5), "completion": f"c{i}"} for i in range(40)]
+    path = write_jsonl(tmp_path / "pc.jsonl", records, blank_lines=True)
+    whole = records_of(io.JsonLines(path))
+    size = path.stat().st_size
+    pieces = io.JsonLines(path).split([size // 5, size // 2, size // 2 + 1, size * 4 // 5])
+    assert len(pieces) >= 3 and pieces[1].first_line > 1
+    assert all(piece.record_kind == "prompt-completion" for piece in pieces)  # by the file's first record
+    assert [record for piece in pieces for record in records_of(piece)] == whole
+    assert [record for _, record in whole] == records
+    # A piece beginning with a text record is still a piece of a prompt-completion file.
+    lines = path.read_text().splitlines(keepends=True)
+    lines[60] = json.dumps({"text": "not a pair"}) + "\n"
+    path.write_text("".join(lines))
+    later = next(piece for piece in io.JsonLines(path).split([sum(map(len, lines[:60]))]) if piece.first_line == 61)
+    with pytest.raises(sp.InvalidInputError, match=r"pc\.jsonl:61: no field 'prompt' \(the first record is a "
+                                                   r"prompt-completion record"):
+        records_of(later)
+
+
+def test_row_groups_read_every_column_of_the_records(tmp_path):
+    """Shards of a Parquet file read its row groups with every column the records need."""
+    from seqpack.io.shards import units_of
+
+    path = write_parquet(tmp_path / "pc.parquet", RECORDS["prompt-completion"], row_group_size=2)
+    units = units_of(io.reader_for(path), 0)
+    assert len(units) > 1
+    whole = list(io.reader_for(path).chunks(0))
+    pieces = [chunk for unit in units for chunk in unit.chunks(0)]
+    for field in ("prompts", "completions"):
+        assert sum((getattr(c, field) for c in pieces), []) == sum((getattr(c, field) for c in whole), [])
+    assert np.concatenate([c.locations for c in pieces]).tolist() == np.concatenate([c.locations for c in whole]).tolist()
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    pyarrow()
+    return tmp_path_factory.mktemp("round-trip")
+
+
+@settings(derandomize=True, max_examples=60, deadline=None, database=None)
+@given(st.lists(st.tuples(st.text(max_size=12), st.text(max_size=12)), min_size=1, max_size=8))
+def test_prompt_completion_strings_round_trip_through_jsonl_and_parquet(scratch, pairs):
+    records = [{"prompt": prompt, "completion": completion} for prompt, completion in pairs]
+    read = [records_of(io.JsonLines(write_jsonl(scratch / "pc.jsonl", records))),
+            records_of(io.ArrowBatches(write_parquet(scratch / "pc.parquet", records)))]
+    for found in read:
+        assert [record for _, record in found] == records
