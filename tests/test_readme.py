@@ -1,5 +1,6 @@
 """The README is true: its Python blocks run, its commands are the CLI's, its tables are the package's."""
 
+import json
 import os
 import re
 import shlex
@@ -49,7 +50,7 @@ def test_readme_examples_run():
     for block in blocks("python"):
         namespaces.append({})
         exec(compile(block, str(README), "exec"), namespaces[-1])
-    assert len(namespaces) >= 4
+    assert len(namespaces) >= 3
     batch = next(namespace["batch"] for namespace in namespaces if "abc" in namespace)
     assert isinstance(batch, sp.PackedBatch)
     assert batch.segments.tolist() == [[0, 0, 0, 1, 1, -1], [2, 2, 2, 2, -1, -1]]
@@ -114,8 +115,8 @@ def test_the_readme_is_a_guide_of_at_most_500_lines_with_its_sections_in_order()
     text = README.read_text()
     assert len(text.splitlines()) <= 500
     sections = re.findall(r"^## (.+)$", text, flags=re.M)
-    order = ["From corpus to training", "PyTorch and Hugging Face", "Command line", "Ray", "On disk", "API",
-             "Benchmarks"]
+    order = ["From corpus to training", "PyTorch and Hugging Face", "Fine-tuning on prompts and conversations",
+             "Command line", "Ray", "On disk", "API", "Benchmarks"]
     assert [section for section in sections if section in order] == order
     assert (ROOT / "bench" / "RESULTS.md").is_file()
 
@@ -125,7 +126,7 @@ def test_the_own_corpus_block_runs(tmp_path):
     pytest.importorskip("tokenizers", reason="--tokenizer needs the hf extra: pip install 'seqpack[hf]'")
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    (block,) = [block for block in blocks("bash") if "--tokenizer tokenizer.json" in block]
+    (block,) = [block for block in blocks("bash") if "--out mydata/" in block]
     texts = [f"Record {i}: packing keeps the contexts of examples apart. " * (1 + i % 4) for i in range(60)]
     (tmp_path / "train.txt").write_text("\n".join(texts))
     tokenizer = Tokenizer(models.BPE())
@@ -144,3 +145,28 @@ def test_the_own_corpus_block_runs(tmp_path):
     assert "mydata: ok: the manifest matches its seal" in result.stdout
     assert (tmp_path / "mydata.svg").read_text().startswith("<svg")
     assert sp.open_dataset(tmp_path / "mydata").report().valid_targets > 0
+
+
+def test_the_fine_tuning_blocks_run(tmp_path):
+    """The fine-tuning section's Python block (as its comment says) and its command, run as
+    written on prompt-completion records and a BPE trained here."""
+    (block,) = blocks("python sft")
+    namespace = {}
+    exec(compile(block, str(README), "exec"), namespace)
+    assert namespace["sft_batch"].target_count == 13  # " four" and " Paris", each with its EOS
+    pytest.importorskip("tokenizers", reason="--tokenizer needs the hf extra: pip install 'seqpack[hf]'")
+    from helpers import train_bpe
+
+    records = [{"prompt": f"Question {i}: what is packed?", "completion": " Whole examples" + " apart" * (i % 5)}
+               for i in range(40)]
+    train_bpe(tmp_path, [r["prompt"] + r["completion"] for r in records], vocab_size=300)
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    (command,) = [block for block in blocks("bash") if "--out sft/" in block]
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=tmp_path, env=environment,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "supervised targets" in result.stdout
+    dataset = sp.open_dataset(tmp_path / "sft")
+    assert dataset.manifest["supervision"]["applied"] == ["prompt-completion"]
+    assert 0 < int(dataset.batch_targets().sum()) < dataset.report().valid_targets
