@@ -406,3 +406,19 @@ def test_a_save_to_disk_directory_is_packed_with_its_masks(tmp_path):
     batch = open_dataset(tmp_path / "out")[0]
     expected = np.concatenate([supervised[a + 1 : b] for a, b in zip(offsets[:-1], offsets[1:])])
     np.testing.assert_array_equal(batch.loss_mask[0, : expected.size], expected)
+
+
+def test_a_manifest_whose_version_disagrees_with_its_supervision_is_refused(tmp_path, tokenizer, binding):
+    out = tmp_path / "out"
+    manifest = pack_corpus([Records(random_records(13))], out, binding=binding, tokenizer=tokenizer,
+                           config=sp.PackConfig(96, 3))
+    assert open_dataset(out).supervision["applied"] == ["prompt-completion"]
+    for edit in (lambda m: m.update(format_version=1),            # would read every target as supervised
+                 lambda m: m.pop("supervision"),
+                 lambda m: m["parts"][0]["files"].pop(fmt.SUPERVISION_FILE)):
+        changed = json.loads(json.dumps(manifest))
+        changed.pop(fmt.SEAL, None)
+        edit(changed)
+        reseal(out, changed)
+        with pytest.raises(InvalidInputError, match="supervision record and"):
+            open_dataset(out)

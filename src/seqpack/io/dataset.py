@@ -385,6 +385,14 @@ class PackedDataset:
             raise malformed(self.path, error) from None
         try:
             self.version = manifest["format_version"]
+            supervised = [fmt.SUPERVISION_FILE in record["files"] for record in records]
+            expected = self.version > 1  # a supervision record and every part's file, or neither
+            if ("supervision" in manifest) != expected or any(listed != expected for listed in supervised):
+                raise InvalidInputError(f"{self.path / fmt.MANIFEST}: format version {self.version} with "
+                                        f"{'a' if 'supervision' in manifest else 'no'} supervision record and "
+                                        f"{sum(supervised)} of {len(records)} parts listing {fmt.SUPERVISION_FILE}")
+            #: What the pack applied (``supervision`` of the manifest), or None for version 1.
+            self.supervision = manifest.get("supervision")
             self.parts = [Part(self.path / record["name"], record, self.config, self.token_dtype, self.long,
                                self.version)
                           for record in records]
