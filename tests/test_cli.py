@@ -170,6 +170,21 @@ def test_bench_corpus_json_reports_every_workload_and_the_floor_of_workload_a():
     assert floor["ceilings"] == pytest.approx({"TRL in memory": in_memory / longer, "TRL to disk": to_disk / longer})
 
 
+
+@pytest.mark.slow
+@pytest.mark.bench
+def test_bench_sft_json_measures_every_method_and_the_disk(tmp_path):
+    pytest.importorskip("trl", reason="bench_sft.py's TRL row needs the bench extra: pip install 'seqpack[bench]'")
+    result = subprocess.run([sys.executable, str(BENCH / "bench_sft.py"), "--records", "300", "--repeats", "1",
+                             "--json", "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report["seconds"]) == {"seqpack pack", "seqpack verify", "floor", "trl"}
+    assert all(value > 0 for value in report["seconds"].values())
+    assert 0 < report["supervised_targets"] < report["tokens"] and report["bytes_per_token"] > 2
+    assert not list(tmp_path.iterdir())  # the work directory is removed
+
 def test_bench_attention_gqa_label_names_the_ratio_it_runs():
     """The row was labelled "kv heads = heads/4" on workloads with 2 heads and 1 key/value head."""
     from seqpack.bench.attention import GQA, gqa_kv_heads, method_label
