@@ -45,6 +45,15 @@ class Records:
                                 prompts=[p for p, _ in part], completions=[c for _, c in part])
 
 
+class Texts(Records):
+    """The prompts alone, as text records: no supervision."""
+
+    def chunks(self, first_input):
+        for chunk in super().chunks(first_input):
+            chunk.texts, chunk.prompts, chunk.completions = chunk.prompts, None, None
+            yield chunk
+
+
 def random_records(seed: int, count: int = 60):
     rng = np.random.default_rng(seed)
     words = lambda low, high: " ".join(rng.choice(WORDS, int(rng.integers(low, high))))  # noqa: E731
@@ -117,12 +126,6 @@ def test_the_dataset_gives_the_batches_of_the_in_memory_pack(tmp_path, tokenizer
 
 
 def test_without_supervision_the_dataset_is_version_1(tmp_path, tokenizer, binding):
-    class Texts(Records):
-        def chunks(self, first_input):
-            for chunk in super().chunks(first_input):
-                chunk.texts, chunk.prompts, chunk.completions = chunk.prompts, None, None
-                yield chunk
-
     manifest = pack_corpus([Texts(random_records(4))], tmp_path / "out", binding=binding, tokenizer=tokenizer,
                            config=sp.PackConfig(96, 3))
     assert manifest["format_version"] == 1 and "supervision" not in manifest
@@ -160,12 +163,6 @@ def test_sharded_parts_carry_the_supervision_of_a_serial_pack(tmp_path, tokenize
 
 def test_a_text_shard_beside_supervised_ones_gets_an_empty_supervision_file(tmp_path, tokenizer, binding):
     from seqpack.io.shards import pack_sharded
-
-    class Texts(Records):
-        def chunks(self, first_input):
-            for chunk in super().chunks(first_input):
-                chunk.texts, chunk.prompts, chunk.completions = chunk.prompts, None, None
-                yield chunk
 
     readers = [Texts(random_records(7, 20), name="texts.jsonl"), Records(random_records(8, 20))]
     manifest = pack_sharded(readers, tmp_path / "out", binding=binding, tokenizer=tokenizer,
