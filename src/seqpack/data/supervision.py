@@ -42,12 +42,7 @@ def as_supervision(values, length: int, name: str) -> np.ndarray | None:
 def target_counts(supervised: np.ndarray | None, begins: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Supervised targets of each source range ``[begins[i], ends[i])`` (int64, read-only):
     its tokens after the first that are supervised (all of them when ``supervised`` is None)."""
-    if supervised is None:
-        counts = ends - begins - 1
-    else:
-        running = np.zeros(supervised.shape[0] + 1, dtype=np.int64)
-        np.cumsum(supervised, out=running[1:])
-        counts = running[ends] - running[begins + 1]
+    counts = ends - begins - 1 if supervised is None else range_target_counts(flips_of(supervised), begins, ends)
     counts.flags.writeable = False
     return counts
 

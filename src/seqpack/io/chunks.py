@@ -16,6 +16,7 @@ import numpy as np
 from .._limits import INT32_MAX, check_bool, kernel_threads
 from ..data import _validate
 from ..data.binding import BatchBinding
+from ..data.supervision import target_counts
 from ..errors import InvalidInputError, SeqpackError
 from .encoding import TokenizerFailure, TokenizerFile, frame
 from .readers import DocumentChunk, Input
@@ -260,10 +261,8 @@ class ChunkEncoder:
     def _check_supervised(self, encoded: Encoded) -> None:
         """Every document needs a supervised target (TRL refuses an assistant-only
         example without one): the first that has none is an error naming it."""
-        running = np.zeros(encoded.tokens.shape[0] + 1, dtype=np.int64)
-        np.cumsum(encoded.supervised, out=running[1:])
         starts, ends = encoded.offsets[:-1], encoded.offsets[1:]
-        none = np.flatnonzero(running[ends] == running[starts + 1])
+        none = np.flatnonzero(target_counts(encoded.supervised, starts, ends) == 0)
         if none.size:
             document = int(none[0])
             where = self.inputs[int(encoded.inputs[document])].where(int(encoded.locations[document]))

@@ -24,6 +24,7 @@ from itertools import chain
 import numpy as np
 
 from .._limits import check_bool
+from ..data.supervision import target_counts
 from ..errors import InvalidInputError
 from .encoding import TokenizerFailure, TokenizerFile, frame
 from .readers import missing_extra
@@ -132,8 +133,7 @@ def encode_conversations(tokenizer: TokenizerFile, conversations, *, chat_templa
         supervised = np.ones(tokens.shape[0], dtype=bool)
     supervised[offsets[:-1]] = False
     if assistant_only_loss:
-        running = np.concatenate(([0], np.cumsum(supervised)))
-        unsupervised = np.flatnonzero(running[offsets[1:]] == running[offsets[:-1]])
+        unsupervised = np.flatnonzero(target_counts(supervised, offsets[:-1], offsets[1:]) == 0)
         if unsupervised.size:
             index = int(unsupervised[0])
             every = (f" (none of the {len(conversations)} conversations has one: does the template's "

@@ -196,17 +196,14 @@ def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str,
     np.cumsum(staged.lengths, out=document_starts[1:])
     begins = document_starts[documents] + ranges[:, 0]
     ends = document_starts[documents] + ranges[:, 1]
-    skipped_windows = 0
-    if staged.flips is not None:
-        targets = range_target_counts(staged.flips, begins, ends)
-        keep = targets > 0  # a document has a supervised target (checked): only a window may not
-        skipped_windows = int(keep.shape[0] - np.count_nonzero(keep))
-        if skipped_windows:
-            documents, ranges, begins, ends, targets = documents[keep], ranges[keep], begins[keep], ends[keep], targets[keep]
+    windows = documents.shape[0]
+    targets = None if staged.flips is None else range_target_counts(staged.flips, begins, ends)
+    if targets is not None and not targets.all():  # a document has a supervised target: only a window may not
+        keep = targets > 0
+        documents, ranges, begins, ends, targets = documents[keep], ranges[keep], begins[keep], ends[keep], targets[keep]
     check_example_count(documents.shape[0])
     lengths = ranges[:, 1] - ranges[:, 0] - 1
-    if staged.flips is None:
-        targets = lengths
+    targets = lengths if targets is None else targets
     placement = place(lengths, capacity, policy)
     if policy == "next-fit":  # rows never decrease in input order
         order = None
@@ -239,7 +236,8 @@ def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str,
         "files": files,
     }
     if staged.flips is not None:
-        record.update(supervised_targets=report.supervised_targets, skipped_unsupervised_windows=skipped_windows,
+        record.update(supervised_targets=report.supervised_targets,
+                      skipped_unsupervised_windows=windows - int(documents.shape[0]),
                       supervision={"applied": list(staged.supervision), "mismatched_prompts": staged.mismatched,
                                    "first_mismatched_prompt": staged.first_mismatched})
     return record
@@ -329,9 +327,9 @@ def manifest_of(parts: list[dict], *, binding: dict, partition: Partition, confi
         "permitted_edges": counts["permitted_edges"], "dense_score_positions": counts["rows"] * config.capacity**2,
         "permitted_fraction": counts["permitted_edges"] / (counts["rows"] * config.capacity**2),
     }
-    if supervision is not None and counts["supervised_targets"] != counts["valid_targets"]:
-        report["supervised_targets"] = counts["supervised_targets"]  # as EfficiencyReport.as_dict
     if supervision is not None:
+        if counts["supervised_targets"] != counts["valid_targets"]:
+            report["supervised_targets"] = counts["supervised_targets"]  # as EfficiencyReport.as_dict
         extra = {**(extra or {}), "supervision": supervision}
     return {
         "format": fmt.FORMAT, "format_version": version, "created_by": f"seqpack {package_version('seqpack')}",

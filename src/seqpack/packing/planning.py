@@ -77,7 +77,7 @@ class PackingPlan:
         first_rows = np.arange(self.batch_count, dtype=np.int64) * per_batch
         self._bounds = np.append(np.searchsorted(self._rows, first_rows), self.occurrence_count)
         occurrences = np.diff(self._bounds)
-        tokens = np.add.reduceat(self._sorted_lengths(), self._bounds[:-1]) + occurrences
+        tokens = np.add.reduceat(self._sorted(self._lengths), self._bounds[:-1]) + occurrences
         self._batch_gather = budget.gather_bytes(source.copies_tokens, tokens, occurrences)
         self.largest_gather = int(self._batch_gather.max())
         self.largest_batch_rows = min(per_batch, self.row_count)
@@ -85,10 +85,8 @@ class PackingPlan:
         self.plan_bytes = plan_bytes + self.batch_count * budget.PLAN_BYTES_PER_BATCH
         self.memory_peak = self.plan_bytes + self.largest_gather + largest_batch
 
-    def _sorted_lengths(self) -> np.ndarray:
-        return self._sorted(self._lengths)
-
     def _sorted(self, per_example: np.ndarray) -> np.ndarray:
+        """``per_example`` (by ordinal) in placement order."""
         return per_example if self._order is None else per_example[self._order]
 
     def __len__(self) -> int:
