@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="seqpack.hf needs PyTorch: pip install 'seqpack[hf]'")
 pytest.importorskip("transformers", reason="seqpack.hf needs transformers: pip install 'seqpack[hf]'")
 
+from helpers import run_on_gloo_ranks
 from hf_cases import CAPACITY, LENGTHS, binding, documents, packed
 from transformers import DataCollatorWithFlattening
 from transformers.loss.loss_utils import ForCausalLMLoss
@@ -172,31 +173,16 @@ def test_packing_collator_errors_and_the_exact_limit():
         sph.PackingCollator({"capacity": 8}, tokenizer_identity=identity)
 
 
-def counting_rank(rank: int, world_size: int, port: int) -> None:
+def counting_rank(rank: int, world_size: int) -> None:
     """Each rank holds one micro-batch; every rank's count is the union's."""
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        batches = [packed(lengths=LENGTHS[:5], seed=2)[0], packed(lengths=LENGTHS[5:], seed=3)[0]]
-        mine = [sph.rows(batches[rank])]
-        assert sph.num_items_in_batch(mine) == sum(b.target_count for b in batches)
-        dist.barrier()  # no rank tears gloo down while its peer still talks to it (an abort at exit)
-    finally:
-        dist.destroy_process_group()
+    batches = [packed(lengths=LENGTHS[:5], seed=2)[0], packed(lengths=LENGTHS[5:], seed=3)[0]]
+    mine = [sph.rows(batches[rank])]
+    assert sph.num_items_in_batch(mine) == sum(b.target_count for b in batches)
 
 
 @pytest.mark.slow
 def test_num_items_in_batch_sums_over_gloo_ranks():
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    mp.spawn(counting_rank, args=(2, port), nprocs=2, join=True)
+    run_on_gloo_ranks(counting_rank)
 
 
 def test_packing_collator_refuses_what_it_would_ignore():

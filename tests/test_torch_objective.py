@@ -4,8 +4,7 @@ Family 8 (loss normalization) with PyTorch autograd, and family 16: two ``gloo``
 processes on loopback get the gradients of the single-process step over the union.
 """
 
-import os
-import socket
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,12 +13,11 @@ import seqpack as sp
 
 torch = pytest.importorskip("torch", reason="seqpack.torch needs PyTorch: pip install 'seqpack[torch]'")
 import seqpack.torch as st  # noqa: E402
+import seqpack.torch.datasets as datasets  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
-from packed_cases import packed_plan, padded_epoch  # noqa: E402
-from types import SimpleNamespace
-import seqpack.torch.datasets as datasets
-from torch.utils.data import DataLoader
-from packed_cases import random_predictions
+from helpers import run_on_gloo_ranks  # noqa: E402
+from packed_cases import packed_plan, padded_epoch, random_predictions  # noqa: E402
 
 VOCABULARY = 266
 PREDICTIONS = [3, 9, 2, 7, 1, 11, 4, 6, 5, 8, 2, 10, 3, 7]  # 14 examples, uneven per batch
@@ -161,72 +159,58 @@ def test_step_target_count_takes_every_form():
         st.LossAccumulator([batch], ddp=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def distributed_rank(rank: int, world_size: int, port: int) -> None:
+def distributed_rank(rank: int, world_size: int) -> None:
     """One rank: its micro-batches (every other batch), plain all-reduced and DDP gradients
     against the single-process token-weighted step over all ranks' batches."""
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        batches = list(packed_plan(PREDICTIONS, 16, 1))
-        mine = batches[rank::world_size]
-        assert sum(b.target_count for b in batches[0::2]) != sum(b.target_count for b in batches[1::2])
+    batches = list(packed_plan(PREDICTIONS, 16, 1))
+    mine = batches[rank::world_size]
+    assert sum(b.target_count for b in batches[0::2]) != sum(b.target_count for b in batches[1::2])
 
-        reference = TinyModel()
-        st.token_weighted_loss(reference(union_of(batches)), union_of(batches)["shift_labels"]).backward()
-        expected = gradients(reference)
+    reference = TinyModel()
+    st.token_weighted_loss(reference(union_of(batches)), union_of(batches)["shift_labels"]).backward()
+    expected = gradients(reference)
 
-        model = TinyModel()
-        accumulator = st.LossAccumulator(mine)
-        assert accumulator.denominator == sum(b.target_count for b in batches)
-        for batch in mine:
-            accumulator(model(st.tensors(batch)), batch).backward()
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
-        for name, grad in gradients(model).items():
-            assert close(grad, expected[name]), (rank, name)
+    model = TinyModel()
+    accumulator = st.LossAccumulator(mine)
+    assert accumulator.denominator == sum(b.target_count for b in batches)
+    for batch in mine:
+        accumulator(model(st.tensors(batch)), batch).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    for name, grad in gradients(model).items():
+        assert close(grad, expected[name]), (rank, name)
 
-        ddp = torch.nn.parallel.DistributedDataParallel(TinyModel())
-        accumulator = st.LossAccumulator(mine, ddp=True)
-        for index, batch in enumerate(mine):
-            context = ddp.no_sync() if index < len(mine) - 1 else torch.enable_grad()
-            with context:
-                accumulator(ddp(st.tensors(batch)), batch).backward()
-        for name, grad in gradients(ddp.module).items():
-            assert close(grad, expected[name]), (rank, "ddp", name)
+    ddp = torch.nn.parallel.DistributedDataParallel(TinyModel())
+    accumulator = st.LossAccumulator(mine, ddp=True)
+    for index, batch in enumerate(mine):
+        context = ddp.no_sync() if index < len(mine) - 1 else torch.enable_grad()
+        with context:
+            accumulator(ddp(st.tensors(batch)), batch).backward()
+    for name, grad in gradients(ddp.module).items():
+        assert close(grad, expected[name]), (rank, "ddp", name)
 
-        # A rank that counted only its first micro-batch: the global count covers the
-        # other rank's batches, but this rank's own uncounted one is still an error.
-        accumulator = st.LossAccumulator(mine[:1])
-        counted, total = mine[0].target_count, accumulator.denominator
-        accumulator(model(st.tensors(mine[0])), mine[0])
-        with pytest.raises(sp.InvalidInputError, match=(
-                rf"^this rank's micro-batches of the step were counted as {counted} eligible targets \(of {total} "
-                rf"over the ranks\) but its micro-batches so far hold {counted + mine[1].target_count}: ")):
-            accumulator(model(st.tensors(mine[1])), mine[1])
+    # A rank that counted only its first micro-batch: the global count covers the
+    # other rank's batches, but this rank's own uncounted one is still an error.
+    accumulator = st.LossAccumulator(mine[:1])
+    counted, total = mine[0].target_count, accumulator.denominator
+    accumulator(model(st.tensors(mine[0])), mine[0])
+    with pytest.raises(sp.InvalidInputError, match=(
+            rf"^this rank's micro-batches of the step were counted as {counted} eligible targets \(of {total} "
+            rf"over the ranks\) but its micro-batches so far hold {counted + mine[1].target_count}: ")):
+        accumulator(model(st.tensors(mine[1])), mine[1])
 
-        dataset = st.PackedIterableDataset(packed_plan(PREDICTIONS, 16, 1))  # rank and size from the group
-        assert (dataset.rank, dataset.world_size) == (rank, world_size)
-        shares = [None] * world_size
-        dist.all_gather_object(shares, dataset.rank_batches(0).tolist())
-        assert len(set(shares[0]) | set(shares[1])) == 2 * len(dataset) == len(batches) // 2 * 2
-        dist.barrier()  # no rank tears gloo down while its peer still talks to it (an abort at exit)
-    finally:
-        dist.destroy_process_group()
+    dataset = st.PackedIterableDataset(packed_plan(PREDICTIONS, 16, 1))  # rank and size from the group
+    assert (dataset.rank, dataset.world_size) == (rank, world_size)
+    shares = [None] * world_size
+    dist.all_gather_object(shares, dataset.rank_batches(0).tolist())
+    assert len(set(shares[0]) | set(shares[1])) == 2 * len(dataset) == len(batches) // 2 * 2
 
 
 @pytest.mark.slow
 def test_two_gloo_ranks_get_the_gradients_of_the_union():
-    import torch.multiprocessing as mp
-
-    mp.spawn(distributed_rank, args=(2, free_port()), nprocs=2, join=True)
+    run_on_gloo_ranks(distributed_rank)
 
 
 def logits_for(batch):
