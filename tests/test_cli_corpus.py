@@ -146,6 +146,21 @@ def test_errors_exit_with_one_line(tmp_path, docs, args, status, message):
     assert not (tmp_path / "x").exists()
 
 
+
+def test_pre_tokenized_jsonl_needs_no_ids_field_and_takes_framed(tmp_path):
+    # Issue 35: TRL's pre-tokenized JSONL ({"input_ids", "completion_mask"}) is found by name, as in Parquet.
+    records = [{"input_ids": [0, 70, 71, 72, 1], "completion_mask": [0, 0, 1, 1, 1]},
+               {"input_ids": [0, 80, 81, 1], "completion_mask": [0, 1, 1, 1]}]
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    for out, flags in (("named", ["--ids-field", "input_ids"]), ("found", [])):
+        result = run("pack", "sft.jsonl", "--out", out, "--framed", "--capacity", 16, "--json", *flags, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        manifest = json.loads(result.stdout)
+        assert (manifest["counts"]["tokens"], manifest["counts"]["supervised_targets"]) == (9, 6)
+        assert manifest["supervision"]["applied"] == ["completion_mask"]
+    assert (tmp_path / "named" / "part-00000" / "tokens.bin").read_bytes() \
+        == (tmp_path / "found" / "part-00000" / "tokens.bin").read_bytes()
+
 def test_a_tokenizer_file_that_is_not_one_is_one_line(tmp_path, docs):
     pytest.importorskip("tokenizers", reason="--tokenizer needs the hf extra: pip install 'seqpack[hf]'")
     line = one_error_line(run("pack", "docs", "--out", "x", "--tokenizer", "docs/00.txt", "--bos", "0", "--eos", "1",

@@ -886,17 +886,32 @@ def test_a_packed_dataset_under_a_directory_is_skipped_and_listed(tmp_path, text
 
 
 # From the 6c3cdaf walkthrough: a JSONL line without the field said only "no field 'text'", unlike Parquet.
-@pytest.mark.parametrize("record, hint", [
-    ({"input_ids": [5, 6]}, " (the line has 'input_ids': pass --ids-field input_ids)"),
-    ({"txt": "hi"}, "; name one with --text-field or --ids-field"),
+@pytest.mark.parametrize("records, hint", [
+    ([{"text": "hi"}, {"input_ids": [5, 6]}], ":2: no field 'text' (the line has 'input_ids': pass --ids-field input_ids)"),
+    ([{"txt": "hi"}], ":1: no field 'text'; name one with --text-field or --ids-field"),
 ])
-def test_a_jsonl_line_without_the_field_says_which_flag_names_it(tmp_path, record, hint):
+def test_a_jsonl_line_without_the_field_says_which_flag_names_it(tmp_path, records, hint):
     """Used to say only "no field 'text'", unlike the Parquet reader."""
     lines = tmp_path / "ids2.jsonl"
-    lines.write_text(json.dumps(record) + "\n")
+    lines.write_text("".join(json.dumps(record) + "\n" for record in records))
     with pytest.raises(sp.InvalidInputError) as raised:
         pack_readers([io.JsonLines(lines)], tmp_path / "out")
-    assert str(raised.value) == f"{lines}:1: no field 'text'{hint}"
+    assert str(raised.value) == f"{lines}{hint}"
+
+
+def test_jsonl_records_of_input_ids_alone_are_read_as_ids_as_in_parquet(tmp_path):
+    # Issue 35: TRL's pre-tokenized JSONL ({"input_ids", "completion_mask"}) needed --ids-field.
+    lines = tmp_path / "ids.jsonl"
+    lines.write_text(json.dumps({"input_ids": [5, 6], "completion_mask": [0, 1]}) + "\n"
+                     + json.dumps({"input_ids": [7], "completion_mask": [1]}) + "\n")
+    reader = io.JsonLines(lines)
+    assert reader.record_fields == io.JsonLines(lines, ids_field="input_ids").record_fields
+    assert (reader.record_fields.kind, reader.record_fields.masks) == ("ids", ("completion_mask",))
+    (chunk,) = reader.chunks(0)
+    (expected,) = io.JsonLines(lines, ids_field="input_ids").chunks(0)
+    assert [values.tolist() for values in chunk.ids] == [values.tolist() for values in expected.ids] \
+        == [[5, 6, 7], [0, 2, 3]]
+    assert chunk.masks["completion_mask"].tolist() == [0, 1, 1]
 
 
 # From the 6c3cdaf walkthrough: reader_for did not take a Megatron PREFIX (the path without .idx/.bin).

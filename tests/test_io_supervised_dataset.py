@@ -388,6 +388,47 @@ def test_random_masks_survive_parquet_and_the_disk(tmp_path_factory, masks, poli
             np.testing.assert_array_equal(getattr(mine, field), getattr(theirs, field), err_msg=field)
 
 
+
+def occurrences(directory) -> dict:
+    """Each example of the dataset at ``directory``, by ordinal: its placed inputs, targets
+    and loss mask, read from the batches."""
+    found = {}
+    for batch in open_dataset(directory):
+        for occurrence in batch.occurrences:
+            row, columns = occurrence.row, occurrence.columns
+            found[occurrence.ordinal] = tuple(getattr(batch, field)[row, columns].tolist()
+                                              for field in ("inputs", "targets", "loss_mask"))
+    return found
+
+@settings(derandomize=True, max_examples=15, deadline=None)
+@given(st.lists(st.lists(st.lists(st.booleans(), min_size=1, max_size=30), min_size=1, max_size=8),
+                min_size=1, max_size=4),
+       st.booleans(), st.integers(0, 1 << 20))
+def test_random_masks_survive_shards(tmp_path_factory, files, cut, seed):
+    # The shards a Ray run packs (run serially here; test_ray_pipeline checks that Ray gives
+    # the same bytes): every occurrence's tokens and loss mask are those of one serial pack.
+    from seqpack.io.shards import pack_sharded
+
+    rng = np.random.default_rng(seed)
+    directory = tmp_path_factory.mktemp("shards")
+    paths = []
+    for number, masks in enumerate(files):
+        masks = [mask if any(mask) else [*mask[:-1], True] for mask in masks]  # every record supervises a token
+        lines = [json.dumps({"input_ids": rng.integers(2, 258, len(mask)).tolist(),
+                             "completion_mask": list(map(int, mask))}) + "\n" for mask in masks]
+        paths.append(directory / f"sft-{number}.jsonl")
+        paths[-1].write_text("".join(lines), encoding="utf-8")
+    byte_binding = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="corpus")
+    common = dict(binding=byte_binding, tokenizer=byte_binding.tokenizer, config=sp.PackConfig(8 if cut else 48, 2),
+                  long="cut" if cut else "error")
+    serial = pack_corpus([sp.io.reader_for(p) for p in paths], directory / "serial", **common)
+    sharded = pack_sharded([sp.io.reader_for(p) for p in paths], directory / "sharded", shards=len(paths), **common)
+    kept = ("documents", "examples", "tokens", "valid_targets", "supervised_targets", "skipped_unsupervised_windows")
+    assert [sharded["counts"][key] for key in kept] == [serial["counts"][key] for key in kept]
+    assert sharded["supervision"] == serial["supervision"]
+    assert occurrences(directory / "sharded") == occurrences(directory / "serial")
+    verify_dataset(directory / "sharded")
+
 def test_a_save_to_disk_directory_is_packed_with_its_masks(tmp_path):
     datasets = pytest.importorskip("datasets", reason="datasets comes with the bench extra: "
                                                       "pip install 'seqpack[bench]'")

@@ -298,8 +298,8 @@ def _check_input_flags(args, readers) -> None:
         "--text-field": (bool(structured), "no INPUT is JSONL, Parquet or Arrow"),
         "--ids-field": (bool(structured), "no INPUT is JSONL, Parquet or Arrow"),
         "--framed": (args.ids_field is not None or any(isinstance(r, kinds.Megatron) for r in readers)
-                     or any(isinstance(r, kinds.ArrowBatches) and r.reads_ids() for r in readers),
-                     "it applies to pre-tokenized inputs (--ids-field, an 'input_ids' column or Megatron)"),
+                     or any(r.record_kind == "ids" for r in structured),
+                     "it applies to pre-tokenized inputs (--ids-field, an 'input_ids' field or Megatron)"),
         "--chat-template": (any(r.record_kind == "conversation" for r in structured),
                             "no INPUT holds conversations (a 'messages' field)"),
         "--no-completion-only-loss": (any(r.record_kind == "prompt-completion"

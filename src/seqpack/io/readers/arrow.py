@@ -243,11 +243,6 @@ class ArrowBatches(RecordReader):
         """The columns read (:func:`record_columns`)."""
         return self._open()[0]
 
-    def reads_ids(self) -> bool:
-        """Whether the records are token IDs (by the fields given, else by the columns
-        there are: this opens the file)."""
-        return self.record_kind == "ids"
-
     def _fields(self, names) -> RecordFields:
         return record_columns(names, self.text_field, self.ids_field, self.inputs[0].name)
 

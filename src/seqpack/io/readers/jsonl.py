@@ -201,7 +201,8 @@ class JsonLines(RecordReader):
     given (``text_field``: a string; ``ids_field``: a list of token IDs; not both), else
     by the fields of the first record: ``"text"``; ``"prompt"`` and ``"completion"``
     (strings); ``"messages"`` (a non-empty list of objects with string ``"role"`` and
-    ``"content"``); text when it has none of them. Beside IDs, the :data:`MASK_COLUMNS`
+    ``"content"``); ``"input_ids"`` (a list of token IDs, as in Parquet); text when it
+    has none of them. Beside IDs, the :data:`MASK_COLUMNS`
     the first record has are read (lists of ints as long as its IDs). Every record must
     have its kind's fields and those masks. Blank lines are skipped; lines count from 1.
 
@@ -240,9 +241,11 @@ class JsonLines(RecordReader):
     @cached_property
     def record_fields(self) -> RecordFields:
         """The records' fields (:func:`find_record_fields`), by the field given, else by the
-        file's first record; text when that names no kind."""
+        file's first record (``input_ids`` when it names no other kind, as in Parquet); text
+        when it names none."""
         names = () if self.text_field is not None else self._first_record_names()
-        return find_record_fields(names, self.text_field, self.ids_field) or RecordFields("text", ("text",))
+        return (find_record_fields(names, self.text_field, self.ids_field, ids_default="input_ids")
+                or RecordFields("text", ("text",)))
 
     def _first_record_names(self) -> tuple[str, ...]:
         """The field names of the file's first record (whatever piece this reader reads),
