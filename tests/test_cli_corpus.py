@@ -146,7 +146,6 @@ def test_errors_exit_with_one_line(tmp_path, docs, args, status, message):
     assert not (tmp_path / "x").exists()
 
 
-
 def test_pre_tokenized_jsonl_needs_no_ids_field_and_takes_framed(tmp_path):
     # Issue 35: TRL's pre-tokenized JSONL ({"input_ids", "completion_mask"}) is found by name, as in Parquet.
     records = [{"input_ids": [0, 70, 71, 72, 1], "completion_mask": [0, 0, 1, 1, 1]},
@@ -160,6 +159,7 @@ def test_pre_tokenized_jsonl_needs_no_ids_field_and_takes_framed(tmp_path):
         assert manifest["supervision"]["applied"] == ["completion_mask"]
     assert (tmp_path / "named" / "part-00000" / "tokens.bin").read_bytes() \
         == (tmp_path / "found" / "part-00000" / "tokens.bin").read_bytes()
+
 
 def test_a_tokenizer_file_that_is_not_one_is_one_line(tmp_path, docs):
     pytest.importorskip("tokenizers", reason="--tokenizer needs the hf extra: pip install 'seqpack[hf]'")

@@ -886,16 +886,18 @@ def test_a_packed_dataset_under_a_directory_is_skipped_and_listed(tmp_path, text
 
 
 # From the 6c3cdaf walkthrough: a JSONL line without the field said only "no field 'text'", unlike Parquet.
-@pytest.mark.parametrize("records, hint", [
-    ([{"text": "hi"}, {"input_ids": [5, 6]}], ":2: no field 'text' (the line has 'input_ids': pass --ids-field input_ids)"),
-    ([{"txt": "hi"}], ":1: no field 'text'; name one with --text-field or --ids-field"),
+@pytest.mark.parametrize("records, text_field, hint", [
+    ([{"text": "hi"}, {"input_ids": [5, 6]}], None,
+     ":2: no field 'text' (the line is a token-ID record, but the first record is text: every record must be of one kind)"),
+    ([{"input_ids": [5, 6]}], "text", ":1: no field 'text' (the line has 'input_ids': pass --ids-field input_ids)"),
+    ([{"txt": "hi"}], None, ":1: no field 'text'; name one with --text-field or --ids-field"),
 ])
-def test_a_jsonl_line_without_the_field_says_which_flag_names_it(tmp_path, records, hint):
+def test_a_jsonl_line_without_the_field_says_which_flag_names_it(tmp_path, records, text_field, hint):
     """Used to say only "no field 'text'", unlike the Parquet reader."""
     lines = tmp_path / "ids2.jsonl"
     lines.write_text("".join(json.dumps(record) + "\n" for record in records))
     with pytest.raises(sp.InvalidInputError) as raised:
-        pack_readers([io.JsonLines(lines)], tmp_path / "out")
+        pack_readers([io.JsonLines(lines, text_field=text_field)], tmp_path / "out")
     assert str(raised.value) == f"{lines}{hint}"
 
 

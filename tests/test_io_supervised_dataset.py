@@ -388,7 +388,6 @@ def test_random_masks_survive_parquet_and_the_disk(tmp_path_factory, masks, poli
             np.testing.assert_array_equal(getattr(mine, field), getattr(theirs, field), err_msg=field)
 
 
-
 def occurrences(directory) -> dict:
     """Each example of the dataset at ``directory``, by ordinal: its placed inputs, targets
     and loss mask, read from the batches."""
@@ -399,6 +398,7 @@ def occurrences(directory) -> dict:
             found[occurrence.ordinal] = tuple(getattr(batch, field)[row, columns].tolist()
                                               for field in ("inputs", "targets", "loss_mask"))
     return found
+
 
 @settings(derandomize=True, max_examples=15, deadline=None)
 @given(st.lists(st.lists(st.lists(st.booleans(), min_size=1, max_size=30), min_size=1, max_size=8),
@@ -428,6 +428,7 @@ def test_random_masks_survive_shards(tmp_path_factory, files, cut, seed):
     assert sharded["supervision"] == serial["supervision"]
     assert occurrences(directory / "sharded") == occurrences(directory / "serial")
     verify_dataset(directory / "sharded")
+
 
 def test_a_save_to_disk_directory_is_packed_with_its_masks(tmp_path):
     datasets = pytest.importorskip("datasets", reason="datasets comes with the bench extra: "

@@ -296,7 +296,8 @@ class JsonLines(RecordReader):
     def _missing(self, record: dict, field: str, number: int) -> InvalidInputError:
         """The error for a record without ``field``, saying why the record needs it."""
         fields = self.record_fields
-        other = next((kind for kind, names in KIND_FIELDS.items() if all(n in record for n in names)), None)
+        kinds = {**KIND_FIELDS, "token-ID": ("input_ids",)}  # what a first record without a field name can be
+        other = next((kind for kind, names in kinds.items() if all(n in record for n in names)), None)
         if field in fields.masks:
             hint = f" (the first record has it beside {fields.fields[0]!r}: every record must)"
         elif fields.kind in ("prompt-completion", "conversation"):
