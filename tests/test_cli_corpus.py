@@ -344,7 +344,7 @@ def test_a_signal_during_a_force_publish_tells_the_truth(tmp_path, docs, packed,
     if committed:
         assert result.returncode == 0, result.stderr
         assert (packed / "manifest.json").read_text() != before
-        notes = {"report printed": f"seqpack: {packed} is complete: the signal came after it was published\n"}
+        notes = {"report printed": f"seqpack: {packed} is complete: it was published before the signal took effect\n"}
         assert result.stderr == notes.get(step, "")
     else:
         status, line = {"SIGINT": (130, "seqpack: interrupted"), "SIGTERM": (143, "seqpack: terminated")}[number]

@@ -232,10 +232,14 @@ def _pack(args) -> int:
                   assistant_only_loss=args.assistant_only_loss)
     stamp = fmt.manifest_stamp(args.out)
     try:
-        return _pack_and_report(args, readers, binding, common)
+        status = _pack_and_report(args, readers, binding, common)
+        args.signals.check()
+        return status
     except (KeyboardInterrupt, Terminated):
         if fmt.manifest_stamp(args.out) not in (stamp, None) and fmt.is_packed_dataset(args.out):
-            print(f"seqpack: {args.out} is complete: the signal came after it was published", file=sys.stderr)
+            args.signals.answered()
+            print(f"seqpack: {args.out} is complete: it was published before the signal took effect",
+                  file=sys.stderr)
             return 0
         raise
 
@@ -458,8 +462,8 @@ def _silence_stdout() -> None:
         pass
 
 
-def _run(argv: list[str] | None) -> int:
-    parser = build_parser()
+def _run(argv: list[str] | None, signals: _Signals) -> int:
+    parser = build_parser()  # loads the commands' modules (and numpy): signals wait for it
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command is None:
@@ -472,6 +476,8 @@ def _run(argv: list[str] | None) -> int:
         sys.stdout.write("\n")
         return 0
     _check_flag_ranges(args)
+    signals.arm()
+    args.signals = signals
     return args.run(args)
 
 
@@ -505,53 +511,106 @@ class Terminated(BaseException):
     cleans up as for Ctrl-C."""
 
 
-def _terminate(signum, frame):
-    raise Terminated()
+class _Signals:
+    """SIGINT and SIGTERM during one command (Python's default handlers replaced in the main
+    thread). Python can lose the exception a handler raises: inside an import's C code, a
+    weakref callback or a finalizer it is dropped or turned into another error (numpy's
+    "PyCapsule_Import could not import module"). So each signal is also noted. Until
+    :meth:`arm`, while the command's modules load, it is only noted, and ``arm`` raises it;
+    from then on it raises at once, and :meth:`check` raises a noted one again where the
+    command ends. :func:`main` reports any failure that follows a signal as that signal,
+    and does not print a signal's exception that Python could not raise
+    (``sys.unraisablehook``)."""
+
+    EXCEPTIONS = {signal.SIGINT: KeyboardInterrupt, signal.SIGTERM: Terminated}
+
+    def __init__(self):
+        self.noted = None
+        self._armed = False
+        self._kept = {}
+        self._hook = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for number, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+                if signal.getsignal(number) == default:
+                    self._kept[number] = signal.signal(number, self._handle)
+        self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        return self
+
+    def __exit__(self, *exception):
+        sys.unraisablehook = self._hook
+        for number, handler in self._kept.items():
+            signal.signal(number, handler)
+
+    def _handle(self, number, frame):
+        self.noted = self.noted or number
+        if self._armed:
+            raise self.EXCEPTIONS[number]()
+
+    def _unraisable(self, unraisable):
+        if self.noted is None or not issubclass(unraisable.exc_type, tuple(self.EXCEPTIONS.values())):
+            self._hook(unraisable)
+
+    def arm(self) -> None:
+        """The command's modules are loaded: raise a signal noted so far, and each one from now on."""
+        self._armed = True
+        self.check()
+
+    def check(self) -> None:
+        """Raise the exception of a signal noted since the command began."""
+        if self.noted is not None:
+            raise self.EXCEPTIONS[self.noted]()
+
+    def answered(self) -> None:
+        """The command has told what the signal left on disk: nothing more to raise."""
+        self.noted = None
 
 
 def main(argv: list[str] | None = None) -> int:
     """The ``seqpack`` command: its exit status (0 done, 1 bad input or a failed check, 2
     usage, 130 interrupted, 143 terminated); errors are one line on stderr."""
-    previous = None
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        return _main(argv)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _main(argv: list[str] | None) -> int:
-    try:
+    with _Signals() as signals:
         try:
-            status = _run(argv)
-        except SystemExit as done:  # argparse: --help, --version and usage errors
-            status = 0 if done.code is None else done.code
-        sys.stdout.flush()
-        return status
-    except UsageError as error:
+            try:
+                status = _run(argv, signals)
+            except SystemExit as done:  # argparse: --help, --version and usage errors
+                status = 0 if done.code is None else done.code
+            signals.check()  # one whose exception Python lost on the way
+            sys.stdout.flush()
+            return status
+        except BaseException as error:
+            if signals.noted is not None and not isinstance(error, tuple(signals.EXCEPTIONS.values())):
+                error = signals.EXCEPTIONS[signals.noted]()  # the signal's error, in another form
+            return _failed(error)
+
+
+def _failed(error: BaseException) -> int:
+    """The exit status for ``error``, its one line printed on stderr; an error no command
+    expects is raised (a bug: its traceback is wanted)."""
+    if isinstance(error, UsageError):
         print(f"seqpack: error: {_one_line(error)}", file=sys.stderr)
         return 2
-    except SeqpackError as error:
+    if isinstance(error, SeqpackError):
         print(f"seqpack: error: {_one_line(error)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    if isinstance(error, KeyboardInterrupt):
         print("seqpack: interrupted", file=sys.stderr)
         return 130
-    except Terminated:
+    if isinstance(error, Terminated):
         print("seqpack: terminated", file=sys.stderr)
         return 143
-    except BrokenPipeError:
+    if isinstance(error, BrokenPipeError):
         _silence_stdout()
         return 0
-    except MemoryError as error:
+    if isinstance(error, MemoryError):
         print(f"seqpack: error: not enough memory: {error or 'an allocation failed'}", file=sys.stderr)
         return 1
-    except OSError as error:
+    if isinstance(error, OSError):
         if error.filename is not None:   # a file the command read or wrote
             print(f"seqpack: error: {_one_line(error.filename)}: {error.strerror or error}", file=sys.stderr)
             return 1
         _silence_stdout()
         print(f"seqpack: error: cannot write the output: {error.strerror or error}", file=sys.stderr)
         return 1
+    raise error
