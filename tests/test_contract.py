@@ -52,6 +52,7 @@ def run_cases(cases: Path, min_cases: int, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel  # hostile calls into every kernel: wanted under the bounds-checked build too
 def test_every_call_returns_a_correct_result_or_raises_a_seqpack_error(tmp_path):
     run_cases(CASES, MIN_CASES, tmp_path)
 
