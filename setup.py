@@ -4,8 +4,8 @@
 (and ``pyx/_NAME.pyx`` ``seqpack._NAME``). ``SEQPACK_CYTHON_DEBUG=1`` turns
 bounds, wraparound and initialization checks on (with debug symbols), so an
 out-of-range index in a kernel raises instead of reading garbage. That build stays at
--O2: below it GCC ends no AVX function with ``vzeroupper``, and the portable path run
-after an AVX one took 50 times as long. OpenMP is used
+-O2: at -O0 and -O1 GCC ends no AVX function with ``vzeroupper``, and the portable
+attention path run after an AVX one took about 60 times as long. OpenMP is used
 when the compiler accepts ``-fopenmp``; otherwise the kernels build single-threaded.
 ``SEQPACK_BUILD_ONLY=_a,_b`` (a kernel developer's shortcut) builds only those modules.
 """

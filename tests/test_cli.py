@@ -364,6 +364,7 @@ def test_a_ctrl_c_python_loses_mid_pack_is_answered_by_what_is_on_disk(tmp_path,
     """A KeyboardInterrupt lost while the pack ran let it exit 0 as if no signal came: the
     command checks for a noted signal when it ends, and tells that the dataset was
     published first. The lost exception is not printed as 'Exception ignored'."""
+    import signal
     import weakref
 
     import seqpack.io
@@ -376,7 +377,7 @@ def test_a_ctrl_c_python_loses_mid_pack_is_answered_by_what_is_on_disk(tmp_path,
             swallowed_sigint()
         else:
             anything = type("Anything", (), {})()
-            reference = weakref.ref(anything, lambda _: os.kill(os.getpid(), __import__("signal").SIGINT))
+            reference = weakref.ref(anything, lambda _: os.kill(os.getpid(), signal.SIGINT))
             del anything
             time.sleep(0.05)
             assert reference() is None

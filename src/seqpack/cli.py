@@ -523,6 +523,7 @@ class _Signals:
     (``sys.unraisablehook``)."""
 
     EXCEPTIONS = {signal.SIGINT: KeyboardInterrupt, signal.SIGTERM: Terminated}
+    RAISED = tuple(EXCEPTIONS.values())
 
     def __init__(self):
         self.noted = None
@@ -549,7 +550,7 @@ class _Signals:
             raise self.EXCEPTIONS[number]()
 
     def _unraisable(self, unraisable):
-        if self.noted is None or not issubclass(unraisable.exc_type, tuple(self.EXCEPTIONS.values())):
+        if self.noted is None or not issubclass(unraisable.exc_type, self.RAISED):
             self._hook(unraisable)
 
     def arm(self) -> None:
@@ -580,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
             return status
         except BaseException as error:
-            if signals.noted is not None and not isinstance(error, tuple(signals.EXCEPTIONS.values())):
+            if signals.noted is not None and not isinstance(error, signals.RAISED):
                 error = signals.EXCEPTIONS[signals.noted]()  # the signal's error, in another form
             return _failed(error)
 
