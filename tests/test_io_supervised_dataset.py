@@ -8,6 +8,7 @@ loss masks included, and its counts must be the supervised ones.
 """
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -459,5 +460,64 @@ def test_a_manifest_whose_version_disagrees_with_its_supervision_is_refused(tmp_
         changed.pop(fmt.SEAL, None)
         edit(changed)
         reseal(out, changed)
-        with pytest.raises(InvalidInputError, match="supervision record and"):
+        with pytest.raises(InvalidInputError, match=r"manifest\.json: format version [12], but the manifest (holds|"
+                                                     r"lacks) (supervision|parts\[0\]\.files\.supervision\.npy)"):
             open_dataset(out)
+
+
+def unsealed(out, manifest):
+    """Write ``manifest`` into the dataset at ``out`` without a seal, as a hand edit leaves it."""
+    (out / fmt.MANIFEST).write_text(json.dumps({key: value for key, value in manifest.items() if key != fmt.SEAL}))
+
+
+def test_a_version_2_manifest_without_its_seal_is_refused(tmp_path, tokenizer, binding, capsys):
+    from seqpack.cli import main
+
+    out = tmp_path / "out"
+    manifest = pack_corpus([Records(random_records(14))], out, binding=binding, tokenizer=tokenizer,
+                           config=sp.PackConfig(96, 3))
+    assert manifest["format_version"] == 2 and verify_dataset(out)["sealed"] is True
+    unsealed(out, manifest)  # issue 41: verify said "the manifest has no seal (an older seqpack wrote it)"
+    message = (r"manifest\.json: no seal, but a version-2 manifest is always sealed by the seqpack that writes it, "
+               r"so its seal was removed")
+    with pytest.raises(InvalidInputError, match=message):
+        open_dataset(out)
+    with pytest.raises(sp.VerificationError, match=message):
+        verify_dataset(out)
+    capsys.readouterr()
+    assert main(["verify", str(out), "--quiet"]) == 1
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_lowered_version_is_refused_while_the_manifest_holds_what_version_2_writes(tmp_path, tokenizer,
+                                                                                      binding):
+    out = tmp_path / "out"
+    manifest = pack_corpus([Records(random_records(15))], out, binding=binding, tokenizer=tokenizer,
+                           config=sp.PackConfig(96, 3))
+    # Issue 41: version 1, and the seal, the supervision record and every supervision.npy gone.
+    lowered = dict(json.loads(json.dumps(manifest)), format_version=1)
+    lowered.pop("supervision")
+    for part in lowered["parts"]:
+        part["files"].pop(fmt.SUPERVISION_FILE)
+        (out / part["name"] / fmt.SUPERVISION_FILE).unlink()
+    part = lowered["parts"][0]
+    traces = [("counts.supervised_targets (and 4 more)", lowered["counts"], fmt.SUPERVISION_COUNTS),
+              ("report.supervised_targets (and 2 more)", lowered["report"], ["supervised_targets"]),
+              ("parts[0].supervised_targets (and 1 more)", part, ["supervised_targets"]),
+              ("parts[0].skipped_unsupervised_windows", part, ["skipped_unsupervised_windows"])]
+    assert len(lowered["parts"]) == 1
+    for named, holder, keys in traces:
+        unsealed(out, lowered)
+        message = rf"manifest\.json: format version 1, but the manifest holds {re.escape(named)}, which only version 2"
+        with pytest.raises(InvalidInputError, match=message):
+            open_dataset(out)
+        with pytest.raises(sp.VerificationError, match=message):
+            verify_dataset(out)
+        for key in keys:
+            del holder[key]
+    # With every trace gone it is a consistent version-1 dataset, which nothing on disk
+    # tells from one an older seqpack wrote: every target now counts in the loss.
+    unsealed(out, lowered)
+    assert verify_dataset(out)["sealed"] is False
+    batch = open_dataset(out)[0]
+    np.testing.assert_array_equal(batch.loss_mask, batch.target_valid)

@@ -301,6 +301,18 @@ def test_a_manifest_from_before_seals_opens_and_verifies_unsealed(two_parts, tmp
     assert io.verify_dataset(two_parts)["sealed"] is True
 
 
+def test_a_version_1_part_holding_a_supervision_file_is_refused(two_parts, tmp_path):
+    # Issue 41: a file only version 2 writes, left in a dataset whose version was lowered to 1.
+    target = edited(two_parts, tmp_path, "seal", DELETE, sealed=False)
+    leftover = target / "part-00001" / fmt.SUPERVISION_FILE
+    np.save(leftover, np.zeros(0, np.uint32))
+    message = rf"^{re.escape(str(leftover))}: a part of a version-1 dataset holds no supervision\.npy; only version 2"
+    with pytest.raises(sp.InvalidInputError, match=message):
+        io.open_dataset(target)
+    with pytest.raises(sp.VerificationError, match=message):
+        io.verify_dataset(target)
+
+
 def test_limits_are_checked_against_the_documents(two_parts, tmp_path):
     """Resealed, an edited limit still disagrees with the documents it should bound."""
     target = edited(two_parts, tmp_path, "binding.limits.max_tokens", 3)

@@ -10,7 +10,9 @@ anything that consumes a plan (a trainer loop, ``seqpack.torch.PackedIterableDat
 takes a dataset on disk unchanged. Opening checks, without reading tokens, that every
 file has the size and shape the manifest records, that the placements tile each row
 and place every example once, that the examples are the documents' ranges (less the
-windows left out for want of a supervised target), that the supervision of a version-2
+windows left out for want of a supervised target), that the format version agrees with
+the manifest and the parts (a version-1 one holds nothing only version 2 writes, a
+version-2 one everything it always writes), that the supervision of a version-2
 dataset is canonical and gives every example a supervised target, and that the
 manifest's counts agree with the files and each other (each part's
 firsts are the running sums of the parts before it), so a damaged file can never make
@@ -59,6 +61,15 @@ def malformed(path: Path, error: Exception) -> InvalidInputError:
     """The one-line error for a manifest missing a key or holding a bad value."""
     what = f"no {error.args[0]!r} key" if isinstance(error, KeyError) else str(error)
     return InvalidInputError(f"{path / fmt.MANIFEST}: malformed manifest ({what})")
+
+
+def _holds(record, keys: tuple) -> bool:
+    """Whether ``record[keys[0]][keys[1]]...`` exists."""
+    for key in keys:
+        if not isinstance(record, dict) or key not in record:
+            return False
+        record = record[key]
+    return True
 
 
 def input_of(index: int, item: dict) -> Input:
@@ -126,6 +137,11 @@ class Part:
                 raise InvalidInputError(f"{path}: missing")
             if path.stat().st_size != expected:
                 raise InvalidInputError(f"{path}: {path.stat().st_size} bytes; the manifest records {expected}")
+        # A file only a later version writes is left from a dataset whose version was lowered.
+        for name in sorted(set(fmt.part_files(fmt.FORMAT_VERSION)) - set(self._sizes)):
+            if (directory / name).exists():
+                raise InvalidInputError(f"{directory / name}: a part of a version-{version} dataset holds no "
+                                        f"{name}; only version {fmt.FORMAT_VERSION} writes one")
         self._dtype, self._document_count = dtype, int(record["documents"])
         self._maps, self._views = None, {}  # the arrays over the files, and their maps by file name
         self._check_placements(config)
@@ -385,12 +401,7 @@ class PackedDataset:
             raise malformed(self.path, error) from None
         try:
             self.version = manifest["format_version"]
-            supervised = [fmt.SUPERVISION_FILE in record["files"] for record in records]
-            expected = self.version > 1  # a supervision record and every part's file, or neither
-            if ("supervision" in manifest) != expected or any(listed != expected for listed in supervised):
-                raise InvalidInputError(f"{self.path / fmt.MANIFEST}: format version {self.version} with "
-                                        f"{'a' if 'supervision' in manifest else 'no'} supervision record and "
-                                        f"{sum(supervised)} of {len(records)} parts listing {fmt.SUPERVISION_FILE}")
+            self._check_version(manifest, records)
             #: What the pack applied (``supervision`` of the manifest), or None for version 1.
             self.supervision = manifest.get("supervision")
             self.parts = [Part(self.path / record["name"], record, self.config, self.token_dtype, self.long,
@@ -422,6 +433,24 @@ class PackedDataset:
         self.batch_peak = budget.batch_bytes(self.largest_batch_rows, largest, self.config.capacity) + 4 * tokens
         #: Bytes held: the index arrays (memory-mapped from the files) and one built batch.
         self.memory_peak = index_bytes + self.batch_peak
+
+    def _check_version(self, manifest: dict, records: list) -> None:
+        """The manifest holds what its format version writes: version 1 nothing only version 2
+        writes (read as version 1, a version-2 dataset would supervise every target),
+        version 2 everything it always writes."""
+        fields = [(".".join(keys), always, _holds(manifest, keys)) for keys, always in fmt.SUPERVISION_FIELDS.items()]
+        fields += [(f"parts[{index}].{'.'.join(keys)}", always, _holds(record, keys))
+                   for index, record in enumerate(records) for keys, always in fmt.PART_SUPERVISION_FIELDS.items()]
+        if self.version == 1:
+            wrong = [name for name, _, held in fields if held]
+            problem = "holds {}, which only version 2 writes"
+        else:
+            wrong = [name for name, always, held in fields if always and not held]
+            problem = "lacks {}, which version 2 always writes"
+        if wrong:
+            more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+            raise InvalidInputError(f"{self.path / fmt.MANIFEST}: format version {self.version}, but the manifest "
+                                    f"{problem.format(wrong[0] + more)}")
 
     def _check_counts(self, records: list, counts: dict) -> None:
         """Each part's firsts are the running sums of the parts before it, every total is

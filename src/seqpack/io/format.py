@@ -31,6 +31,8 @@ records, conversations, or mask columns): its manifest then records under
 ``supervision`` what was applied, and its counts and parts ``supervised_targets`` and
 ``skipped_unsupervised_windows`` (``--cut-long`` windows with no supervised target,
 left out). Any other dataset is written in version 1, byte for byte as before; both open.
+A version-1 manifest holds nothing only version 2 writes (:data:`SUPERVISION_FIELDS`) and
+its parts no ``supervision.npy``, so a version lowered by hand is refused where a trace is left.
 
 ``manifest.json`` records the format version, the binding (tokenizer identity, split
 digest, limits), partition, config, policy, token dtype, inputs, counts, the
@@ -41,7 +43,9 @@ ordinal ``first_example + i`` (its segment in every batch). Batches never span p
 The manifest is sealed (:func:`seal`): its ``seal`` holds the SHA-256 of its canonical
 JSON and a digest of each field down to three levels of keys (``binding.limits.max_tokens``,
 ``inputs[0].name``, ``parts[0].files.tokens.bin``), so an edited field is an error naming it wherever the manifest is
-read. A manifest written before seals existed has none and still opens.
+read. Only a version-1 manifest may have none (one written before seals existed), and it
+still opens; every seqpack that writes version 2 seals it, so a version-2 manifest without a
+seal had it removed and is refused.
 
 Writing: everything goes into a hidden temporary sibling directory, each file flushed
 and fsynced; the directory is renamed into place and ``manifest.json`` is renamed in
@@ -87,10 +91,19 @@ MANIFEST = "manifest.json"
 SEAL = "seal"
 #: How many levels of keys the seal names: ``binding.limits.max_tokens`` is three.
 SEAL_DEPTH = 3
+#: The format versions written before seals existed: only their manifests may have no seal.
+UNSEALED_VERSIONS = (1,)
 PART_FILES = ("tokens.bin", "occurrences.npy", "examples.npy", "documents.npy")
 SUPERVISION_FILE = "supervision.npy"
 #: The counts a version-2 dataset adds (totals of the parts', like ``COUNTS``).
 SUPERVISION_COUNTS = ("supervised_targets", "skipped_unsupervised_windows")
+#: What only version 2 writes in the manifest (by keys) and whether it always does: a
+#: version-1 manifest holds none of it, a version-2 one every field marked True (the report
+#: has ``supervised_targets`` only when some target is unsupervised).
+SUPERVISION_FIELDS = {("supervision",): True, **{("counts", key): True for key in SUPERVISION_COUNTS},
+                      ("report", "supervised_targets"): False}
+#: The same in each part's record.
+PART_SUPERVISION_FIELDS = {("files", SUPERVISION_FILE): True, **{(key,): True for key in SUPERVISION_COUNTS}}
 #: The manifest's totals, each the sum of the parts' counts of that name.
 COUNTS = ("documents", "examples", "tokens", "document_tokens", "rows", "batches", "valid_targets",
           "permitted_edges", "skipped_empty_documents")
@@ -548,9 +561,14 @@ def seal(manifest: dict) -> dict:
 
 
 def check_seal(path: Path, manifest: dict, failure=InvalidInputError) -> bool:
-    """Whether ``manifest`` (read from ``path``) is sealed; raise ``failure`` naming the
-    fields that differ from their seal (the deepest sealed ones), or a broken seal."""
+    """Whether ``manifest`` (read from ``path``, its version checked) is sealed; raise
+    ``failure`` naming the fields that differ from their seal (the deepest sealed ones), a
+    broken seal, or a missing one where the version is always sealed."""
     if SEAL not in manifest:
+        version = manifest.get("format_version")
+        if version not in UNSEALED_VERSIONS:
+            raise failure(f"{path}: no seal, but a version-{version} manifest is always sealed by the seqpack that "
+                          f"writes it, so its seal was removed")
         return False
     recorded, content = manifest[SEAL], {key: value for key, value in manifest.items() if key != SEAL}
     if not (isinstance(recorded, dict) and isinstance(recorded.get("fields"), dict)

@@ -1,7 +1,9 @@
 """Checking a packed dataset on disk: every checksum, count, placement rule and batch invariant.
 
 ``verify_dataset`` refuses a directory without a manifest (an incomplete pack) or one
-whose manifest differs from its seal (an edited field, named), recomputes the SHA-256 of every file the manifest lists, finds any file or directory it
+whose manifest differs from its seal (an edited field, named) or has none though its format
+version is always sealed (only version 1 may have none), recomputes the SHA-256 of every
+file the manifest lists, finds any file or directory it
 does not list, then checks the part files
 against each other and the manifest: examples are exactly the documents' whole ranges
 (or their windows, for a pack that cut long documents), the placement is exactly what
