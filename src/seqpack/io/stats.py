@@ -3,6 +3,8 @@
 ``dataset_stats`` gathers the report (rows, cells, real targets, padding, permitted
 attention edges), the counts, the bytes on disk per token against the bytes an eager
 in-memory epoch would hold per cell, and two histograms: example lengths and row fill.
+On a dataset with supervision the report also holds ``supervised_target_fraction``
+(supervised targets per cell) beside ``real_target_fraction`` (valid targets per cell).
 ``stats_svg`` draws both histograms as one self-contained SVG figure.
 """
 
@@ -31,9 +33,12 @@ def dataset_stats(dataset: PackedDataset) -> dict:
     length_counts, length_edges = np.histogram(lengths, bins=HISTOGRAM_BINS, range=(0, capacity))
     fill_counts, fill_edges = np.histogram(fill / capacity, bins=HISTOGRAM_BINS, range=(0.0, 1.0))
     eager = report.cells * CELL_BYTES + report.rows * ROW_BYTES
+    summary = report.as_dict()
+    if "supervised_targets" in counts:  # a dataset with supervision (format version 2)
+        summary["supervised_target_fraction"] = counts["supervised_targets"] / report.cells
     return {
         "path": str(dataset.path),
-        "report": report.as_dict(),
+        "report": summary,
         "counts": counts,
         "storage": {
             "bytes_on_disk": disk,
@@ -61,6 +66,7 @@ def stats_text(stats: dict) -> str:
     """The stats as aligned lines for a terminal."""
     report, counts, storage = stats["report"], stats["counts"], stats["storage"]
     lengths, fill = stats["example_lengths"], stats["row_fill"]
+    supervised = "supervised_target_fraction" in report  # then both fractions, each saying what it divides
     lines = [
         ("dataset", printable(stats["path"])),
         ("policy", f"{report['policy']}, capacity {report['capacity']}"),
@@ -75,7 +81,10 @@ def stats_text(stats: dict) -> str:
                                   f"({counts['supervised_targets'] / report['valid_targets']:.4f} of the valid; "
                                   f"{counts['skipped_unsupervised_windows']:,} windows without one left out)")]
           if "supervised_targets" in counts else []),
-        ("real-target fraction", f"{report['real_target_fraction']:.4f}"),
+        ("real-target fraction",
+         f"{report['real_target_fraction']:.4f}" + (" (valid targets / cells)" if supervised else "")),
+        *([("supervised-target fraction", f"{report['supervised_target_fraction']:.4f} (supervised targets / cells)")]
+          if supervised else []),
         ("padding cells", f"{report['padding_cells']:,}"),
         ("full rows", f"{fill['full_rows']:,} of {report['rows']:,} (mean fill {fill['mean']:.4f})"),
         ("permitted edges", f"{report['permitted_edges']:,} = {report['permitted_fraction']:.2%} of dense"),
