@@ -784,7 +784,8 @@ def test_a_text_field_and_an_ids_field_together_are_refused(tmp_path):
     with pytest.raises(sp.InvalidInputError, match="not both"):
         io.ArrowBatches(pa.table({"text": ["hi"], "ids": [[5]]}), text_field="text", ids_field="ids")
     # Either one alone still reads.
-    assert io.JsonLines(lines).field == "text" and io.JsonLines(lines, ids_field="ids").field == "ids"
+    assert io.JsonLines(lines).record_fields.fields == ("text",)
+    assert io.JsonLines(lines, ids_field="ids").record_fields.fields == ("ids",)
 
 
 # From the 89dfdcd audit: a BOS or EOS ID that names no token (a gap in the vocabulary) was accepted.
@@ -888,7 +889,7 @@ def test_a_packed_dataset_under_a_directory_is_skipped_and_listed(tmp_path, text
 # From the 6c3cdaf walkthrough: a JSONL line without the field said only "no field 'text'", unlike Parquet.
 @pytest.mark.parametrize("records, text_field, hint", [
     ([{"text": "hi"}, {"input_ids": [5, 6]}], None,
-     ":2: no field 'text' (the line is a token-ID record, but the first record is text: every record must be of one kind)"),
+     ":2: a token-ID record, but the first record is a text record: every record of an input must be of one kind"),
     ([{"input_ids": [5, 6]}], "text", ":1: no field 'text' (the line has 'input_ids': pass --ids-field input_ids)"),
     ([{"txt": "hi"}], None, ":1: no field 'text'; name one with --text-field or --ids-field"),
 ])

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import seqpack as sp
 from seqpack import io
 from seqpack.io import readers
-from seqpack.io.readers import MASK_COLUMNS, SavedDataset
+from seqpack.io.readers import SavedDataset
 
 
 def pyarrow():
@@ -126,9 +126,8 @@ def test_each_kind_reads_the_same_from_jsonl_parquet_and_a_saved_dataset(tmp_pat
     records = RECORDS[kind]
     found = readers_of(tmp_path, kind, records)
     assert isinstance(found["saved"], SavedDataset) and len(found["saved"].files) == 3
-    masks = MASK_COLUMNS if kind == "ids" else ()
     for name, reader in found.items():
-        assert (reader.record_kind, reader.mask_columns) == (kind, masks), name
+        assert reader.record_kind == kind, name
         read = records_of(reader)
         assert [record for _, record in read] == records, name
     # JSONL lines count from 1 (blank lines between records); rows from 0, across a saved dataset's files.
@@ -137,37 +136,67 @@ def test_each_kind_reads_the_same_from_jsonl_parquet_and_a_saved_dataset(tmp_pat
         assert [row for row, _ in records_of(found[name])] == list(range(len(records)))
 
 
-def test_the_kind_follows_the_first_record_and_text_comes_first(tmp_path):
-    both = tmp_path / "both.jsonl"  # text and prompt-completion fields: text wins, as in Arrow
+def test_each_record_is_read_by_trls_precedence_ids_then_prompts_then_messages_then_text(tmp_path):
+    # Issue 41: text won over every other field, and TRL's .map(tokenize) keeps the text column.
+    both = tmp_path / "both.jsonl"
     write_jsonl(both, [{"text": "t", "prompt": "p", "completion": "c", "messages": []}])
-    assert io.JsonLines(both).record_kind == "text" and records_of(io.JsonLines(both)) == [(1, {"text": "t"})]
-    assert io.ArrowBatches(pyarrow().table({"messages": [[{"role": "u", "content": "x"}]], "prompt": ["p"],
-                                            "completion": ["c"]})).record_kind == "prompt-completion"
+    assert io.JsonLines(both).record_kind == "prompt-completion"
+    assert records_of(io.JsonLines(both)) == [(1, {"prompt": "p", "completion": "c"})]
+    tokenized = tmp_path / "tokenized.jsonl"
+    write_jsonl(tokenized, [{"text": "t", "input_ids": [5, 6, 7], "completion_mask": [0, 1, 1]},
+                            {"text": "u", "messages": [{"role": "user", "content": "x"}], "input_ids": [8, 9]}])
+    assert io.JsonLines(tokenized).record_kind == "ids"
+    assert [record for _, record in records_of(io.JsonLines(tokenized))] == [
+        {"input_ids": [5, 6, 7], "completion_mask": [0, 1, 1]}, {"input_ids": [8, 9], "completion_mask": [1, 1]}]
+    chat = tmp_path / "chat.jsonl"
+    write_jsonl(chat, [{"text": "t", "messages": [{"role": "user", "content": "x"}]}])
+    assert io.JsonLines(chat).record_kind == "conversation"
+    pa = pyarrow()
+    assert io.ArrowBatches(pa.table({"messages": [[{"role": "u", "content": "x"}]], "prompt": ["p"],
+                                     "completion": ["c"], "text": ["t"]})).record_kind == "prompt-completion"
+    assert io.ArrowBatches(pa.table({"text": ["t"], "input_ids": [[5, 6]]})).record_kind == "ids"
     lone = tmp_path / "lone.jsonl"  # a prompt alone is no prompt-completion record
     write_jsonl(lone, [{"prompt": "p"}])
     assert io.JsonLines(lone).record_kind == "text"
     named = tmp_path / "named.jsonl"  # a field named by the user is read as text, whatever else is there
-    write_jsonl(named, [{"prompt": "p", "completion": "c"}])
+    write_jsonl(named, [{"prompt": "p", "completion": "c", "input_ids": [1]}])
     assert records_of(io.JsonLines(named, text_field="prompt")) == [(1, {"text": "p"})]
-    assert io.JsonLines(named, text_field="prompt").mask_columns == ()
 
 
-def test_masks_are_carried_exactly_and_only_those_present(tmp_path):
+@pytest.mark.parametrize("record", [
+    {"prompt": "p", "chosen": "a", "rejected": "b"}, {"chosen": [{"role": "user", "content": "a"}], "rejected": []},
+    {"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": [3]},
+])
+def test_preference_records_are_refused_as_not_yet_supported(tmp_path, record):
+    path = write_jsonl(tmp_path / "pairs.jsonl", [record])
+    message = r"pairs\.jsonl:1: preference records \('chosen(_ids)?' and 'rejected(_ids)?', for DPO\) are not supported"
+    with pytest.raises(sp.InvalidInputError, match=message):
+        list(io.JsonLines(path).chunks(0))
+    with pytest.raises(sp.InvalidInputError, match=r"^Table: preference records .* not supported yet"):
+        io.ArrowBatches(pyarrow().Table.from_pylist([record])).record_kind
+
+
+def test_masks_are_carried_exactly_and_per_record(tmp_path):
     pa = pyarrow()
     records = [{"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8]}, {"input_ids": [2], "labels": [-100]}]
     path = write_jsonl(tmp_path / "labels.jsonl", records)
     for reader in (io.JsonLines(path, ids_field="input_ids"), io.ArrowBatches(pa.Table.from_pylist(records))):
-        assert reader.mask_columns == ("labels",)
         (chunk,) = reader.chunks(0)
-        assert list(chunk.masks) == ["labels"]
+        assert list(chunk.masks) == ["labels"] and chunk.masked.tolist() == [True, True]
         assert chunk.masks["labels"].tolist() == [-100, -100, 7, 8, -100]
         assert chunk.ids[1].tolist() == [0, 4, 5]
     bare = write_jsonl(tmp_path / "bare.jsonl", [{"input_ids": [5, 6]}])
     (chunk,) = io.JsonLines(bare, ids_field="input_ids").chunks(0)
-    assert chunk.masks is None
-    # A mask only a later record has is not read: the first record sets the columns.
-    later = write_jsonl(tmp_path / "later.jsonl", [{"input_ids": [5]}, {"input_ids": [6], "labels": [6]}])
-    assert [chunk.masks for chunk in io.JsonLines(later, ids_field="input_ids").chunks(0)] == [None]
+    assert chunk.masks is None and chunk.masked is None
+    # Issue 41: the first record alone decided the mask columns. Each record's masks are its own: a
+    # record without a mask holds 1s (its own IDs as labels) there, which change nothing.
+    later = write_jsonl(tmp_path / "later.jsonl", [{"input_ids": [10, 11, 12]},
+                                                   {"input_ids": [20, 21, 22, 23], "completion_mask": [0, 0, 0, 1]},
+                                                   {"input_ids": [6, 7], "labels": [-100, 7]}])
+    (chunk,) = io.JsonLines(later).chunks(0)
+    assert chunk.masked.tolist() == [False, True, True]
+    assert chunk.masks["completion_mask"].tolist() == [1, 1, 1, 0, 0, 0, 1, 1, 1]
+    assert chunk.masks["labels"].tolist() == [10, 11, 12, 20, 21, 22, 23, -100, 7]
     # Narrow Arrow types stay as they are (a flat view, no Python object per value).
     table = pa.table({"input_ids": pa.array([[5, 6]], pa.list_(pa.int32())),
                       "assistant_masks": pa.array([[0, 1]], pa.list_(pa.int8()))})
@@ -175,13 +204,45 @@ def test_masks_are_carried_exactly_and_only_those_present(tmp_path):
     assert chunk.masks["assistant_masks"].dtype == np.int8 and chunk.masks["assistant_masks"].tolist() == [0, 1]
 
 
-def test_messages_keep_role_and_content_only(tmp_path):
-    messages = [{"role": "user", "content": "hi", "name": "ann"}, {"role": "assistant", "content": "yo"}]
-    path = write_jsonl(tmp_path / "named.jsonl", [{"messages": messages}])
-    expected = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-    assert records_of(io.JsonLines(path)) == [(1, {"messages": expected})]
-    parquet = write_parquet(tmp_path / "named.parquet", [{"messages": messages}])  # "name" is None in message 1
-    assert records_of(io.reader_for(parquet)) == [(0, {"messages": expected})]
+TOOL_CALL = [{"role": "user", "content": "weather?"},
+             {"role": "assistant", "content": "", "tool_calls": [
+                 {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+             {"role": "tool", "content": "sunny", "name": "get_weather"},
+             {"role": "assistant", "content": "It is sunny."}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def test_messages_keep_every_key_and_records_their_tools(tmp_path):
+    # Issue 41: keys other than role and content were dropped, and so was TRL's tools column.
+    records = [{"messages": TOOL_CALL, "tools": json.dumps(TOOLS), "chat_template_kwargs": {"style": "brief"}},
+               {"messages": TOOL_CALL[:1], "tools": None}]
+    path = write_jsonl(tmp_path / "tools.jsonl", records)
+    (chunk,) = io.JsonLines(path).chunks(0)
+    assert chunk.conversations == [TOOL_CALL, TOOL_CALL[:1]]
+    assert chunk.tools == [TOOLS, None] and chunk.template_kwargs == [{"style": "brief"}, {}]
+    (chunk,) = io.reader_for(write_parquet(tmp_path / "tools.parquet", records)).chunks(0)
+    # Arrow gives every message the keys of the column's struct (None where a message has none).
+    keys = {key for message in TOOL_CALL for key in message}
+    assert chunk.conversations[0] == [{key: message.get(key) for key in keys} for message in TOOL_CALL]
+    assert chunk.tools == [TOOLS, None] and chunk.template_kwargs[0] == {"style": "brief"}
+    plain = write_jsonl(tmp_path / "plain.jsonl", [{"messages": TOOL_CALL[:1]}])
+    (chunk,) = io.JsonLines(plain).chunks(0)
+    assert chunk.tools is None and chunk.template_kwargs is None
+
+
+def test_conversational_prompt_completion_records_keep_their_messages(tmp_path):
+    records = [{"prompt": TOOL_CALL[:1], "completion": TOOL_CALL[1:2]},
+               {"prompt": TOOL_CALL[:3], "completion": TOOL_CALL[3:]}]
+    reader = io.JsonLines(write_jsonl(tmp_path / "cpc.jsonl", records))
+    assert reader.record_kind == "conversational prompt-completion"
+    (chunk,) = reader.chunks(0)
+    assert chunk.conversational and chunk.prompts == [r["prompt"] for r in records]
+    assert chunk.completions == [r["completion"] for r in records]
+    plain = [{"prompt": TOOL_CALL[:1], "completion": TOOL_CALL[3:]}]
+    table = io.ArrowBatches(pyarrow().Table.from_pylist(plain))
+    assert table.record_kind == "conversational prompt-completion"
+    (chunk,) = table.chunks(0)
+    assert chunk.conversational and chunk.prompts == [TOOL_CALL[:1]] and chunk.completions == [TOOL_CALL[3:]]
 
 
 PROMPT_COMPLETION = '{"prompt": "a", "completion": "b"}\n'
@@ -191,15 +252,20 @@ IDS = '{"input_ids": [5, 6, 7], "completion_mask": [0, 1, 1]}\n'
 
 @pytest.mark.parametrize("content, ids_field, message", [
     (PROMPT_COMPLETION + '{"prompt": "a", "completion": 5}\n', None, r":2: field 'completion' is not a string$"),
-    (PROMPT_COMPLETION + '{"prompt": ["a"], "completion": "b"}\n', None, r":2: field 'prompt' is not a string$"),
+    (PROMPT_COMPLETION + '{"prompt": ["a"], "completion": "b"}\n', None,
+     r":2: a conversational prompt-completion record, but the first record is a prompt-completion record: every "),
+    (PROMPT_COMPLETION + '{"prompt": "a", "completion": ["b"]}\n', None, r":2: field 'completion' is not a string$"),
     (PROMPT_COMPLETION * 2 + '\n{"prompt": "a"}\n', None,
      r":4: no field 'completion' \(the first record is a prompt-completion record: every record must be one\)$"),
-    (PROMPT_COMPLETION + '{"text": "a"}\n', None, r":2: no field 'prompt' \(the first record is a prompt-completion "),
-    (PROMPT_COMPLETION + CONVERSATION, None, r":2: no field 'prompt' \(the first record is a prompt-completion "),
-    (CONVERSATION + PROMPT_COMPLETION, None, r":2: no field 'messages' \(the first record is a conversation "),
+    (PROMPT_COMPLETION + '{"text": "a"}\n', None,
+     r":2: a text record, but the first record is a prompt-completion record: every record of an input must be of "),
+    (PROMPT_COMPLETION + CONVERSATION, None, r":2: a conversation record, but the first record is a prompt-completion "),
+    (CONVERSATION + PROMPT_COMPLETION, None, r":2: a prompt-completion record, but the first record is a conversation "),
     ('{"text": "a"}\n' + CONVERSATION, None,
-     (r":2: no field 'text' \(the line is a conversation record, but the first record is text: every record must be "
-      r"of one kind\)$")),
+     r":2: a conversation record, but the first record is a text record: every record of an input must be of one "
+     r"kind$"),
+    ('{"text": "a"}\n' + IDS, None, r":2: a token-ID record, but the first record is a text record: every record "),
+    ('{"text": "a"}\n{"body": "b"}\n', None, r":2: no field 'text'; name one with --text-field or --ids-field$"),
     (PROMPT_COMPLETION + '["a", "b"]\n', None,
      r":2: a JSON array, not an object with fields 'prompt' and 'completion'$"),
     (PROMPT_COMPLETION + '{"prompt": "a\\ud800", "completion": "b"}\n', None,
@@ -207,19 +273,21 @@ IDS = '{"input_ids": [5, 6, 7], "completion_mask": [0, 1, 1]}\n'
     (CONVERSATION + '{"messages": []}\n', None, r":2: field 'messages' is an empty array, not a non-empty list of "),
     (CONVERSATION + '{"messages": "hi"}\n', None, r":2: field 'messages' is a JSON string, not a non-empty list "),
     (CONVERSATION + '{"messages": [{"role": "user", "content": "a"}, ["x"]]}\n', None,
-     r":2: messages\[1\] is a JSON array, not an object with 'role' and 'content'$"),
-    (CONVERSATION + '{"messages": [{"role": "user"}]}\n', None, r":2: messages\[0\] has no 'content'$"),
+     r":2: messages\[1\] is a JSON array, not an object with a 'role'$"),
+    (CONVERSATION + '{"messages": [{"content": "a"}]}\n', None, r":2: messages\[0\] has no 'role'$"),
     (CONVERSATION + '{"messages": [{"role": 1, "content": "a"}]}\n', None,
-     r":2: messages\[0\]\['role'\] is not a string$"),
-    (CONVERSATION + '{"messages": [{"role": "user", "content": null}]}\n', None,
-     r":2: messages\[0\]\['content'\] is not a string$"),
+     r":2: messages\[0\] has a 'role' that is not a string$"),
+    (CONVERSATION + '{"messages": [{"role": "user"}], "tools": "[not json"}\n', None,
+     r":2: field 'tools' is a string but not JSON: "),
+    (CONVERSATION + '{"messages": [{"role": "user"}], "tools": {"name": "f"}}\n', None,
+     r":2: field 'tools' is a JSON object, not a list of tools$"),
+    (CONVERSATION + '{"messages": [{"role": "user"}], "chat_template_kwargs": [1]}\n', None,
+     r":2: field 'chat_template_kwargs' is a JSON array, not an object$"),
     (CONVERSATION + '{"messages": [{"role": "user", "content": "é"}, '
                     '{"role": "assistant", "content": "ok\\udc00"}]}\n', None,
      r":2: messages\[1\]\['content'\] holds '\\udc00' \(a lone surrogate\) at character 2"),
     (IDS + '{"input_ids": [5, 6, 7], "completion_mask": [0, 1]}\n', "input_ids",
      r":2: field 'completion_mask' has 2 values; field 'input_ids' has 3 IDs$"),
-    (IDS + '{"input_ids": [5, 6]}\n', "input_ids",
-     r":2: no field 'completion_mask' \(the first record has it beside 'input_ids': every record must\)$"),
     (IDS + '{"input_ids": [5], "completion_mask": [true]}\n', "input_ids",
      r":2: field 'completion_mask' is not a list of ints$"),
     ('{"input_ids": [5], "labels": [-100]}\n{"input_ids": [5], "labels": [-18446744073709551616]}\n', "input_ids",
@@ -248,14 +316,15 @@ HI = [{"role": "user", "content": "hi"}]
     (lambda pa: {"prompt": ["a", None, "c"], "completion": ["x", "y", "z"]}, r"Table row 1: column 'prompt' is null"),
     (lambda pa: {"prompt": pa.array([b"a"], pa.binary()), "completion": ["x"]},
      r"Table: column 'prompt' of type binary is not a string column"),
-    (lambda pa: {"messages": messages(pa, [HI, HI, []])}, r"Table row 2: column 'messages' is an empty list"),
+    (lambda pa: {"messages": messages(pa, [HI, HI, []])},
+     r"Table row 2: field 'messages' is an empty array, not a non-empty list of messages"),
     (lambda pa: {"messages": messages(pa, [HI, None])}, r"Table row 1: column 'messages' is null"),
-    (lambda pa: {"messages": messages(pa, [HI, HI + [{"role": "assistant", "content": None}]])},
-     r"Table row 1: a message's 'content' is null"),
-    (lambda pa: {"messages": messages(pa, [HI, [None]])}, r"Table row 1: a message is null"),
+    (lambda pa: {"messages": messages(pa, [HI, HI + [{"role": None, "content": "x"}]])},
+     r"Table row 1: messages\[1\] has no 'role'"),
+    (lambda pa: {"messages": messages(pa, [HI, [None]])},
+     r"Table row 1: messages\[0\] is a JSON null, not an object with a 'role'"),
     (lambda pa: {"messages": pa.array([["hi"]])},
-     (r"Table: column 'messages' of type list<item: string> is not a list of messages \(structs of string 'role' "
-      r"and 'content'\)")),
+     r"Table: column 'messages' of type list<item: string> is not a list of messages \(structs with a string 'role'\)"),
     (lambda pa: {"input_ids": [[5, 6], [7, 8]], "labels": [[-100, 6], [8]]},
      r"Table row 1: column 'labels' has 1 values; column 'input_ids' has 2 IDs"),
     (lambda pa: {"input_ids": [[5, 6], [7]], "completion_mask": [None, [1]]},
@@ -359,7 +428,7 @@ def test_split_pieces_give_the_whole_files_prompt_completion_records(tmp_path, m
     lines[60] = json.dumps({"text": "not a pair"}) + "\n"
     path.write_text("".join(lines))
     later = next(piece for piece in io.JsonLines(path).split([sum(map(len, lines[:60]))]) if piece.first_line == 61)
-    with pytest.raises(sp.InvalidInputError, match=r"pc\.jsonl:61: no field 'prompt' \(the first record is a "
+    with pytest.raises(sp.InvalidInputError, match=r"pc\.jsonl:61: a text record, but the first record is a "
                                                    r"prompt-completion record"):
         records_of(later)
 

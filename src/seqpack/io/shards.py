@@ -30,6 +30,7 @@ from ..errors import InvalidInputError, SeqpackError
 from ..packing.config import PackConfig
 from . import format as fmt
 from .chunks import ChunkEncoder, SupervisionOptions
+from .supervision import TemplateLimits
 from .progress import Progress
 from .readers import (
     ArrowBatches,
@@ -69,7 +70,7 @@ class RowGroups:
             handle = pa.parquet.ParquetFile(where.name, memory_map=True)
         except (pa.ArrowInvalid, OSError) as error:
             raise InvalidInputError(f"{where.name}: cannot read as parquet: {error}") from None
-        fields = record_columns(handle.schema_arrow.names, self.text_field, self.ids_field, where.name)
+        fields = record_columns(handle.schema_arrow, self.text_field, self.ids_field, where.name)
         batches = handle.iter_batches(batch_size=ArrowBatches.BATCH_ROWS, row_groups=list(self.groups),
                                       columns=list(fields.read))
         yield from record_chunks(batches, fields, first_input, self.first_row, where)
@@ -283,7 +284,8 @@ def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer
                  shards: int | None, policy: str = "next-fit", partition: Partition = Partition.TRAIN,
                  long: str = "error", framed: bool = False, force: bool = False, progress: bool = False,
                  threads: int | None = None, run: Runner | None = None, completion_only_loss: bool = True,
-                 chat_template: str | None = None, assistant_only_loss: bool = False) -> dict:
+                 chat_template: str | None = None, assistant_only_loss: bool = False,
+                 template_limits: TemplateLimits = TemplateLimits()) -> dict:
     """Pack ``readers`` at ``out`` as one dataset of one part per shard; return its manifest.
 
     The arguments are :func:`~seqpack.io.pack_corpus`'s, plus ``shards`` (at most that
@@ -297,7 +299,7 @@ def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer
     check_arguments(binding, tokenizer, config, policy, partition, long)
     readers = check_readers(readers)
     inputs, planned = plan_shards(readers, shards)
-    options = SupervisionOptions(completion_only_loss, chat_template, assistant_only_loss)
+    options = SupervisionOptions(completion_only_loss, chat_template, assistant_only_loss, template_limits)
     job = ShardJob(binding, tokenizer, inputs, config, policy, long, framed, threads, options)
     records: list = [None] * len(planned)
     input_bytes = 0

@@ -8,13 +8,14 @@ its input. Text arrives as raw bytes or ``str``; pre-tokenized documents as one 
 array with offsets (and their supervision masks aligned with it), read from Arrow list
 columns and Megatron ``.bin`` files through their flat values (no Python loop per token);
 supervised fine-tuning records as prompt-completion pairs or conversations (TRL 1.16's
-formats); a reader's ``record_kind`` and ``mask_columns`` say which it reads. pyarrow is
+formats, each record's kind by :mod:`.records`); a reader's ``record_kind`` says which
+it reads. pyarrow is
 imported only by the readers that need it (the ``corpus`` extra).
 
 The modules, each importing only those above it: :mod:`.base` (the records, the
 protocol, path checks and errors), :mod:`.sniff` (formats known by their bytes and
 suffixes), :mod:`.walk` (directories), one module per format (:mod:`.text`,
-:mod:`.jsonl` with the record kinds' rule, :mod:`.arrow`, :mod:`.hf_disk` for
+:mod:`.records` (the record kinds' rule), :mod:`.jsonl`, :mod:`.arrow`, :mod:`.hf_disk` for
 ``save_to_disk`` directories, :mod:`.megatron`), :mod:`.dispatch` (:func:`reader_for`)
 and :mod:`.readahead` (:func:`read_ahead`). This package re-exports what other modules use. Each
 format module binds ``CHUNK_BYTES`` and ``CHUNK_DOCUMENTS`` from :mod:`.base` by name:
@@ -25,9 +26,10 @@ from .arrow import ArrowBatches, import_pyarrow, record_chunks, record_columns
 from .base import CHUNK_BYTES, CHUNK_DOCUMENTS, DocumentChunk, Input, Reader, input_path, missing_extra, not_a_file
 from .dispatch import reader_for
 from .hf_disk import SavedDataset
-from .jsonl import MASK_COLUMNS, JsonLines, RecordFields
+from .jsonl import JsonLines
 from .megatron import MEGATRON_DTYPES, MEGATRON_HEADER, Megatron
 from .readahead import Exclusive, read_ahead
+from .records import MASK_COLUMNS, RecordFields
 from .sniff import MEGATRON_MAGIC
 from .text import TextFiles
 

@@ -1,7 +1,7 @@
 """Parquet, Arrow IPC files and streams, Feather, ``pyarrow.Table`` and
 ``datasets.Dataset``: record batches read by their columns' names, as
-:func:`~.jsonl.find_record_fields` finds them (``text``, ``prompt`` and ``completion``,
-``messages``, else ``input_ids`` with its mask columns). Text, token IDs and masks are
+:func:`~.records.find_record_fields` finds them (``input_ids`` with its mask columns,
+``prompt`` and ``completion``, ``messages``, ``text``). Text, token IDs and masks are
 handed over as their buffers (flat values and offsets: no Python object per document or
 token); prompts, completions and messages become Python objects, one per record. pyarrow
 (the ``corpus`` extra) is imported by :func:`import_pyarrow` when data is opened, never
@@ -19,7 +19,7 @@ import numpy as np
 
 from ...errors import InvalidInputError
 from .base import DocumentChunk, Input, RecordReader, check_fields, missing_extra, not_a_file
-from .jsonl import RecordFields, find_record_fields
+from .records import RecordFields, check_messages, find_record_fields, template_fields
 
 
 def import_pyarrow():
@@ -35,12 +35,13 @@ def import_pyarrow():
     return pyarrow
 
 
-def record_columns(schema_names, text_field: str | None, ids_field: str | None, name: str) -> RecordFields:
-    """The columns an input's records are read from (:func:`~.jsonl.find_record_fields`,
-    ``input_ids`` when no other kind is there); each must be there, once."""
+def record_columns(schema, text_field: str | None, ids_field: str | None, name: str) -> RecordFields:
+    """The columns an input's records are read from (:func:`~.records.find_record_fields`
+    on a pyarrow ``schema``'s names; list-typed ``prompt`` and ``completion`` columns make
+    conversational prompt-completion records); each must be there, once."""
     check_fields(name, text_field, ids_field)
-    names = list(schema_names)
-    found = find_record_fields(names, text_field, ids_field, ids_default="input_ids")
+    names = list(schema.names)
+    found = find_record_fields(names, text_field, ids_field, where=f"{name}: ")
     if found is None:
         raise InvalidInputError(f"{name}: no 'text' or 'input_ids' column (nor 'prompt' and 'completion', nor "
                                 f"'messages'); name one with --text-field or --ids-field")
@@ -49,6 +50,8 @@ def record_columns(schema_names, text_field: str | None, ids_field: str | None, 
             raise InvalidInputError(f"{name}: no column {column!r} (columns: {', '.join(names)})")
         if names.count(column) > 1:
             raise InvalidInputError(f"{name}: {names.count(column)} columns are named {column!r}")
+    if found.kind == "prompt-completion" and _is_list(import_pyarrow(), schema.field("prompt").type):
+        return found.as_conversational()
     return found
 
 
@@ -111,33 +114,32 @@ def _decodes(scalar) -> bool:
 
 
 def _conversations(pa, array, column: str, first_row: int, where: Input) -> list:
-    """A messages column (lists of structs with string ``role`` and ``content``) as
-    lists of ``{"role", "content"}`` dicts; an empty list or a null message, role or
-    content is named by its row."""
+    """A column of conversations (lists of structs with a string ``role``) as lists of
+    message dicts, every field kept (a field another message of the table has is None);
+    a conversation that is empty, or a message or role that is null, is named by its row."""
     kind = array.type
     message = kind.value_type if _is_list(pa, kind) else None
-    if message is None or not pa.types.is_struct(message) or not all(
-            message.get_field_index(key) >= 0 and _is_string(pa, message.field(key).type)
-            for key in ("role", "content")):
+    if message is None or not pa.types.is_struct(message) or message.get_field_index("role") < 0 \
+            or not _is_string(pa, message.field("role").type):
         raise InvalidInputError(f"{where.name}: column {column!r} of type {kind} is not a list of messages "
-                                f"(structs of string 'role' and 'content')")
-    offsets = _offsets(pa, array)
-    empty = np.flatnonzero(offsets[1:] == offsets[:-1])
-    if empty.size:
-        raise InvalidInputError(f"{where.where(first_row + int(empty[0]))}: column {column!r} is an empty list")
-    values = array.flatten()
-    if values.null_count:
-        raise InvalidInputError(f"{where.where(first_row + _row_of(offsets, _first_null(values)))}: a message is null")
-    parts = {}
-    for key in ("role", "content"):
-        part = pa.compute.struct_field(values, key)
-        if part.null_count:
-            row = first_row + _row_of(offsets, _first_null(part))
-            raise InvalidInputError(f"{where.where(row)}: a message's {key!r} is null")
-        parts[key] = _python_strings(part, column, first_row, where, offsets)
-    roles, contents, bounds = parts["role"], parts["content"], offsets.tolist()
-    return [[{"role": role, "content": content} for role, content in zip(roles[a:b], contents[a:b])]
-            for a, b in zip(bounds[:-1], bounds[1:])]
+                                f"(structs with a string 'role')")
+    conversations = _python_strings(array, column, first_row, where)
+    for row, conversation in enumerate(conversations):
+        check_messages(conversation, column, where.where(first_row + row))
+    return conversations
+
+
+def _template_fields(pa, columns: dict, fields: RecordFields, first_row: int, where: Input) -> dict:
+    """Each record's ``tools`` and ``chat_template_kwargs`` (None when no record has any)."""
+    rows = [{} for _ in range(len(next(iter(columns.values()))))]
+    for extra in fields.extras:
+        for record, value in zip(rows, _python_strings(columns[extra], extra, first_row, where)):
+            record[extra] = value
+    pairs = [template_fields(record, where.where(first_row + row)) for row, record in enumerate(rows)]
+    tools = [tools for tools, _ in pairs]
+    options = [options for _, options in pairs]
+    return {"tools": tools if any(t is not None for t in tools) else None,
+            "template_kwargs": options if any(options) else None}
 
 
 def _text_buffer(pa, array, column: str, where: Input) -> tuple[np.ndarray, np.ndarray]:
@@ -170,7 +172,7 @@ def arrow_chunk(batch, fields: RecordFields, input_index: int, first_row: int, w
     for column in fields.read:
         array = batch.column(column)
         columns[column] = array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
-        if columns[column].null_count:
+        if columns[column].null_count and column not in fields.extras:
             what = "the document" if fields.kind in ("text", "ids") and column == fields.fields[0] \
                 else f"column {column!r}"
             raise InvalidInputError(f"{where.where(first_row + _first_null(columns[column]))}: {what} is null")
@@ -185,11 +187,18 @@ def arrow_chunk(batch, fields: RecordFields, input_index: int, first_row: int, w
         flat, offsets = _integer_lists(pa, columns[ids], ids, "a token ID", first_row, where)
         masks = {mask: _mask(pa, columns[mask], mask, ids, offsets, first_row, where) for mask in fields.masks}
         nbytes = flat.nbytes + sum(values.nbytes for values in masks.values())
-        return DocumentChunk(inputs, locations, nbytes, ids=(flat, offsets), masks=masks or None)
+        masked = np.ones(count, dtype=bool) if masks else None
+        return DocumentChunk(inputs, locations, nbytes, ids=(flat, offsets), masks=masks or None, masked=masked)
     nbytes = sum(int(array.nbytes) for array in columns.values())
-    if fields.kind == "conversation":
-        return DocumentChunk(inputs, locations, nbytes,
-                             conversations=_conversations(pa, columns["messages"], "messages", first_row, where))
+    if fields.conversational:
+        template = _template_fields(pa, columns, fields, first_row, where)
+        if fields.kind == "conversation":
+            return DocumentChunk(inputs, locations, nbytes, **template,
+                                 conversations=_conversations(pa, columns["messages"], "messages", first_row, where))
+        prompts, completions = (_conversations(pa, columns[column], column, first_row, where)
+                                for column in fields.fields)
+        return DocumentChunk(inputs, locations, nbytes, prompts=prompts, completions=completions,
+                             conversational=True, **template)
     for column in fields.fields:
         if not _is_string(pa, columns[column].type):
             raise InvalidInputError(f"{where.name}: column {column!r} of type {columns[column].type} is not a "
@@ -243,8 +252,8 @@ class ArrowBatches(RecordReader):
         """The columns read (:func:`record_columns`)."""
         return self._open()[0]
 
-    def _fields(self, names) -> RecordFields:
-        return record_columns(names, self.text_field, self.ids_field, self.inputs[0].name)
+    def _fields(self, schema) -> RecordFields:
+        return record_columns(schema, self.text_field, self.ids_field, self.inputs[0].name)
 
     def _open(self) -> tuple[RecordFields, Iterator]:
         """``(the columns read, an iterator of record batches or tables holding them)``."""
@@ -255,24 +264,24 @@ class ArrowBatches(RecordReader):
             try:
                 if self.inputs[0].kind == "parquet":
                     handle = pa.parquet.ParquetFile(path, memory_map=True)
-                    fields = self._fields(handle.schema_arrow.names)
+                    fields = self._fields(handle.schema_arrow)
                     return fields, handle.iter_batches(batch_size=self.BATCH_ROWS, columns=list(fields.read))
                 with open(path, "rb") as handle:
                     feather_v1 = handle.read(4) == b"FEA1"
                 if feather_v1:  # no IPC framing: pyarrow's feather module reads it whole
                     table = pa.feather.read_table(path, memory_map=True)
-                    return self._fields(table.column_names), iter(table.to_batches(max_chunksize=self.BATCH_ROWS))
+                    return self._fields(table.schema), iter(table.to_batches(max_chunksize=self.BATCH_ROWS))
                 try:
                     reader = pa.ipc.open_file(path)
                     batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
                 except pa.ArrowInvalid:
                     reader = pa.ipc.open_stream(path)
                     batches = iter(reader)
-                return self._fields(reader.schema.names), batches
+                return self._fields(reader.schema), batches
             except (pa.ArrowInvalid, OSError) as error:
                 raise InvalidInputError(f"{path}: cannot read as {self.inputs[0].kind}: {error}") from None
         if isinstance(source, pa.Table):
-            return self._fields(source.column_names), iter(source.to_batches(max_chunksize=self.BATCH_ROWS))
+            return self._fields(source.schema), iter(source.to_batches(max_chunksize=self.BATCH_ROWS))
         if hasattr(source, "with_format") and hasattr(source, "column_names"):  # datasets.Dataset
             names = source.column_names
             if isinstance(names, dict):
@@ -281,7 +290,7 @@ class ArrowBatches(RecordReader):
             if names is None:
                 raise InvalidInputError(f"{type(source).__name__} with unknown columns (no features): "
                                         f"give it features, or a Dataset")
-            return self._fields(names), source.with_format("arrow").iter(batch_size=self.BATCH_ROWS)
+            return self._fields(source.data.schema), source.with_format("arrow").iter(batch_size=self.BATCH_ROWS)
         raise InvalidInputError(
             f"expected a path, a pyarrow.Table or a datasets.Dataset, not {type(source).__name__}"
         )

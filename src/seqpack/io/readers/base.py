@@ -101,11 +101,15 @@ class DocumentChunk:
 
     Exactly one of ``texts`` (a list of ``str`` or ``bytes``), ``text_buffer`` (UTF-8
     bytes as a uint8 array and int64 offsets), ``ids`` (flat integer IDs and int64
-    offsets, one document each), ``prompts`` with ``completions`` (lists of ``str``:
-    prompt-completion records) or ``conversations`` (lists of ``{"role", "content"}``
-    messages) is set. With ``ids``, ``masks`` holds the records' supervision columns
-    found by name, each flat integer values aligned with the IDs: ``completion_mask``
-    and ``assistant_masks`` (1 = supervised), ``labels`` (-100 = unsupervised).
+    offsets, one document each), ``prompts`` with ``completions`` (prompt-completion
+    records: lists of ``str``, or with ``conversational`` lists of messages) or
+    ``conversations`` (lists of messages, every key kept) is set. With ``ids``, ``masks``
+    holds the records' supervision fields found by name, each flat integer values aligned
+    with the IDs: ``completion_mask`` and ``assistant_masks`` (1 = supervised), ``labels``
+    (-100 = unsupervised); a record without one of them holds 1s (its own IDs for
+    ``labels``) there, and ``masked`` (bool per document; None: all) says which records carry any.
+    Beside messages, ``tools`` and ``template_kwargs`` (None, or one entry per record) are
+    what each record gives its chat template.
     ``inputs`` and ``locations`` (int64) name each document's input (an index into the
     readers' inputs) and its place there; ``nbytes`` counts the input bytes read.
     """
@@ -117,9 +121,13 @@ class DocumentChunk:
     text_buffer: tuple[np.ndarray, np.ndarray] | None = None
     ids: tuple[np.ndarray, np.ndarray] | None = None
     masks: dict[str, np.ndarray] | None = None
+    masked: np.ndarray | None = None
     prompts: list | None = None
     completions: list | None = None
+    conversational: bool = False
     conversations: list | None = None
+    tools: list | None = None
+    template_kwargs: list | None = None
 
     def __len__(self) -> int:
         return int(self.locations.shape[0])
@@ -145,16 +153,12 @@ class DocumentChunk:
 
 class RecordReader:
     """What a reader of records (JSONL, Arrow) says of them, from its ``record_fields``:
-    ``record_kind`` (``"text"``, ``"ids"``, ``"prompt-completion"`` or ``"conversation"``)
-    and ``mask_columns`` (TRL's mask columns read beside the IDs)."""
+    ``record_kind`` (``"text"``, ``"ids"``, ``"prompt-completion"``, ``"conversational
+    prompt-completion"`` or ``"conversation"``: every record of an input is of one kind)."""
 
     @property
     def record_kind(self) -> str:
         return self.record_fields.kind
-
-    @property
-    def mask_columns(self) -> tuple[str, ...]:
-        return self.record_fields.masks
 
 
 class Reader(Protocol):

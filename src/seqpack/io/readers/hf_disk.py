@@ -14,7 +14,7 @@ from pathlib import Path
 from ...errors import InvalidInputError
 from .arrow import ArrowBatches, import_pyarrow
 from .base import Input, cannot_read, check_fields, input_path, not_a_file
-from .jsonl import RecordFields
+from .records import RecordFields
 
 #: The files that mark a saved ``Dataset`` (both) and a saved ``DatasetDict``.
 DATASET_FILES = ("state.json", "dataset_info.json")
@@ -92,7 +92,7 @@ class SavedDataset(ArrowBatches):
             first = pa.ipc.open_stream(self.files[0])
         except (pa.ArrowInvalid, OSError) as error:
             raise InvalidInputError(f"{self.files[0]}: cannot read as an Arrow stream: {error}") from None
-        return self._fields(first.schema.names), self._batches(first)
+        return self._fields(first.schema), self._batches(first)
 
     def _batches(self, first) -> Iterator:
         """Every file's record batches, in order (a file opened when its turn comes; one

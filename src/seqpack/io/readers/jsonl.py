@@ -1,11 +1,9 @@
 """JSON lines: one object a line, each a record of one kind: a text, token IDs (with
 supervision masks beside them), a prompt-completion pair or a conversation (TRL 1.16's
-dataset formats). The first record sets the kind and the mask fields; every record must
-have them. A reader splits at line boundaries into pieces whose errors still name the
-file's own lines; chunks end at ``CHUNK_BYTES`` or ``CHUNK_DOCUMENTS``, records whole.
-
-:func:`find_record_fields` is the rule the Arrow readers share: which kind a record (or a
-table) is, by the fields given or by its field names.
+dataset formats). Each record's kind and masks follow from its own fields
+(:mod:`.records`); a record of another kind than the file's first is an error naming its
+line. A reader splits at line boundaries into pieces whose errors still name the file's
+own lines; chunks end at ``CHUNK_BYTES`` or ``CHUNK_DOCUMENTS``, records whole.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import copy
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
 
@@ -33,55 +30,16 @@ from .base import (
     input_path,
     not_a_file,
 )
+from .records import (
+    CONVERSATIONAL_PROMPT_COMPLETION,
+    MASK_COLUMNS,
+    RecordFields,
+    check_messages,
+    find_record_fields,
+    json_kind,
+    template_fields,
+)
 from .sniff import MAGIC_BYTES, check_text_file
-
-#: The supervision fields read beside token IDs, by name: ``completion_mask`` and
-#: ``assistant_masks`` (1 = supervised), ``labels`` (-100 = unsupervised).
-MASK_COLUMNS = ("completion_mask", "assistant_masks", "labels")
-#: The record kinds found by their field names, in the order they are looked for.
-KIND_FIELDS = {"text": ("text",), "prompt-completion": ("prompt", "completion"), "conversation": ("messages",)}
-
-
-@dataclass(frozen=True)
-class RecordFields:
-    """What an input's records are: ``kind`` (``"text"``, ``"ids"``,
-    ``"prompt-completion"`` or ``"conversation"``), ``fields`` (the text or IDs field,
-    ``prompt`` and ``completion``, or ``messages``) and ``masks`` (the
-    :data:`MASK_COLUMNS` beside the IDs, in that order; empty for other kinds)."""
-
-    kind: str
-    fields: tuple[str, ...]
-    masks: tuple[str, ...] = ()
-
-    @property
-    def read(self) -> tuple[str, ...]:
-        """Every field read: the record's own, then its masks."""
-        return self.fields + self.masks
-
-    def described(self) -> str:
-        """``field 'text'`` or ``fields 'prompt' and 'completion'``."""
-        names = " and ".join(map(repr, self.fields))
-        return f"field{'s' if len(self.fields) > 1 else ''} {names}"
-
-
-def find_record_fields(names, text_field: str | None, ids_field: str | None, *,
-                       ids_default: str | None = None) -> RecordFields | None:
-    """The fields of records whose field names are ``names``: ``ids_field`` (with the
-    :data:`MASK_COLUMNS` among ``names``), or ``text_field``, or the first kind of
-    :data:`KIND_FIELDS` whose fields are all there (text, then prompt and completion,
-    then messages), or ``ids_default`` with its masks when it is there; else ``None``."""
-    masks = tuple(mask for mask in MASK_COLUMNS if mask in names)
-    if ids_field is not None:
-        return RecordFields("ids", (ids_field,), masks)
-    if text_field is not None:
-        return RecordFields("text", (text_field,))
-    for kind, fields in KIND_FIELDS.items():
-        if all(field in names for field in fields):
-            return RecordFields(kind, fields)
-    if ids_default is not None and ids_default in names:
-        return RecordFields("ids", (ids_default,), masks)
-    return None
-
 
 def _line_boundary(handle, offset: int, stop: int) -> int:
     """The first line start at or after ``offset`` (``stop`` if none is before it)."""
@@ -111,19 +69,6 @@ def _count_newlines(handle, start: int, stop: int, block_bytes: int) -> int:
         count += block.count(b"\n")
         position += len(block)
     return count
-
-
-def _json_kind(value) -> str:
-    """The JSON name of a parsed value's type (object, array, string, number...)."""
-    if isinstance(value, dict):
-        return "object"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    return "null" if value is None else "number"
 
 
 def _utf8(value: str, what: str, where: Input, number: int) -> str:
@@ -156,59 +101,56 @@ def _text(record: dict, fields: RecordFields, where: Input, number: int) -> str:
     return _string(record, fields.fields[0], where, number)
 
 
-def _ids(record: dict, fields: RecordFields, where: Input, number: int) -> tuple[list, ...]:
-    """The IDs and each mask, every mask as long as the IDs."""
+def _ids(record: dict, fields: RecordFields, where: Input, number: int) -> tuple[list, dict]:
+    """The IDs and each mask the record has, every mask as long as the IDs."""
     ids = _integers(record, fields.fields[0], where, number)
-    masks = tuple(_integers(record, mask, where, number) for mask in fields.masks)
-    for mask, values in zip(fields.masks, masks):
+    masks = {mask: _integers(record, mask, where, number) for mask in fields.masks}
+    for mask, values in masks.items():
         if len(values) != len(ids):
             raise InvalidInputError(f"{where.where(number)}: field {mask!r} has {len(values)} values; field "
                                     f"{fields.fields[0]!r} has {len(ids)} IDs")
-    return (ids, *masks)
+    return ids, masks
 
 
 def _prompt_completion(record: dict, fields: RecordFields, where: Input, number: int) -> tuple[str, str]:
     return _string(record, "prompt", where, number), _string(record, "completion", where, number)
 
 
-def _conversation(record: dict, fields: RecordFields, where: Input, number: int) -> list[dict]:
-    """The messages as ``{"role", "content"}`` dicts (other keys left out): a non-empty
-    list of objects whose role and content are strings."""
-    value = record["messages"]
-    if not isinstance(value, list) or not value:
-        what = "an empty array" if isinstance(value, list) else f"a JSON {_json_kind(value)}"
-        raise InvalidInputError(f"{where.where(number)}: field 'messages' is {what}, not a non-empty list of "
-                                f"messages")
-    for index, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise InvalidInputError(f"{where.where(number)}: messages[{index}] is a JSON {_json_kind(message)}, not "
-                                    f"an object with 'role' and 'content'")
-        for key in ("role", "content"):
-            if key not in message:
-                raise InvalidInputError(f"{where.where(number)}: messages[{index}] has no {key!r}")
-            if not isinstance(message[key], str):
-                raise InvalidInputError(f"{where.where(number)}: messages[{index}][{key!r}] is not a string")
-            _utf8(message[key], f"messages[{index}][{key!r}]", where, number)
-    return [{"role": message["role"], "content": message["content"]} for message in value]
+def _conversational_prompt_completion(record: dict, fields: RecordFields, where: Input, number: int) -> tuple:
+    """The prompt's and the completion's messages, and what the record gives the template."""
+    at = where.where(number)
+    return (check_messages(record["prompt"], "prompt", at), check_messages(record["completion"], "completion", at),
+            *template_fields(record, at))
+
+
+def _conversation(record: dict, fields: RecordFields, where: Input, number: int) -> tuple:
+    """The messages (every key kept), and what the record gives the template."""
+    at = where.where(number)
+    messages = check_messages(record["messages"], "messages", at)
+    for index, message in enumerate(messages):
+        if isinstance(message.get("content"), str):
+            _utf8(message["content"], f"messages[{index}]['content']", where, number)
+    return (messages, *template_fields(record, at))
 
 
 #: Each record kind's value from a record that has its fields, checked.
-_TAKE = {"text": _text, "ids": _ids, "prompt-completion": _prompt_completion, "conversation": _conversation}
+_TAKE = {"text": _text, "ids": _ids, "prompt-completion": _prompt_completion,
+         "conversational prompt-completion": _conversational_prompt_completion, "conversation": _conversation}
 
 
 class JsonLines(RecordReader):
     """A JSONL file: one JSON object a line, each a record of one kind, by the field
     given (``text_field``: a string; ``ids_field``: a list of token IDs; not both), else
-    by the fields of the first record: ``"text"``; ``"prompt"`` and ``"completion"``
-    (strings); ``"messages"`` (a non-empty list of objects with string ``"role"`` and
-    ``"content"``); ``"input_ids"`` (a list of token IDs, as in Parquet); text when it
-    has none of them. Beside IDs, the :data:`MASK_COLUMNS`
-    the first record has are read (lists of ints as long as its IDs). Every record must
-    have its kind's fields and those masks. Blank lines are skipped; lines count from 1.
+    by its own fields in TRL's precedence (:func:`~.records.find_record_fields`):
+    ``"input_ids"`` (a list of token IDs) with the :data:`MASK_COLUMNS` that record has
+    (lists of ints as long as its IDs); ``"prompt"`` and ``"completion"`` (strings, or
+    lists of messages); ``"messages"`` (a non-empty list of objects with a string
+    ``"role"``, every key kept) with ``"tools"`` and ``"chat_template_kwargs"``; ``"text"``.
+    Every record must be of the kind of the file's first record. Blank lines are
+    skipped; lines count from 1.
 
-    ``record_kind`` (``"text"``, ``"ids"``, ``"prompt-completion"`` or
-    ``"conversation"``) and ``mask_columns`` say what the records are (found on first use:
-    this reads the first record).
+    ``record_kind`` says what the records are (found on first use: this reads the
+    file's first record).
 
     A piece of the file is the lines in bytes ``[start, stop)`` (``stop=None``: to the
     end), where ``start`` is a line boundary and ``first_line`` is the number of the line
@@ -232,7 +174,6 @@ class JsonLines(RecordReader):
         except OSError as error:
             raise cannot_read(path, error) from None
         self.text_field, self.ids_field = text_field, ids_field
-        self.field = ids_field if ids_field is not None else text_field if text_field is not None else "text"
         self.start = check_int("start", start, minimum=0)
         self.stop = check_optional_int("stop", stop, minimum=self.start)
         self.first_line = check_int("first_line", first_line)
@@ -240,25 +181,27 @@ class JsonLines(RecordReader):
 
     @cached_property
     def record_fields(self) -> RecordFields:
-        """The records' fields (:func:`find_record_fields`), by the field given, else by the
-        file's first record (``input_ids`` when it names no other kind, as in Parquet); text
-        when it names none."""
-        names = () if self.text_field is not None else self._first_record_names()
-        return (find_record_fields(names, self.text_field, self.ids_field, ids_default="input_ids")
-                or RecordFields("text", ("text",)))
-
-    def _first_record_names(self) -> tuple[str, ...]:
-        """The field names of the file's first record (whatever piece this reader reads),
-        or none when it is not an object."""
+        """The fields of the file's first record (whatever piece this reader reads), by
+        the field given, else :func:`~.records.find_record_fields`; text when it names none."""
         try:
             with open(self.path, "rb") as handle:
                 for number, line in enumerate(handle, start=1):
                     if line.strip():
                         record = self._parse(line, number)
-                        return tuple(record) if isinstance(record, dict) else ()
+                        return self._fields(record if isinstance(record, dict) else {}, number)
         except OSError as error:
             raise cannot_read(self.path, error) from None
-        return ()
+        return RecordFields("text", ("text",))
+
+    def _fields(self, record: dict, number: int) -> RecordFields:
+        """One record's fields: its kind and the masks and template fields it carries."""
+        fields = find_record_fields(record, self.text_field, self.ids_field,
+                                    where=f"{self.inputs[0].where(number)}: ")
+        if fields is None:
+            return RecordFields("text", ("text",))
+        if fields.kind == "prompt-completion" and isinstance(record.get("prompt"), list):
+            return fields.as_conversational()
+        return fields
 
     def _parse(self, line: bytes, number: int):
         where = self.inputs[0].where(number)
@@ -293,26 +236,28 @@ class JsonLines(RecordReader):
         piece.start, piece.stop, piece.first_line = start, stop, first_line
         return piece
 
-    def _missing(self, record: dict, field: str, number: int) -> InvalidInputError:
-        """The error for a record without ``field``, saying why the record needs it."""
-        fields = self.record_fields
-        kinds = {**KIND_FIELDS, "token-ID": ("input_ids",)}  # what a first record without a field name can be
-        other = next((kind for kind, names in kinds.items() if all(n in record for n in names)), None)
-        if field in fields.masks:
-            hint = f" (the first record has it beside {fields.fields[0]!r}: every record must)"
-        elif fields.kind in ("prompt-completion", "conversation"):
-            hint = f" (the first record is a {fields.kind} record: every record must be one)"
-        elif self.text_field is None and self.ids_field is None and other is not None:
-            hint = f" (the line is a {other} record, but the first record is text: every record must be of one kind)"
-        elif fields.kind == "text" and "input_ids" in record:
-            hint = " (the line has 'input_ids': pass --ids-field input_ids)"
-        else:
-            hint = "; name one with --text-field or --ids-field"
-        return InvalidInputError(f"{self.inputs[0].where(number)}: no field {field!r}{hint}")
+    def _checked_fields(self, record: dict, number: int) -> RecordFields:
+        """The record's fields, which must name a record of the file's kind, all there."""
+        first, fields = self.record_fields, self._fields(record, number)
+        where = self.inputs[0].where(number)
+        if fields.kind != first.kind:
+            names = {"ids": "token-ID", CONVERSATIONAL_PROMPT_COMPLETION: CONVERSATIONAL_PROMPT_COMPLETION}
+            if fields.kind == "text" and "text" not in record:  # none of the kinds' fields
+                missing = next((field for field in first.fields if field not in record), first.fields[0])
+                raise InvalidInputError(f"{where}: no field {missing!r} (the first record is a "
+                                        f"{names.get(first.kind, first.kind)} record: every record must be one)")
+            raise InvalidInputError(
+                f"{where}: a {names.get(fields.kind, fields.kind)} record, but the first record is a "
+                f"{names.get(first.kind, first.kind)} record: every record of an input must be of one kind")
+        for field in fields.fields:
+            if field not in record:
+                hint = "; name one with --text-field or --ids-field" if self.text_field is None else ""
+                if fields.kind == "text" and "input_ids" in record:
+                    hint = " (the line has 'input_ids': pass --ids-field input_ids)"
+                raise InvalidInputError(f"{where}: no field {field!r}{hint}")
+        return fields
 
     def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
-        fields = self.record_fields
-        take = _TAKE[fields.kind]
         values, lines, size = [], [], 0
         where = self.inputs[0]
         remaining = None if self.stop is None else self.stop - self.start
@@ -327,12 +272,10 @@ class JsonLines(RecordReader):
                     continue
                 record = self._parse(line, number)
                 if not isinstance(record, dict):
-                    raise InvalidInputError(f"{where.where(number)}: a JSON {_json_kind(record)}, not an object "
-                                            f"with {fields.described()}")
-                for field in fields.read:
-                    if field not in record:
-                        raise self._missing(record, field, number)
-                values.append(take(record, fields, where, number))
+                    raise InvalidInputError(f"{where.where(number)}: a JSON {json_kind(record)}, not an object "
+                                            f"with {self.record_fields.described()}")
+                fields = self._checked_fields(record, number)
+                values.append(_TAKE[fields.kind](record, fields, where, number))
                 lines.append(number)
                 size += len(line)
                 if size >= CHUNK_BYTES or len(values) >= CHUNK_DOCUMENTS:
@@ -344,25 +287,48 @@ class JsonLines(RecordReader):
     def _chunk(self, first_input: int, values: list, lines: list, size: int) -> DocumentChunk:
         locations = np.array(lines, dtype=np.int64)
         inputs = np.full(len(values), first_input, dtype=np.int64)
-        fields = self.record_fields
-        if fields.kind == "text":
+        kind = self.record_fields.kind
+        if kind == "text":
             return DocumentChunk(inputs, locations, size, texts=values)
-        if fields.kind == "prompt-completion":
+        if kind == "prompt-completion":
             return DocumentChunk(inputs, locations, size, prompts=[v[0] for v in values],
                                  completions=[v[1] for v in values])
-        if fields.kind == "conversation":
-            return DocumentChunk(inputs, locations, size, conversations=values)
+        if kind != "ids":  # rendered by a chat template
+            *messages, tools, options = zip(*values)
+            template = {"tools": list(tools) if any(t is not None for t in tools) else None,
+                        "template_kwargs": list(options) if any(options) else None}
+            if kind == "conversation":
+                return DocumentChunk(inputs, locations, size, conversations=list(messages[0]), **template)
+            return DocumentChunk(inputs, locations, size, prompts=list(messages[0]), completions=list(messages[1]),
+                                 conversational=True, **template)
         offsets = np.zeros(len(values) + 1, dtype=np.int64)
         np.cumsum([len(v[0]) for v in values], out=offsets[1:])
-        columns = [self._flat([v[i] for v in values], lines, name, offsets)
-                   for i, name in enumerate(fields.read)]
-        masks = dict(zip(fields.masks, columns[1:])) if fields.masks else None
-        return DocumentChunk(inputs, locations, size, ids=(columns[0], offsets), masks=masks)
+        ids = self._flat([v[0] for v in values], lines, self.record_fields.fields[0], offsets)
+        present = [mask for mask in MASK_COLUMNS if any(mask in v[1] for v in values)]
+        if not present:
+            return DocumentChunk(inputs, locations, size, ids=(ids, offsets))
+        masks = {}
+        for mask in present:  # a record without the mask: 1s, or its own IDs as labels (no effect)
+            rows = [v[1].get(mask) for v in values]
+            column = self._flat([row if row is not None else () for row in rows], lines, mask, offsets,
+                                np.array([row is not None for row in rows]))
+            masks[mask] = column
+            absent = np.repeat(np.array([row is None for row in rows]), np.diff(offsets))
+            column[absent] = ids[absent] if mask == "labels" else 1
+        masked = np.array([bool(v[1]) for v in values])
+        return DocumentChunk(inputs, locations, size, ids=(ids, offsets), masks=masks, masked=masked)
 
-    def _flat(self, rows: list, lines: list, field: str, offsets: np.ndarray) -> np.ndarray:
-        """The rows' integers back to back (int64); one outside int64 is named by its line."""
+    def _flat(self, rows: list, lines: list, field: str, offsets: np.ndarray, present=None) -> np.ndarray:
+        """The rows' integers back to back (int64; an absent row, per ``present``, takes
+        its document's place with zeros); one outside int64 is named by its line."""
+        lengths = np.diff(offsets)
         try:
-            return np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=int(offsets[-1]))
+            if present is None:
+                return np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=int(offsets[-1]))
+            flat = np.zeros(int(offsets[-1]), dtype=np.int64)
+            flat[np.repeat(present, lengths)] = np.fromiter(chain.from_iterable(rows), dtype=np.int64,
+                                                            count=int(lengths[present].sum()))
+            return flat
         except OverflowError:  # only on this error path: find the line
             low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
             line, value = next((line, v) for line, row in zip(lines, rows) for v in row if not low <= v <= high)

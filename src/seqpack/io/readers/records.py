@@ -1,0 +1,137 @@
+"""What a record of a structured input (JSONL, Parquet, Arrow) is, by TRL 1.16's rules.
+
+A record's kind follows from its fields, in TRL's precedence: token IDs
+(``input_ids``, with every mask field it carries), then ``prompt`` and ``completion``
+(strings, or lists of messages: a conversational prompt-completion record), then
+``messages``, then ``text``. A field named by the user (``--text-field``,
+``--ids-field``) decides instead. Preference records (``chosen`` and ``rejected``) are
+refused until seqpack packs preference pairs. Messages keep every key they have (a
+tool call's ``tool_calls``, a tool's ``name``), and a record's ``tools`` and
+``chat_template_kwargs`` go to the chat template as TRL passes them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ...errors import InvalidInputError
+
+#: The supervision fields read beside token IDs, by name: ``completion_mask`` and
+#: ``assistant_masks`` (1 = supervised), ``labels`` (-100 = unsupervised).
+MASK_COLUMNS = ("completion_mask", "assistant_masks", "labels")
+#: The record kinds found by their field names, in TRL's order of precedence after token IDs.
+KIND_FIELDS = {"prompt-completion": ("prompt", "completion"), "conversation": ("messages",), "text": ("text",)}
+#: Fields that make a preference record (TRL's DPO formats), explicit or implicit prompt.
+PREFERENCE_FIELDS = (("chosen", "rejected"), ("chosen_ids", "rejected_ids"))
+#: Fields a conversation's record may carry for its chat template.
+TEMPLATE_FIELDS = ("tools", "chat_template_kwargs")
+#: The kind of a prompt-completion record whose prompt and completion are lists of messages.
+CONVERSATIONAL_PROMPT_COMPLETION = "conversational prompt-completion"
+
+
+@dataclass(frozen=True)
+class RecordFields:
+    """What a record (or an input's records) is: ``kind`` (``"text"``, ``"ids"``,
+    ``"prompt-completion"``, :data:`CONVERSATIONAL_PROMPT_COMPLETION` or
+    ``"conversation"``), ``fields`` (the text or IDs field, ``prompt`` and ``completion``,
+    or ``messages``), ``masks`` (the :data:`MASK_COLUMNS` beside the IDs, in that order)
+    and ``extras`` (the :data:`TEMPLATE_FIELDS` beside prompts and conversations)."""
+
+    kind: str
+    fields: tuple[str, ...]
+    masks: tuple[str, ...] = ()
+    extras: tuple[str, ...] = ()
+
+    @property
+    def read(self) -> tuple[str, ...]:
+        """Every field read: the record's own, its masks, then its template fields."""
+        return self.fields + self.masks + self.extras
+
+    @property
+    def conversational(self) -> bool:
+        """Whether the record is rendered by a chat template."""
+        return self.kind in ("conversation", CONVERSATIONAL_PROMPT_COMPLETION)
+
+    def described(self) -> str:
+        """``field 'text'`` or ``fields 'prompt' and 'completion'``."""
+        names = " and ".join(map(repr, self.fields))
+        return f"field{'s' if len(self.fields) > 1 else ''} {names}"
+
+    def as_conversational(self) -> RecordFields:
+        """The conversational prompt-completion kind of a prompt-completion record."""
+        return RecordFields(CONVERSATIONAL_PROMPT_COMPLETION, self.fields, self.masks, self.extras)
+
+
+def find_record_fields(names, text_field: str | None, ids_field: str | None, *,
+                       ids_default: str | None = "input_ids", where: str = "") -> RecordFields | None:
+    """The fields of a record (or a table) whose field names are ``names``: ``ids_field``
+    or ``text_field`` when given, else TRL's precedence (``ids_default`` with the mask
+    fields there, ``prompt`` and ``completion``, ``messages``, ``text``); ``None`` when
+    none is there. A preference record is an error naming ``where``."""
+    names = set(names)
+    masks = tuple(mask for mask in MASK_COLUMNS if mask in names)
+    extras = tuple(extra for extra in TEMPLATE_FIELDS if extra in names)
+    if ids_field is not None:
+        return RecordFields("ids", (ids_field,), masks)
+    if text_field is not None:
+        return RecordFields("text", (text_field,))
+    if ids_default is not None and ids_default in names:
+        return RecordFields("ids", (ids_default,), masks)
+    for fields in PREFERENCE_FIELDS:
+        if names.issuperset(fields) and not names.issuperset(KIND_FIELDS["prompt-completion"]):
+            raise InvalidInputError(
+                f"{where}preference records ({' and '.join(map(repr, fields))}, for DPO) are not supported yet: "
+                f"seqpack packs text, token IDs, prompt-completion records and conversations")
+    for kind, fields in KIND_FIELDS.items():
+        if names.issuperset(fields):
+            return RecordFields(kind, fields, (), extras if kind != "text" else ())
+    return None
+
+
+def json_kind(value) -> str:
+    """The JSON name of a parsed value's type (object, array, string, number...)."""
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "null" if value is None else "number"
+
+
+def check_messages(value, field: str, where: str) -> list[dict]:
+    """``value`` as a conversation: a non-empty list of messages, each an object with a
+    string ``role``; every other key (content, tool calls, names) is the template's."""
+    if not isinstance(value, list) or not value:
+        what = "an empty array" if isinstance(value, list) else f"a JSON {json_kind(value)}"
+        raise InvalidInputError(f"{where}: field {field!r} is {what}, not a non-empty list of messages")
+    for index, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise InvalidInputError(f"{where}: {field}[{index}] is a JSON {json_kind(message)}, not an object "
+                                    f"with a 'role'")
+        if not isinstance(message.get("role"), str):
+            what = "no 'role'" if message.get("role") is None else "a 'role' that is not a string"
+            raise InvalidInputError(f"{where}: {field}[{index}] has {what}")
+    return value
+
+
+def template_fields(record: dict, where: str) -> tuple[list | None, dict]:
+    """A record's ``tools`` (parsed when a JSON string, as TRL parses it; None when
+    absent) and ``chat_template_kwargs`` (an object; empty when absent or null)."""
+    tools = record.get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError as error:
+            raise InvalidInputError(f"{where}: field 'tools' is a string but not JSON: {error}") from None
+    if tools is not None and not isinstance(tools, list):
+        raise InvalidInputError(f"{where}: field 'tools' is a JSON {json_kind(tools)}, not a list of tools")
+    options = record.get("chat_template_kwargs")
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise InvalidInputError(f"{where}: field 'chat_template_kwargs' is a JSON {json_kind(options)}, not an object")
+    return tools, options
