@@ -1,6 +1,8 @@
 """``torch.utils.data`` datasets whose items are whole batches (dicts of tensors).
 
-Use them with ``DataLoader(dataset, batch_size=None)``: each item already is a batch.
+Use them with ``DataLoader(dataset, batch_size=None)``: each item already is a batch,
+the dict :func:`~seqpack.torch.tensors` makes, which ``seqpack.hf.rows`` and
+``seqpack.hf.flat`` take as it is.
 
 ``PackedIterableDataset`` is the training stream. Each epoch it shuffles the batches
 deterministically from ``(seed, epoch)``, deals them to the ranks one step at a time

@@ -26,6 +26,10 @@ IGNORE_INDEX = -100
 PAD_INPUT_ID = 0
 #: The fields ``tensors`` shares with the batch, then the derived ones.
 SHARED_FIELDS = (*CELL_FIELDS, *FLAG_FIELDS, "valid_lengths", "segment_starts")
+#: Each key of a ``tensors`` dict and its dtype (all ``[rows, T]`` but ``valid_lengths``, ``[rows]``).
+TENSOR_DTYPES = {**dict.fromkeys((*CELL_FIELDS, "segment_starts"), torch.int32),
+                 **dict.fromkeys(FLAG_FIELDS, torch.bool),
+                 "valid_lengths": torch.int64, "input_ids": torch.int64, "shift_labels": torch.int64}
 
 
 def is_integer_tensor(value) -> bool:
@@ -90,6 +94,39 @@ def tensors(batch, device=None) -> dict[str, torch.Tensor]:
     if device is not None:
         result = {name: moved(tensor, device) for name, tensor in result.items()}
     return result
+
+
+def batch_tensors(batch) -> dict[str, torch.Tensor]:
+    """:func:`tensors` of a batch, or a dict :func:`tensors` made (an item of
+    ``seqpack.torch.PackedDataset`` or ``PackedIterableDataset``) as it is, once its keys,
+    dtypes, shapes and device (the CPU) are checked: what takes either reads only these."""
+    if not isinstance(batch, dict):
+        return tensors(check_batch(batch))
+    missing, extra = TENSOR_DTYPES.keys() - batch.keys(), batch.keys() - TENSOR_DTYPES.keys()
+    if missing or extra:
+        problems = [f"lacks {', '.join(map(repr, sorted(missing)))}"] if missing else []
+        problems += [f"has {', '.join(sorted(map(repr, extra)))}, which tensors() does not make"] if extra else []
+        raise InvalidInputError(
+            "expected a padded or packed batch or its tensors() dict (an item of seqpack.torch.PackedDataset or "
+            f"PackedIterableDataset); this dict {' and '.join(problems)}"
+        )
+    inputs = batch["inputs"]
+    if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:
+        raise InvalidInputError(f"the tensors() dict's inputs must be a [rows, T] tensor, not {_described(inputs)}")
+    for name, dtype in TENSOR_DTYPES.items():
+        value, shape = batch[name], inputs.shape[:1] if name == "valid_lengths" else inputs.shape
+        if not (isinstance(value, torch.Tensor) and value.dtype == dtype and value.shape == shape
+                and value.device.type == "cpu"):
+            raise InvalidInputError(f"the tensors() dict's {name} must be a {dtype} tensor of shape {tuple(shape)} "
+                                    f"on the CPU, as tensors() makes it, not {_described(value)}")
+    return batch
+
+
+def _described(value) -> str:
+    """A tensor's dtype, shape and device, or any other value's type."""
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} {tuple(value.shape)} on {value.device}"
+    return type(value).__name__
 
 
 def _signed(labels: torch.Tensor) -> torch.Tensor:
