@@ -130,51 +130,71 @@ def test_segment_starts_are_derived_from_positions(small_epoch):
 # --- bulk validation kernels against plain references -----------------------------------
 
 
-def reference_first_bad(tokens, offsets, pieces, bos, eos, max_tokens, max_bytes):
-    """Document by document, the rules ``first_bad_document`` applies."""
+def reference_first_bad(tokens, offsets, pieces, bos, eos, max_tokens, max_bytes, as_given=()):
+    """Document by document, the rules ``first_bad_document`` applies (``bos`` -1: no BOS;
+    ``as_given[d]``: document ``d`` is any IDs in the vocabulary)."""
     for d in range(len(offsets) - 1):
         doc = tokens[offsets[d]:offsets[d + 1]]
-        if not 2 <= len(doc) <= max_tokens or doc[0] != bos or doc[-1] != eos:
+        given = len(as_given) and as_given[d]
+        if len(doc) > max_tokens:
             return d, _validate.DocumentFault.BROKEN_RULE
-        content = doc[1:-1]
-        if ((content < 0) | (content >= len(pieces)) | (content == bos) | (content == eos)).any():
+        if given:
+            content = doc
+        else:
+            first = 1 if bos >= 0 else 0
+            if len(doc) < first + 1 or (first and doc[0] != bos) or doc[-1] != eos:
+                return d, _validate.DocumentFault.BROKEN_RULE
+            content = doc[first:-1]
+        controls = np.zeros(len(content), bool) if given else (content == bos) | (content == eos)
+        if ((content < 0) | (content >= len(pieces)) | controls).any():
             return d, _validate.DocumentFault.BROKEN_RULE
         if pieces[content].sum() > max_bytes:
             return d, _validate.DocumentFault.BROKEN_RULE
-        if len(doc) == 2:
+        if len(doc) < 2 if given else len(content) == 0:
             return d, _validate.DocumentFault.EMPTY_CONTENT
     return -1, _validate.DocumentFault.DOCUMENT_OK
 
 
-def run_kernel(tokens, offsets, pieces, max_tokens, max_bytes, threads=2):
+def run_kernel(tokens, offsets, pieces, max_tokens, max_bytes, threads=2, bos=0, as_given=None):
     copy = np.full_like(tokens, -7)
-    found = _validate.first_bad_document(tokens, offsets, pieces, len(pieces), 0, 1, max_tokens, max_bytes,
-                                         copy, threads)
+    given = np.zeros(0, np.uint8) if as_given is None else np.asarray(as_given, np.uint8)
+    found = _validate.first_bad_document(tokens, offsets, pieces, len(pieces), bos, 1, given, max_tokens,
+                                         max_bytes, copy, threads)
     return found, copy
 
 
 @st.composite
 def document_sets(draw):
-    """Framed documents over a 12-ID vocabulary (BOS 0, EOS 1), some possibly broken."""
-    documents = []
+    """Documents over a 12-ID vocabulary (BOS 0 unless ``bos`` is -1, EOS 1), framed or
+    taken as given, some possibly broken: ``(documents, bos, as_given)``."""
+    bos = draw(st.sampled_from([0, -1]))
+    documents, as_given = [], []
     for _ in range(draw(st.integers(1, 80))):
-        content = draw(st.lists(st.integers(2, 11), max_size=8))
-        doc = [0, *content, 1]
-        if draw(st.integers(0, 9)) == 0:  # break one token: framing, a control, the ID range
+        given = draw(st.booleans())
+        content = draw(st.lists(st.integers(0 if given else 2, 11), max_size=8))
+        doc = content if given else [0, *content, 1] if bos == 0 else [*content, 1]
+        if doc and draw(st.integers(0, 9)) == 0:  # break one token: framing, a control, the ID range
             doc[draw(st.integers(0, len(doc) - 1))] = draw(st.sampled_from([-3, 0, 1, 5, 12, 99]))
         documents.append(doc)
-    return documents
+        as_given.append(given)
+    return documents, bos, as_given
 
 
 @pytest.mark.slow
-@settings(derandomize=True, max_examples=200, deadline=None)
-@given(document_sets(), st.integers(2, 12), st.integers(0, 30), st.sampled_from([1, 2, 5]))
-def test_first_bad_document_matches_the_reference(documents, max_tokens, max_bytes, threads):
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(document_sets(), st.integers(2, 12), st.integers(0, 30), st.sampled_from([1, 2, 5]), st.booleans())
+def test_first_bad_document_matches_the_reference(drawn, max_tokens, max_bytes, threads, mixed):
+    documents, bos, as_given = drawn
+    as_given = as_given if mixed else [False] * len(documents)
+    if not mixed:  # framed only: the documents drawn as given are framed too
+        documents = [doc if not g else ([0, *[t % 10 + 2 for t in doc], 1] if bos == 0 else [*[t % 10 + 2 for t in doc], 1])
+                     for doc, g in zip(documents, drawn[2])]
     pieces = np.array([0, 0, 1, 2, 3, 1, 1, 4, 1, 2, 1, 5], dtype=np.int64)
     tokens = np.array([t for doc in documents for t in doc], dtype=np.int32)
     offsets = np.concatenate(([0], np.cumsum([len(doc) for doc in documents]))).astype(np.int64)
-    (document, fault), copy = run_kernel(tokens, offsets, pieces, max_tokens, max_bytes, threads)
-    expected = reference_first_bad(tokens, offsets, pieces, 0, 1, max_tokens, max_bytes)
+    (document, fault), copy = run_kernel(tokens, offsets, pieces, max_tokens, max_bytes, threads, bos,
+                                         as_given if mixed else None)
+    expected = reference_first_bad(tokens, offsets, pieces, bos, 1, max_tokens, max_bytes, as_given)
     assert (document, fault) == expected
     valid_end = offsets[document] if document >= 0 else len(tokens)
     np.testing.assert_array_equal(copy[:valid_end], tokens[:valid_end])  # valid documents before it are copied

@@ -7,6 +7,7 @@ token-weighted loss over micro-batches, and Trainer's own count equals
 ``num_items_in_batch``.
 """
 
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -100,6 +101,60 @@ def test_rows_keys_dtypes_and_values():
     assert (batch.valid_lengths < width).any()
 
 
+def supervised_dataset_on_disk(directory):
+    """A small packed dataset with supervision (format version 2): several batches, padded rows."""
+    rng = np.random.default_rng(11)
+    ids = [rng.integers(2, 258, int(n)).tolist() for n in rng.integers(1, 30, 40)]
+    masks = [[int(rng.random() < 0.6) for _ in row[:-1]] + [1] for row in ids]
+    source = directory / "sft.jsonl"
+    source.write_text("".join(json.dumps({"input_ids": i, "completion_mask": m}) + "\n" for i, m in zip(ids, masks)))
+    bind = binding()
+    sp.io.pack_corpus([sp.io.reader_for(source)], directory / "packed", binding=bind, tokenizer=sp.ByteTokenizer(),
+                      config=sp.PackConfig(capacity=CAPACITY, rows_per_batch=3))
+    return sp.open_dataset(directory / "packed")
+
+
+def test_rows_and_flat_take_the_torch_datasets_items_as_they_are(tmp_path):
+    on_disk = supervised_dataset_on_disk(tmp_path)
+    assert on_disk.manifest["format_version"] == 2 and len(on_disk) > 5
+    stream = spt.PackedIterableDataset(on_disk, shuffle=True, seed=3)
+    numbers = stream.rank_batches(0).tolist()
+    assert numbers != sorted(numbers)  # shuffled
+    items = list(torch.utils.data.DataLoader(stream, batch_size=None))
+    mapped = spt.PackedDataset(on_disk)
+    assert len(items) == len(numbers) == len(on_disk)
+    for item, number in zip(items, numbers):
+        batch = on_disk[number]
+        for make in (sph.rows, sph.flat):
+            for source in (item, mapped[number]):
+                assert_same(make(source), make(batch))
+    assert any((b.valid_lengths < CAPACITY).any() and (b.target_valid & ~b.loss_mask).any() for b in on_disk)
+
+
+def test_rows_and_flat_refuse_a_dict_that_is_not_a_tensors_dict():
+    batch, _ = packed()
+    item = spt.tensors(batch)
+    prefix = "expected a padded or packed batch or its tensors\\(\\) dict .*; this dict "
+    cases = [
+        ({k: v for k, v in item.items() if k != "shift_labels"}, prefix + "lacks 'shift_labels'$"),
+        ({**item, "attention_mask": item["token_valid"]},
+         prefix + "has 'attention_mask', which tensors\\(\\) does not make$"),
+        ({k: v for k, v in item.items() if k != "inputs"} | {"labels": item["shift_labels"]},
+         prefix + "lacks 'inputs' and has 'labels'"),
+        (sph.rows(batch), prefix + "lacks 'inputs', .* and has 'labels', 'position_ids', 'use_cache', which"),
+        ({**item, "input_ids": item["input_ids"].int()},
+         "the tensors\\(\\) dict's input_ids must be a torch.int64 tensor of shape .* not torch.int32"),
+        ({**item, "valid_lengths": item["valid_lengths"][:1]}, "valid_lengths must be a torch.int64 tensor of shape"),
+        ({**item, "inputs": item["inputs"].tolist()}, "inputs must be a \\[rows, T\\] tensor, not list"),
+    ]
+    for value, message in cases:
+        for make in (sph.rows, sph.flat):
+            with pytest.raises(InvalidInputError, match=message):
+                make(value)
+    with pytest.raises(InvalidInputError, match="expected a padded or packed batch, not list"):
+        sph.rows([batch])
+
+
 def test_loss_with_num_items_in_batch_equals_the_token_weighted_loss():
     """ForCausalLMLoss over two micro-batches with Trainer's count equals seqpack's objective
     (rows via shift_labels, flat via unshifted labels); a mean of micro-batch means does not."""
@@ -167,10 +222,37 @@ def test_packing_collator_errors_and_the_exact_limit():
                                 tokenizer_identity=identity)
     with pytest.raises(CapacityError, match=f"need {rows_needed} rows of {CAPACITY}"):
         short(features)
-    with pytest.raises(TokenizerError, match="must end with EOS"):
-        exact([{"input_ids": [0, 5, 6]}])
+    # Features are documents as TRL prepared them: any IDs of the vocabulary, at least a target.
+    assert exact([{"input_ids": [5, 1, 0, 6]}])["valid_lengths"].tolist() == [3]
+    with pytest.raises(TokenizerError, match="token 266 at position 1 is out of vocabulary"):
+        exact([{"input_ids": [5, 266, 6]}])
     with pytest.raises(InvalidInputError, match="PackConfig"):
         sph.PackingCollator({"capacity": 8}, tokenizer_identity=identity)
+
+
+def test_a_feature_over_the_capacity_is_named_with_the_remedy():
+    """A feature of more predictions than the capacity: a CapacityError naming its place in the
+    call, its predictions, the capacity and what to change; exactly the capacity packs."""
+    identity = sp.ByteTokenizer().identity
+    collator = sph.PackingCollator(sp.PackConfig(capacity=CAPACITY, rows_per_batch=8), tokenizer_identity=identity)
+    short, exact, over = documents(lengths=(5, CAPACITY, CAPACITY + 1))
+    fields = collator([{"input_ids": short.tolist()}, {"input_ids": exact.tolist()}])
+    assert fields["input_ids"].shape == (2, CAPACITY) and fields["valid_lengths"].tolist() == [CAPACITY, 5]
+    with pytest.raises(CapacityError) as caught:
+        collator([{"input_ids": short.tolist()}, {"input_ids": exact.tolist()}, {"input_ids": over.tolist()}])
+    assert str(caught.value).startswith(
+        f"feature 2 has {CAPACITY + 1} predictions ({CAPACITY + 2} input_ids); PackConfig's capacity is {CAPACITY}: "
+        f"raise it to at least {CAPACITY + 1} (with TRL, to at least SFTConfig's max_length - 1), or set "
+        f"SFTConfig's max_length to at most {CAPACITY + 1} so that TRL truncates every feature to fit")
+    assert (caught.value.cells, caught.value.maximum) == (CAPACITY + 1, CAPACITY)
+    # What the message promises: the feature as TRL truncates it to max_length = capacity + 1 packs.
+    truncated = collator([{"input_ids": over[: CAPACITY + 1].tolist()}])
+    assert truncated["valid_lengths"].tolist() == [CAPACITY]
+    assert truncated["input_ids"][0].tolist() == over[:CAPACITY].tolist()
+    # Every feature fits but the rows do not: the batch error, as before.
+    one_row = sph.PackingCollator(sp.PackConfig(capacity=CAPACITY, rows_per_batch=1), tokenizer_identity=identity)
+    with pytest.raises(CapacityError, match=f"2 features need 2 rows of {CAPACITY}; the config allows 1 per batch"):
+        one_row([{"input_ids": exact.tolist()}, {"input_ids": short.tolist()}])
 
 
 def counting_rank(rank: int, world_size: int) -> None:

@@ -9,6 +9,7 @@ targets reach neither seqpack's loss nor a gradient; Trainer's and SFTTrainer's 
 seqpack's supervised count.
 """
 
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -438,3 +439,55 @@ def test_sft_trainer_with_packing_collator_trains_on_the_completions(tmp_path):
         window = collated[2 * step][1] + collated[2 * step + 1][1]
         assert trainer.counts[2 * step] == trainer.counts[2 * step + 1] == window
     assert sum(ours for _, ours in collated) == 2 * sum(supervised_per_row)  # two epochs of every row's completion
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+@pytest.mark.parametrize("name", ["chatml", "zephyr", "llama2", "tools"])
+def test_sft_trainer_with_packing_collator_trains_on_conversations_and_counts_tokens_as_trl(tmp_path, name):
+    """Issue 41: conversations from templates with an EOS per turn (and no BOS from the
+    tokenizer) were refused by PackingCollator, and TRL's ``num_tokens`` counted one row's
+    width per step. A short ``SFTTrainer`` run on TRL's own preparation of them trains under
+    seqpack attention, and ``num_tokens`` equals that of TRL's padding-free run of the same steps."""
+    trl_modules()
+    pytest.importorskip("tokenizers", reason="the test trains a tokenizer: pip install 'seqpack[hf]'")
+    from datasets import Dataset
+    from test_io_supervision import CONVERSATIONS, TEMPLATES, TOOL_CALL, TOOLS, train_bpe
+    from transformers import PreTrainedTokenizerFast
+    from trl import SFTConfig, SFTTrainer
+
+    from seqpack.io import TokenizerFile
+
+    path = train_bpe(tmp_path, "bpe", bos_post_processor=name == "llama2")
+    eos = "<|im_end|>" if name == "chatml" else "<|eos|>"
+    tokenizer = TokenizerFile(path, eos=eos)
+    if name == "tools":
+        records = [{"messages": TOOL_CALL[:k], "tools": json.dumps(TOOLS)} for k in (2, 4)] * 12
+    else:
+        records = [{"messages": conversation} for conversation in CONVERSATIONS] * 8
+    processing = PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=eos, pad_token="<|pad|>",
+                                         bos_token=tokenizer.token_text(tokenizer.bos_id))
+    processing.chat_template = TEMPLATES[name]
+
+    class Trainer(sph.SFTTokenCount, SFTTrainer):
+        pass
+
+    def run(trainer_class, out, **options):
+        args = SFTConfig(output_dir=str(tmp_path / out), per_device_train_batch_size=4, max_steps=6,
+                         learning_rate=3e-3, logging_steps=1, report_to=[], use_cpu=True, bf16=False, seed=0,
+                         save_strategy="no", dataloader_num_workers=0, assistant_only_loss=True, max_length=None,
+                         **options)
+        net = model("llama", vocab_size=tokenizer.vocabulary_size, attention="seqpack" if out == "ours" else "sdpa")
+        trainer = trainer_class(model=net, args=args, train_dataset=Dataset.from_list(records),
+                                processing_class=processing,
+                                **({"data_collator": collator} if out == "ours" else {}))
+        trainer.train()
+        return [entry for entry in trainer.state.log_history if "loss" in entry], net
+
+    collator = sph.PackingCollator(sp.PackConfig(capacity=256, rows_per_batch=4), tokenizer_identity=tokenizer.identity)
+    ours, net = run(Trainer, "ours")
+    theirs, _ = run(SFTTrainer, "theirs", padding_free=True)
+    assert net.config._attn_implementation == "seqpack" and len(ours) == len(theirs) == 6
+    assert [entry["num_tokens"] for entry in ours] == [entry["num_tokens"] for entry in theirs]
+    assert ours[-1]["loss"] < ours[0]["loss"]
+    assert all(np.isfinite(entry["loss"]) for entry in ours)

@@ -120,7 +120,7 @@ SETUP = {
         from seqpack.data import _validate
         pieces, copy = np.ones(266, np.int64), np.empty_like(tokens)
         # One pass takes ~0.2 s on a fast core, less than the wait before SIGINT: repeat it.
-        call = lambda: [_validate.first_bad_document(tokens, offsets, pieces, 266, 0, 1, 10, 10, copy, 2)
+        call = lambda: [_validate.first_bad_document(tokens, offsets, pieces, 266, 0, 1, np.zeros(0, np.uint8), 10, 10, copy, 2)
                         for _ in range(20)]
     """,
 }

@@ -79,11 +79,11 @@ def oracle_table(tokenizer, binding, records, capacity, long):
     with no supervised target."""
     encoded = encode_prompt_completion(tokenizer, [p for p, _ in records], [c for _, c in records])
     if long == "error":
-        return sp.ExampleTable.from_arrays(encoded.tokens, encoded.offsets, binding, supervised=encoded.supervised)
+        return sp.ExampleTable.from_arrays(encoded.tokens, encoded.offsets, binding, supervised=encoded.supervised, as_given=True)
     documents, ranges = window_ranges(np.diff(encoded.offsets), capacity)
     starts = encoded.offsets[documents]
     keep = [encoded.supervised[a + s + 1 : b + s].any() for (a, b), s in zip(ranges.tolist(), starts.tolist())]
-    return sp.ExampleTable.from_arrays(encoded.tokens, encoded.offsets, binding, supervised=encoded.supervised,
+    return sp.ExampleTable.from_arrays(encoded.tokens, encoded.offsets, binding, supervised=encoded.supervised, as_given=True,
                                        ranges=ranges[keep], documents=documents[keep]), int(len(keep) - sum(keep))
 
 
@@ -222,11 +222,11 @@ def test_a_document_with_no_supervised_target_is_named(tmp_path, tokenizer, bind
     class Masked(Records):
         def chunks(self, first_input):
             ids = np.array([5, 6, 7, 8, 9, 10], np.int64)
-            mask = np.array([1, 1, 1, 0, 0, 0])  # the second record: no supervised token (nor its EOS)
+            mask = np.array([1, 1, 1, 0, 0, 0])  # the second record: no supervised token
             yield DocumentChunk(np.zeros(2, np.int64), np.array([1, 2]), 1, ids=(ids, np.array([0, 3, 6])),
                                 masks={"completion_mask": mask})
 
-    with pytest.raises(InvalidInputError, match=r"records.jsonl:2: none of the document's 4 targets is supervised "
+    with pytest.raises(InvalidInputError, match=r"records.jsonl:2: none of the document's 2 targets is supervised "
                                                  r"\(completion_mask\)"):
         pack_corpus([Masked([])], tmp_path / "out", binding=binding, tokenizer=tokenizer, config=sp.PackConfig(96, 3))
     assert not (tmp_path / "out").exists()
@@ -251,9 +251,9 @@ def test_mask_columns_follow_trls_rule(tmp_path, tokenizer, binding):
                            force=True)
     assert manifest["supervision"]["applied"] == ["assistant_masks", "completion_mask", "labels"]
     batch = open_dataset(out)[0]
-    # Framed [BOS, ids..., EOS]: the targets are the ids and the added EOS, supervised as the last id.
+    # Taken as given (TRL's prepared records): the targets are each record's IDs after its first.
     every = columns["completion_mask"] * columns["assistant_masks"] * (columns["labels"] != -100)
-    expected = [*every[0:3], every[2], *every[3:7], every[6]]
+    expected = [*every[1:3], *every[4:7]]
     assert batch.loss_mask[0, : len(expected)].astype(int).tolist() == expected
     manifest = pack_corpus([Masked(columns)], out, binding=binding, tokenizer=tokenizer, config=sp.PackConfig(16, 1),
                            force=True, completion_only_loss=False)
@@ -343,25 +343,29 @@ def test_conversations_are_supervised_on_the_assistant_mask(tmp_path, tokenizer,
                     config=sp.PackConfig(64, 2), chat_template=TEMPLATE, assistant_only_loss=True)
 
 
-def framed_supervision(ids, masks):
-    """The supervision seqpack gives pre-tokenized records framed [BOS, ids..., EOS]:
-    each id's mask, the EOS as the last id, the BOS none."""
-    tokens, supervised, offsets = [], [], [0]
-    for row, mask in zip(ids, masks):
-        tokens += [0, *row, 1]
-        supervised += [False, *map(bool, mask), bool(mask[-1])]
-        offsets.append(len(tokens))
-    return np.array(tokens), np.array(supervised), np.array(offsets)
+def given_supervision(ids, masks):
+    """TRL's pre-tokenized records as seqpack takes them, as given: their IDs and masks,
+    the first token of each no target; records of fewer than two tokens (no target) left out."""
+    kept = [(row, mask) for row, mask in zip(ids, masks) if len(row) > 1]
+    offsets = np.cumsum([0] + [len(row) for row, _ in kept])
+    supervised = np.array([bool(bit) and j > 0 for _, mask in kept for j, bit in enumerate(mask)], dtype=bool)
+    return np.array([t for row, _ in kept for t in row]), supervised, offsets
+
+
+def one_supervised_target(masks):
+    """Each record's mask with a supervised target (a token after its first)."""
+    return [mask if any(mask[1:]) else [*mask[:-1], True] for mask in masks]
 
 
 @settings(derandomize=True, max_examples=25, deadline=None)
-@given(st.lists(st.lists(st.booleans(), min_size=1, max_size=40), min_size=1, max_size=25),
+@given(st.lists(st.lists(st.booleans(), min_size=1, max_size=40), min_size=1, max_size=25).filter(
+    lambda masks: any(len(mask) > 1 for mask in masks)),  # a one-token record has no target: skipped
        st.sampled_from(POLICIES), st.booleans(), st.integers(0, 1 << 20))
 def test_random_masks_survive_parquet_and_the_disk(tmp_path_factory, masks, policy, cut, seed):
     pa = pytest.importorskip("pyarrow", reason="Parquet needs the corpus extra: pip install 'seqpack[corpus]'")
     import pyarrow.parquet as pq
 
-    masks = [mask if any(mask) else [*mask[:-1], True] for mask in masks]  # every record supervises a token
+    masks = one_supervised_target(masks)
     rng = np.random.default_rng(seed)
     ids = [rng.integers(2, 258, len(mask)).tolist() for mask in masks]
     directory = tmp_path_factory.mktemp("masks")
@@ -372,15 +376,15 @@ def test_random_masks_survive_parquet_and_the_disk(tmp_path_factory, masks, poli
     config = sp.PackConfig(capacity, 2)
     pack_corpus([sp.io.reader_for(directory / "sft.parquet")], directory / "out", binding=byte_binding,
                 tokenizer=byte_binding.tokenizer, config=config, policy=policy, long="cut" if cut else "error")
-    tokens, supervised, offsets = framed_supervision(ids, masks)
+    tokens, supervised, offsets = given_supervision(ids, masks)
     if cut:
         documents, ranges = window_ranges(np.diff(offsets), capacity)
         keep = np.array([supervised[offsets[d] + a + 1 : offsets[d] + b].any()
                          for d, (a, b) in zip(documents.tolist(), ranges.tolist())])
-        table = sp.ExampleTable.from_arrays(tokens, offsets, byte_binding, supervised=supervised,
+        table = sp.ExampleTable.from_arrays(tokens, offsets, byte_binding, supervised=supervised, as_given=True,
                                             ranges=ranges[keep], documents=documents[keep])
     else:
-        table = sp.ExampleTable.from_arrays(tokens, offsets, byte_binding, supervised=supervised)
+        table = sp.ExampleTable.from_arrays(tokens, offsets, byte_binding, supervised=supervised, as_given=True)
     packed = sp.pack(table, config, partition=sp.Partition.TRAIN, binding=byte_binding, policy=policy)
     dataset = open_dataset(directory / "out")
     assert len(dataset) == len(packed)
@@ -402,7 +406,7 @@ def occurrences(directory) -> dict:
 
 
 @settings(derandomize=True, max_examples=15, deadline=None)
-@given(st.lists(st.lists(st.lists(st.booleans(), min_size=1, max_size=30), min_size=1, max_size=8),
+@given(st.lists(st.lists(st.lists(st.booleans(), min_size=2, max_size=30), min_size=1, max_size=8),
                 min_size=1, max_size=4),
        st.booleans(), st.integers(0, 1 << 20))
 def test_random_masks_survive_shards(tmp_path_factory, files, cut, seed):
@@ -414,7 +418,7 @@ def test_random_masks_survive_shards(tmp_path_factory, files, cut, seed):
     directory = tmp_path_factory.mktemp("shards")
     paths = []
     for number, masks in enumerate(files):
-        masks = [mask if any(mask) else [*mask[:-1], True] for mask in masks]  # every record supervises a token
+        masks = one_supervised_target(masks)
         lines = [json.dumps({"input_ids": rng.integers(2, 258, len(mask)).tolist(),
                              "completion_mask": list(map(int, mask))}) + "\n" for mask in masks]
         paths.append(directory / f"sft-{number}.jsonl")
@@ -442,7 +446,7 @@ def test_a_save_to_disk_directory_is_packed_with_its_masks(tmp_path):
     manifest = pack_corpus([sp.io.reader_for(tmp_path / "saved")], tmp_path / "out", binding=byte_binding,
                            tokenizer=byte_binding.tokenizer, config=sp.PackConfig(16, 1))
     assert manifest["supervision"]["applied"] == ["assistant_masks"]
-    tokens, supervised, offsets = framed_supervision(ids, masks)
+    tokens, supervised, offsets = given_supervision(ids, masks)
     batch = open_dataset(tmp_path / "out")[0]
     expected = np.concatenate([supervised[a + 1 : b] for a, b in zip(offsets[:-1], offsets[1:])])
     np.testing.assert_array_equal(batch.loss_mask[0, : expected.size], expected)
@@ -515,9 +519,53 @@ def test_a_lowered_version_is_refused_while_the_manifest_holds_what_version_2_wr
             verify_dataset(out)
         for key in keys:
             del holder[key]
-    # With every trace gone it is a consistent version-1 dataset, which nothing on disk
-    # tells from one an older seqpack wrote: every target now counts in the loss.
+    # With every trace gone, the documents still give it away: TRL's records are taken as
+    # given (this tokenizer adds no BOS), and no version-1 dataset holds unframed documents.
     unsealed(out, lowered)
-    assert verify_dataset(out)["sealed"] is False
-    batch = open_dataset(out)[0]
-    np.testing.assert_array_equal(batch.loss_mask, batch.target_valid)
+    with pytest.raises(sp.VerificationError, match=r"tokens\.bin: BOS or EOS tokens are not exactly at the "):
+        verify_dataset(out)
+
+
+def test_a_mask_only_a_later_jsonl_record_has_is_applied(tmp_path, tokenizer, binding):
+    # Issue 41: after {"input_ids": [...]} on line 1, line 2's completion_mask was dropped and the
+    # dataset written as version 1, every target supervised.
+    source = write_records(tmp_path / "later.jsonl", [
+        {"input_ids": [10, 11, 12, 13, 14, 15]},
+        {"input_ids": [20, 21, 22, 23], "completion_mask": [0, 0, 0, 1]},
+        {"input_ids": [30, 31, 32], "labels": [-100, 31, -100], "text": "ignored: input_ids come first"}])
+    manifest = pack_corpus([sp.io.reader_for(source)], tmp_path / "out", binding=binding, tokenizer=tokenizer,
+                           config=sp.PackConfig(16, 1), policy="next-fit")
+    assert manifest["format_version"] == 2
+    assert manifest["supervision"]["applied"] == ["completion_mask", "labels"]
+    assert manifest["supervision"]["as_given_documents"] == 2
+    batch = open_dataset(tmp_path / "out")[0]
+    # The first record is framed [BOS, ids, EOS] (no mask: plain pre-tokenized text); the others as TRL has them.
+    row = batch.inputs[0, : int(batch.valid_lengths[0])].tolist()
+    assert row == [tokenizer.bos_id, 10, 11, 12, 13, 14, 15, 20, 21, 22, 30, 31]
+    assert batch.loss_mask[0, : len(row)].tolist() == [True] * 7 + [False, False, True] + [True, False]
+    verify_dataset(tmp_path / "out")
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+def test_the_command_line_packs_trls_ids_for_a_tokenizer_without_bos(tmp_path, tokenizer):
+    # Issue 41: the command line put a BOS TRL does not add before every record: 0 of 400 matched.
+    from test_io_supervision import trl_rows
+
+    from seqpack.cli import main
+
+    records = [{"prompt": p, "completion": c} for p, c in random_records(21, 40)]
+    records[3]["completion"] += "<|eos|>"  # already ends with the EOS text: TRL adds none
+    source = write_records(tmp_path / "sft.jsonl", records)
+    assert main(["pack", str(source), "--out", str(tmp_path / "out"), "--tokenizer", str(tokenizer.path), "--eos",
+                 "<|eos|>", "--capacity", "96", "--quiet"]) == 0
+    assert main(["verify", str(tmp_path / "out"), "--quiet"]) == 0
+    bare = TokenizerFile(tokenizer.path, eos="<|eos|>")
+    assert bare.bos_id is None
+    rows = trl_rows(bare, tmp_path / "trl", records)
+    dataset = open_dataset(tmp_path / "out")
+    assert dataset.binding.bos_id is None and dataset.manifest["binding"]["tokenizer"]["bos_id"] is None
+    for ordinal, row in enumerate(rows):
+        example = dataset.example(ordinal)
+        assert example.document.token_ids.tolist() == row["input_ids"], ordinal
+        assert example.supervised[1:].tolist() == [label != -100 for label in row["labels"][1:]], ordinal

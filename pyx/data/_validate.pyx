@@ -8,7 +8,7 @@ then explains that document's fault with the per-document checker.
 
 cimport cython
 from cython.parallel cimport prange, threadid
-from libc.stdint cimport int64_t, uint32_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t
 from libc.string cimport memcpy
 
 from _interrupt cimport Interrupt, interrupt_finish, interrupt_requested, interrupt_start, interrupted
@@ -17,7 +17,7 @@ from _kernel_types cimport cell_t
 cpdef enum DocumentFault:
     DOCUMENT_OK = 0
     BROKEN_RULE = 1      # framing, control ID inside content, ID range, or a decode limit
-    EMPTY_CONTENT = 2    # framed [BOS, EOS]: valid, but it supplies no example
+    EMPTY_CONTENT = 2    # framed [BOS, EOS] (or [EOS]), or fewer than 2 tokens as given: no example
 
 # Documents are scanned in this many runs, split between the threads; the first
 # faulty run names the first faulty document. Pending signals are looked at once per
@@ -35,28 +35,34 @@ cdef inline Py_ssize_t run_start(Py_ssize_t run, Py_ssize_t documents, Py_ssize_
 
 cdef DocumentFault document_fault(
     const cell_t* tokens, int64_t count, const int64_t* piece_lengths, uint32_t vocabulary_size,
-    int64_t longest_piece, cell_t bos, cell_t eos, int64_t max_tokens, int64_t max_bytes,
+    int64_t longest_piece, cell_t bos, cell_t eos, bint as_given, int64_t max_tokens, int64_t max_bytes,
 ) noexcept nogil:
-    cdef int64_t i, total = 0
+    """A framed document is ``[BOS, content..., EOS]`` (``[content..., EOS]`` when ``bos``
+    is negative: a tokenizer without BOS) with no control ID inside; a document taken as
+    given (a fine-tuning record as its tokenizer or chat template made it) is any IDs."""
+    cdef int64_t i, total = 0, first = 0, last = count
     cdef uint32_t broken = 0
     cdef cell_t token
-    if count < 2 or count > max_tokens:
+    if count > max_tokens:
         return BROKEN_RULE
-    if tokens[0] != bos or tokens[count - 1] != eos:
-        return BROKEN_RULE
-    for i in range(1, count - 1):
+    if not as_given:
+        first = bos >= 0
+        last = count - 1
+        if count < first + 1 or (first and tokens[0] != bos) or tokens[count - 1] != eos:
+            return BROKEN_RULE
+    for i in range(first, last):
         token = tokens[i]
         # One unsigned comparison rejects negative and out-of-vocabulary IDs alike;
         # BOS and EOS are the only control IDs. Branch-free, so it vectorizes.
-        broken |= (<uint32_t>token >= vocabulary_size) | (token == bos) | (token == eos)
+        broken |= (<uint32_t>token >= vocabulary_size) | ((not as_given) & ((token == bos) | (token == eos)))
     if broken:
         return BROKEN_RULE
-    if (count - 2) * longest_piece > max_bytes:  # only then can the byte limit bind
-        for i in range(1, count - 1):
+    if (last - first) * longest_piece > max_bytes:  # only then can the byte limit bind
+        for i in range(first, last):
             total += piece_lengths[tokens[i]]
         if total > max_bytes:
             return BROKEN_RULE
-    if count == 2:
+    if (count < 2) if as_given else (last == first):
         return EMPTY_CONTENT
     return DOCUMENT_OK
 
@@ -66,8 +72,9 @@ def first_bad_document(
     const int64_t[::1] offsets not None,          # [documents + 1], non-decreasing, within tokens
     const int64_t[::1] piece_lengths not None,    # [V] decoded bytes per ID (0 for BOS/EOS), or [0]
     uint32_t vocabulary_size,                     # V
-    cell_t bos,
+    cell_t bos,                                   # -1: the tokenizer has no BOS
     cell_t eos,
+    const uint8_t[::1] as_given not None,         # [documents]: 1 = taken as given, not framed; or [0]: none
     int64_t max_tokens,
     int64_t max_bytes,
     cell_t[::1] copy_into not None,               # [len(tokens)]: valid documents are copied here
@@ -75,8 +82,9 @@ def first_bad_document(
 ):
     """Return ``(document, fault)`` of the first document that is not a valid framed document.
 
-    Each document must be ``[BOS, content..., EOS]`` with content IDs in ``[0, V)``
-    other than BOS and EOS (the control IDs), at most ``max_tokens`` tokens and at
+    Each document must be ``[BOS, content..., EOS]`` (``[content..., EOS]`` when ``bos``
+    is -1) with content IDs in ``[0, V)`` other than BOS and EOS (the control IDs), or,
+    where ``as_given`` says so, any IDs in ``[0, V)``; at most ``max_tokens`` tokens and at
     most ``max_bytes`` decoded content bytes (pass no piece lengths to count no bytes:
     the workspace never depends on ``V``). ``(-1, DOCUMENT_OK)`` when all pass. Every
     document found valid is copied into ``copy_into`` while it is still in cache;
@@ -92,11 +100,14 @@ def first_bad_document(
     cdef int64_t v, longest_piece = 0
     cdef Interrupt interrupt
     cdef Interrupt* state = &interrupt
-    if tokens.shape[0] == 0:
-        return 0, BROKEN_RULE  # the first document is empty: no frame
+    if tokens.shape[0] == 0:  # the first document is empty: no frame, no target
+        return 0, EMPTY_CONTENT if as_given.shape[0] and as_given[0] else BROKEN_RULE
     cdef const cell_t* source = &tokens[0]
     cdef cell_t* target = &copy_into[0]
     cdef const int64_t* pieces = NULL
+    cdef const uint8_t* given = NULL
+    if as_given.shape[0]:
+        given = &as_given[0]
     if piece_lengths.shape[0]:
         pieces = &piece_lengths[0]
     for v in range(piece_lengths.shape[0]):
@@ -118,7 +129,8 @@ def first_bad_document(
                         break
                 first = offsets[d]
                 fault = document_fault(source + first, offsets[d + 1] - first, pieces, vocabulary_size,
-                                       longest_piece, bos, eos, max_tokens, max_bytes)
+                                       longest_piece, bos, eos, given != NULL and given[d],
+                                       max_tokens, max_bytes)
                 if fault != DOCUMENT_OK:
                     found[run] = d
                     faults[run] = fault

@@ -46,6 +46,7 @@ def _refused_inputs() -> str:
 
 def _add_pack(commands) -> None:
     from .data.binding import DEFAULT_LIMITS
+    from .io.supervision import TemplateLimits
 
     pack = commands.add_parser(
         "pack", help="pack a corpus into a packed dataset on disk",
@@ -61,7 +62,8 @@ def _add_pack(commands) -> None:
     pack.add_argument("--force", action="store_true", help="replace an existing DIR")
     pack.add_argument("--tokenizer", type=Path, metavar="JSON",
                       help="a Hugging Face tokenizers JSON file (default: the byte tokenizer)")
-    pack.add_argument("--bos", metavar="ID_OR_TOKEN", help="BOS of --tokenizer (an ID or a token)")
+    pack.add_argument("--bos", metavar="ID_OR_TOKEN",
+                      help="BOS of --tokenizer (an ID or a token; default: the one its post-processor adds, if any)")
     pack.add_argument("--eos", metavar="ID_OR_TOKEN", help="EOS of --tokenizer (an ID or a token)")
     pack.add_argument("--text-field", metavar="NAME", help="the text field of JSONL or column of Parquet/Arrow "
                                                            "(default: text)")
@@ -74,6 +76,11 @@ def _add_pack(commands) -> None:
                       help="render 'messages' conversations with this chat template (transformers)")
     pack.add_argument("--assistant-only-loss", action="store_true",
                       help="conversations: supervise only the template's {%% generation %%} spans")
+    pack.add_argument("--template-seconds", type=float, metavar="S",
+                      help=f"stop a record whose chat template renders for longer (default {TemplateLimits.seconds:g})")
+    pack.add_argument("--template-characters", type=int, metavar="N",
+                      help="stop a record whose chat template renders more characters "
+                           f"(default {TemplateLimits.characters:,})")
     pack.add_argument("--glob", metavar="PATTERN", help="only files whose names match PATTERN inside directories (e.g. '*.py'; a name, not a path)")
     pack.add_argument("--capacity", type=int, default=2048, help="columns (predictions) per row (default 2048)")
     pack.add_argument("--rows-per-batch", type=int, default=8, help="rows per batch (default 8)")
@@ -174,6 +181,7 @@ def _pack(args) -> int:
     from . import data, io
     from .data.corpus import stdlib_sources
     from .io import format as fmt
+    from .io.supervision import TemplateLimits
     from .packing import PackConfig
 
     if args.sample == bool(args.inputs):
@@ -182,8 +190,8 @@ def _pack(args) -> int:
         raise UsageError("give --text-field or --ids-field, not both")
     if args.tokenizer is None and (args.bos is not None or args.eos is not None):
         raise UsageError("--bos and --eos go with --tokenizer (the byte tokenizer has BOS 0 and EOS 1)")
-    if args.tokenizer is not None and (args.bos is None or args.eos is None):
-        raise UsageError("--tokenizer needs --bos and --eos")
+    if args.tokenizer is not None and args.eos is None:
+        raise UsageError("--tokenizer needs --eos (--bos is optional: by default, the one its post-processor adds)")
     if args.address is not None and args.engine != "ray":
         raise UsageError("--address goes with --engine ray")
     if args.workers is not None and args.engine != "ray":
@@ -229,7 +237,10 @@ def _pack(args) -> int:
     common = dict(tokenizer=tokenizer, config=config, policy=args.policy, partition=data.Partition(args.partition),
                   long="cut" if args.cut_long or args.sample else "error", framed=args.framed, force=args.force,
                   completion_only_loss=not args.no_completion_only_loss, chat_template=template,
-                  assistant_only_loss=args.assistant_only_loss)
+                  assistant_only_loss=args.assistant_only_loss,
+                  template_limits=TemplateLimits(
+                      TemplateLimits.seconds if args.template_seconds is None else args.template_seconds,
+                      TemplateLimits.characters if args.template_characters is None else args.template_characters))
     stamp = fmt.manifest_stamp(args.out)
     try:
         status = _pack_and_report(args, readers, binding, common)
@@ -304,12 +315,16 @@ def _check_input_flags(args, readers) -> None:
         "--framed": (args.ids_field is not None or any(isinstance(r, kinds.Megatron) for r in readers)
                      or any(r.record_kind == "ids" for r in structured),
                      "it applies to pre-tokenized inputs (--ids-field, an 'input_ids' field or Megatron)"),
-        "--chat-template": (any(r.record_kind == "conversation" for r in structured),
-                            "no INPUT holds conversations (a 'messages' field)"),
-        "--no-completion-only-loss": (any(r.record_kind == "prompt-completion"
-                                          or "completion_mask" in r.mask_columns for r in structured),
-                                      "no INPUT holds prompt-completion records or a 'completion_mask' column"),
+        "--chat-template": (any(r.record_fields.conversational for r in structured),
+                            "no INPUT holds conversations (a 'messages' field, or a prompt and a completion that "
+                            "are lists of messages)"),
+        "--no-completion-only-loss": (any(r.record_kind in ("prompt-completion", "conversational prompt-completion",
+                                                            "ids") for r in structured),
+                                      "no INPUT holds prompt-completion records or token IDs (whose records may "
+                                      "carry a 'completion_mask')"),
     }
+    for flag in ("--template-seconds", "--template-characters"):
+        uses[flag] = (args.chat_template is not None, "it bounds the rendering of --chat-template")
     for flag, (used, reason) in uses.items():
         given = getattr(args, flag[2:].replace("-", "_"))
         if given not in (None, False) and not used:

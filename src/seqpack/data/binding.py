@@ -228,25 +228,33 @@ class BatchBinding:
         return self.tokenizer_identity.vocabulary_size
 
     @property
-    def bos_id(self) -> int:
+    def bos_id(self) -> int | None:
         return self.tokenizer_identity.bos_id
+
+    @property
+    def kernel_bos(self) -> int:
+        """BOS as the validation kernel takes it: -1 for a tokenizer without BOS."""
+        return -1 if self.tokenizer_identity.bos_id is None else self.tokenizer_identity.bos_id
 
     @property
     def eos_id(self) -> int:
         return self.tokenizer_identity.eos_id
 
-    def validate_document(self, token_ids: np.ndarray) -> int:
-        """Check a framed document under this binding; return its content token count.
+    def validate_document(self, token_ids: np.ndarray, *, as_given: bool = False) -> int:
+        """Check a framed document under this binding (or one taken ``as_given``: any
+        IDs of the vocabulary, at least two); return its content token count.
 
         With a tokenizer, the rules of ``decode_document_bounded`` apply (byte limit
         included, computed without building the bytes); without one, framing,
         control IDs, ID range and the token limit. Zero content is not an error here.
         """
         if self.tokenizer is not None:
-            self.tokenizer.check_document(token_ids, self.limits)
+            self.tokenizer.check_document(token_ids, self.limits, as_given=as_given)
         else:
-            check_framed_document(token_ids, self.tokenizer_identity, self.limits.max_tokens)
-        return len(token_ids) - 2
+            check_framed_document(token_ids, self.tokenizer_identity, self.limits.max_tokens, as_given=as_given)
+        if as_given:
+            return len(token_ids)
+        return len(token_ids) - 1 - (self.tokenizer_identity.bos_id is not None)
 
     def decode_document(self, token_ids: object) -> bytes:
         """The document's content bytes under this binding's limits."""

@@ -95,12 +95,13 @@ class SequenceExample:
     @classmethod
     def from_range(
         cls, id: str, document: BatchDocument, source_range: SourceRange, binding: BatchBinding, *,
-        supervised=None,
+        supervised=None, as_given: bool = False,
     ) -> "SequenceExample":
         """An example from ``document.token_ids[source_range]``.
 
         The whole document is validated under ``binding`` (framing, control IDs,
-        vocabulary, decode limits) and must have content; the range must be a
+        vocabulary, decode limits; with ``as_given``, a fine-tuning record as its
+        tokenizer made it: vocabulary and limits only) and must have content; the range must be a
         step-1 range (or ``(start, stop)``) inside it with at least two tokens.
         ``supervised`` (None: all) is a bool array over the document's tokens:
         ``supervised[j]`` says whether token ``j``, as a target, counts in the loss
@@ -113,7 +114,7 @@ class SequenceExample:
             raise InvalidInputError(f"example {id!r}: expected a BatchDocument, got {type(document).__name__}")
         if not isinstance(binding, BatchBinding):
             raise InvalidInputError(f"example {id!r}: expected a BatchBinding, got {type(binding).__name__}")
-        if binding.validate_document(document.token_ids) == 0:
+        if binding.validate_document(document.token_ids, as_given=as_given) == 0:
             raise InvalidInputError(
                 f"example {id!r}: document {document.source_id!r} has empty content and supplies no example"
             )

@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .._limits import INT32_MAX, check_int, check_threads, integer_array, kernel_threads
+from .._limits import INT32_MAX, check_bool, check_int, check_threads, integer_array, kernel_threads
 from ..errors import CapacityError, InvalidInputError, SeqpackError
 from . import _validate
 from .binding import BatchBinding, Partition, check_expectations
@@ -89,8 +89,13 @@ class ExampleTable:
         ids: Sequence[str] | None = None,
         threads: int | None = None,
         supervised=None,
+        as_given: bool = False,
     ) -> "ExampleTable":
         """Validate the documents and ranges in bulk and build the table (arrays are copied).
+
+        Documents are framed ``[BOS, content..., EOS]`` under ``binding``, or with
+        ``as_given`` any IDs of its vocabulary: fine-tuning records exactly as their
+        tokenizer or chat template made them (EOS inside, no BOS), as TRL trains on them.
 
         ``supervised`` (None: all) is a bool array over ``token_ids``: ``supervised[j]``
         says whether token ``j``, as a target, counts in the loss (a document's first
@@ -136,7 +141,7 @@ class ExampleTable:
             raise InvalidInputError("an example table needs at least one example")
         supervised = as_supervision(supervised, tokens.shape[0], "supervised")
         table = cls(tokens, doc_offsets, begins, ends, binding, partition, ids, supervised=supervised)
-        table._check_documents(example_docs, supplied, threads)
+        table._check_documents(example_docs, supplied, threads, check_bool("as_given", as_given))
         unsupervised = np.flatnonzero(table.target_counts == 0)
         if unsupervised.size:
             index = int(unsupervised[0])
@@ -200,7 +205,8 @@ class ExampleTable:
         return cls.from_arrays(tokens, offsets, binding, partition=partition, ranges=ranges,
                                documents=which, ids=cut_ids)
 
-    def _check_documents(self, example_docs: np.ndarray, supplied: np.ndarray, threads: int | None) -> None:
+    def _check_documents(self, example_docs: np.ndarray, supplied: np.ndarray, threads: int | None,
+                         as_given: bool) -> None:
         """Validate every document of ``supplied`` in bulk while copying it into the table;
         raise naming the first example that uses a bad document."""
         binding = self.binding
@@ -209,19 +215,21 @@ class ExampleTable:
         else:  # a tokenizer seqpack does not decode: no bytes to count, nothing sized by V
             pieces = np.empty(0, dtype=np.int64)
         threads = kernel_threads(threads) if supplied.shape[0] >= PARALLEL_TOKENS else 1
+        given = np.full(self.document_count if as_given else 0, 1, dtype=np.uint8)
         document, fault = _validate.first_bad_document(
-            supplied, self._doc_offsets, pieces, binding.vocabulary_size, binding.bos_id, binding.eos_id,
-            binding.limits.max_tokens, binding.limits.max_bytes, self._tokens, threads,
+            supplied, self._doc_offsets, pieces, binding.vocabulary_size, binding.kernel_bos, binding.eos_id,
+            given, binding.limits.max_tokens, binding.limits.max_bytes, self._tokens, threads,
         )
         if document < 0:
             return
         users = np.flatnonzero(example_docs == document)
         name = f"example {self.example_id(int(users[0]))!r} (index {users[0]}), " if users.size else ""
-        if fault == _validate.DocumentFault.EMPTY_CONTENT:
-            raise InvalidInputError(f"{name}document {document} has empty content and supplies no example")
         tokens = supplied[self._doc_offsets[document] : self._doc_offsets[document + 1]]
+        if fault == _validate.DocumentFault.EMPTY_CONTENT:
+            what = f"{len(tokens)} token{'s' if len(tokens) != 1 else ''}" if as_given else "empty content"
+            raise InvalidInputError(f"{name}document {document} has {what} and supplies no example")
         try:
-            binding.validate_document(tokens)
+            binding.validate_document(tokens, as_given=as_given)
         except SeqpackError as error:
             error.args = (f"{name}document {document}: {error}",)
             raise

@@ -1,6 +1,8 @@
-"""The byte tokenizer, its identity and the framed-document rules.
+"""The byte tokenizer, its identity and the document rules.
 
-A document is framed ``[BOS, content..., EOS]``. Content tokens are byte tokens
+A document is framed ``[BOS, content..., EOS]`` (``[content..., EOS]`` under a
+tokenizer without BOS), or taken as given: a fine-tuning record exactly as its
+tokenizer or chat template made it, any IDs of the vocabulary. Content tokens are byte tokens
 (byte ``b`` has ID ``b + 2``) or byte-pair merge tokens (IDs from 258 up, one per
 merge, in rank order); BOS and EOS never appear inside the content. Decoding is
 bounded: a document over the token or byte limit is an error, never truncated.
@@ -71,11 +73,12 @@ class TokenizerIdentity:
 
     BOS and EOS may share an ID (GPT-2 style ``<|endoftext|>``): framing still
     works because the first and last positions are checked by place and no
-    control ID may appear between them.
+    control ID may appear between them. ``bos_id`` is None for a tokenizer that has
+    no BOS (Qwen and GPT-2 files add none): its framed documents are ``[content..., EOS]``.
     """
 
     vocabulary_size: int
-    bos_id: int
+    bos_id: int | None
     eos_id: int
     digest: str
 
@@ -84,6 +87,8 @@ class TokenizerIdentity:
         object.__setattr__(self, "vocabulary_size", size)
         for name in ("bos_id", "eos_id"):
             value = getattr(self, name)
+            if name == "bos_id" and value is None:
+                continue
             if not is_int(value):
                 raise InvalidInputError(f"{name} must be an int, got {type(value).__name__}")
             if not 0 <= value < size:
@@ -95,7 +100,7 @@ class TokenizerIdentity:
 
     @classmethod
     def external(
-        cls, vocabulary_size: int, bos_id: int, eos_id: int, digest: str
+        cls, vocabulary_size: int, bos_id: int | None, eos_id: int, digest: str
     ) -> TokenizerIdentity:
         """Identify a tokenizer seqpack cannot decode (GPT-2 BPE, SentencePiece...).
 
@@ -119,18 +124,17 @@ def _as_token_array(token_ids: object) -> np.ndarray:
 
 
 def check_framed_document(
-    token_ids: object, identity: TokenizerIdentity, max_tokens: int
+    token_ids: object, identity: TokenizerIdentity, max_tokens: int, *, as_given: bool = False
 ) -> np.ndarray:
     """Check framing, control IDs, ID range and the token limit; return the IDs.
 
     The first failing position (in index order) is reported: an out-of-vocabulary
     or negative ID, a missing BOS at 0, a missing EOS at the end, or BOS/EOS inside
-    the content. The token limit is checked first, before any per-token work.
+    the content. The token limit is checked first, before any per-token work. A
+    document taken ``as_given`` needs only IDs in the vocabulary and two tokens (a target).
     """
     ids = _as_token_array(token_ids)
     count = ids.shape[0]
-    if count == 0:
-        raise TokenizerError("an empty token sequence is not a framed document", None)
     if count > max_tokens:
         raise DecodeLimitError(
             f"document has {count} tokens; the limit is {max_tokens} "
@@ -139,10 +143,17 @@ def check_framed_document(
         )
     bos, eos, size = identity.bos_id, identity.eos_id, identity.vocabulary_size
     outside = (ids < 0) | (ids >= size)
-    control = (ids == bos) | (ids == eos)
-    bad = outside | control
-    bad[0] = outside[0] or ids[0] != bos
-    bad[-1] = outside[-1] or ids[-1] != eos or count == 1
+    if as_given:
+        if count < 2:
+            raise TokenizerError(f"a document of {count} token{'s' if count != 1 else ''} has no target", None)
+        bad = outside
+    else:
+        if count == 0:
+            raise TokenizerError("an empty token sequence is not a framed document", None)
+        bad = outside | (ids == bos) | (ids == eos)
+        if bos is not None:
+            bad[0] = outside[0] or ids[0] != bos
+        bad[-1] = outside[-1] or ids[-1] != eos or (count == 1 and bos is not None)
     if bad.any():
         position = int(np.argmax(bad))
         raise TokenizerError(_frame_error(ids, position, identity, bool(outside[position])), position)
@@ -155,7 +166,7 @@ def _frame_error(ids: np.ndarray, position: int, identity: TokenizerIdentity, ou
     if outside:
         kind = "negative" if token < 0 else "out of vocabulary"
         return f"token {token} at position {position} is {kind} (vocabulary size {identity.vocabulary_size})"
-    if position == 0 and token != bos:
+    if position == 0 and bos is not None and token != bos:
         return f"document must start with BOS {bos}; position 0 holds {token}"
     if count == 1:
         return f"document [{token}] has no EOS: a framed document needs at least BOS and EOS (position 0)"
@@ -324,16 +335,18 @@ class ByteTokenizer:
         return ids
 
     def _checked_content(
-        self, token_ids: object, limits: DecodeLimits
+        self, token_ids: object, limits: DecodeLimits, as_given: bool = False
     ) -> tuple[np.ndarray, np.ndarray, int]:
-        """Content IDs, their byte lengths and the byte total of a checked document."""
-        ids = check_framed_document(token_ids, self._identity, limits.max_tokens)
-        content = ids[1:-1].astype(np.intp)
+        """Content IDs, their byte lengths and the byte total of a checked document
+        (of a document taken as given, every ID is content: controls decode to nothing)."""
+        ids = check_framed_document(token_ids, self._identity, limits.max_tokens, as_given=as_given)
+        first = 0 if as_given else 1
+        content = ids[first:ids.shape[0] - first].astype(np.intp)
         lengths = self._piece_length[content]
         total = int(lengths.sum())
         if total > limits.max_bytes:
             ends = np.cumsum(lengths)
-            position = int(np.searchsorted(ends, limits.max_bytes, side="right")) + 1
+            position = int(np.searchsorted(ends, limits.max_bytes, side="right")) + first
             raise DecodeLimitError(
                 f"document decodes to {total} bytes; the limit is {limits.max_bytes} "
                 f"(exceeded by token {int(ids[position])} at position {position})",
@@ -341,10 +354,10 @@ class ByteTokenizer:
             )
         return content, lengths, total
 
-    def check_document(self, token_ids: object, limits: DecodeLimits) -> int:
-        """Check a framed document under ``limits`` without building its bytes;
-        return its decoded content byte count."""
-        return self._checked_content(token_ids, limits)[2]
+    def check_document(self, token_ids: object, limits: DecodeLimits, *, as_given: bool = False) -> int:
+        """Check a framed document (or one taken ``as_given``) under ``limits`` without
+        building its bytes; return its decoded content byte count."""
+        return self._checked_content(token_ids, limits, as_given)[2]
 
     def decode_document_bounded(self, token_ids: object, limits: DecodeLimits) -> bytes:
         """The content bytes of a framed document (BOS and EOS removed).

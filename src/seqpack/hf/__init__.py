@@ -1,5 +1,6 @@
 """Hugging Face transformers integration: seqpack range attention inside HF models, batches
-in transformers' keys and dtypes, a Trainer collator and Trainer's loss denominator.
+in transformers' keys and dtypes, a Trainer collator, Trainer's loss denominator and TRL's
+token count.
 
 Importable only with transformers and PyTorch (``pip install 'seqpack[hf]'``); ``import
 seqpack`` never imports them. ``seqpack.hf.register()`` makes ``attn_implementation="seqpack"``
@@ -17,6 +18,7 @@ except ImportError as error:  # pragma: no cover - exercised in an environment w
 
 from .attention import NAME, register, seqpack_attention, seqpack_mask
 from .collators import PackingCollator, flat, num_items_in_batch, rows
+from .trainers import SFTTokenCount, token_count
 
-__all__ = ["NAME", "PackingCollator", "flat", "num_items_in_batch", "register", "rows", "seqpack_attention",
-           "seqpack_mask"]
+__all__ = ["NAME", "PackingCollator", "SFTTokenCount", "flat", "num_items_in_batch", "register", "rows",
+           "seqpack_attention", "seqpack_mask", "token_count"]

@@ -37,7 +37,7 @@ from ..packing.config import PackConfig
 from ..packing.planning import pack
 from ..torch.attention import int_array
 from ..torch.counts import micro_batches, step_target_count
-from ..torch.tensors import IGNORE_INDEX, check_batch, tensors
+from ..torch.tensors import IGNORE_INDEX, batch_tensors, check_batch
 
 
 def _row(values: np.ndarray, dtype) -> torch.Tensor:
@@ -48,6 +48,9 @@ def _row(values: np.ndarray, dtype) -> torch.Tensor:
 def flat(batch) -> dict:
     """The batch's examples flattened as ``DataCollatorWithFlattening`` flattens them.
 
+    ``batch``: a padded or packed batch, or its ``seqpack.torch.tensors`` dict as
+    ``seqpack.torch.PackedDataset`` and ``PackedIterableDataset`` yield it (the same result).
+
     Keys, dtypes and values of ``DataCollatorWithFlattening(return_flash_attn_kwargs=True,
     return_seq_idx=True)`` called on ``[{"input_ids": tokens}, ...]`` with each
     example's token range (its inputs and its last target) in row-major order of the
@@ -56,12 +59,12 @@ def flat(batch) -> dict:
     ``max_length_q``/``_k`` (Python ints). A target the batch does not supervise
     (``loss_mask`` False) is -100 in ``labels``.
     """
-    batch = check_batch(batch)
-    valid = batch.token_valid.ravel()
-    inputs = batch.inputs.ravel()[valid].astype(np.int64)
-    targets = batch.targets.ravel()[valid].astype(np.int64)
-    supervised = np.where(batch.loss_mask.ravel()[valid], targets, IGNORE_INDEX)
-    positions = batch.positions.ravel()[valid].astype(np.int64)
+    fields = {name: tensor.numpy() for name, tensor in batch_tensors(batch).items()}
+    valid = fields["token_valid"].ravel()
+    inputs = fields["input_ids"].ravel()[valid]                       # the inputs, int64
+    targets = fields["targets"].ravel()[valid].astype(np.int64)
+    supervised = fields["shift_labels"].ravel()[valid]                # the targets, -100 where not supervised
+    positions = fields["positions"].ravel()[valid].astype(np.int64)
     starts = np.flatnonzero(positions == 0)
     if starts.size == 0:
         raise InvalidInputError("the batch holds no example: nothing to flatten")
@@ -91,10 +94,13 @@ def rows(batch) -> dict:
     computes a loss only when ``labels`` is given, then reads ``shift_labels``),
     ``valid_lengths`` (int64 ``[rows]``: seqpack attention skips the padding; other
     implementations ignore it) and ``use_cache=False``. No ``attention_mask``.
+
+    ``batch``: a padded or packed batch, or its ``seqpack.torch.tensors`` dict as
+    ``seqpack.torch.PackedDataset`` and ``PackedIterableDataset`` yield it (the same result).
     """
-    fields = tensors(check_batch(batch))
+    fields = batch_tensors(batch)
     lengths = fields["valid_lengths"]
-    columns = torch.arange(batch.shape[1], dtype=torch.int64)
+    columns = torch.arange(fields["input_ids"].shape[1], dtype=torch.int64)
     padding = columns[None, :] >= lengths[:, None]
     position_ids = torch.where(padding, columns[None, :] - lengths[:, None], fields["positions"].long())
     shift_labels = fields["shift_labels"]
@@ -211,10 +217,12 @@ class PackingCollator:
     features into one batch.
 
     ``PackingCollator(config, *, tokenizer_identity, policy="best-fit-decreasing",
-    split="hf-collator", completion_only_loss=None)``: each feature's ``input_ids`` must be
-    one framed document (``[BOS, content..., EOS]`` under ``tokenizer_identity``, a
-    :class:`~seqpack.TokenizerIdentity` or :class:`~seqpack.ByteTokenizer`; the collator adds
-    no token); the call packs the documents with ``policy`` into rows of ``config.capacity``
+    split="hf-collator", completion_only_loss=None)``: each feature's ``input_ids`` is one
+    document taken as given, as TRL prepared it (IDs of ``tokenizer_identity``'s vocabulary,
+    a :class:`~seqpack.TokenizerIdentity` such as ``TokenizerFile(...).identity`` or a
+    :class:`~seqpack.ByteTokenizer`; with or without BOS, any EOS where the tokenizer or the
+    chat template put it; the collator adds no token); the call packs the documents with
+    ``policy`` into rows of ``config.capacity``
     predictions and returns :func:`rows` of that batch. More rows than
     ``config.rows_per_batch`` is a :class:`~seqpack.CapacityError` (lower
     ``per_device_train_batch_size``). Trainer's label smoothing shifts ``labels`` itself and
@@ -259,13 +267,23 @@ class PackingCollator:
                     f"feature {index}: input_ids must be a 1-D sequence of integer token ids, got "
                     f"shape {document.shape} and dtype {document.dtype}"
                 )
+            predictions, capacity = document.size - 1, self.config.capacity
+            if predictions > capacity:
+                # Here, so that the error names the feature and the remedy (the table below names an example).
+                raise CapacityError(
+                    f"feature {index} has {predictions} predictions ({document.size} input_ids); PackConfig's "
+                    f"capacity is {capacity}: raise it to at least {predictions} (with TRL, to at least "
+                    f"SFTConfig's max_length - 1), or set SFTConfig's max_length to at most {capacity + 1} so that "
+                    f"TRL truncates every feature to fit",
+                    predictions, capacity,
+                )
             documents.append(document)
             supervision.append(_supervision(index, feature, document, self.completion_only_loss))
         offsets = np.zeros(len(documents) + 1, dtype=np.int64)
         np.cumsum([document.size for document in documents], out=offsets[1:])
         supervised = np.concatenate(supervision)
         table = ExampleTable.from_arrays(np.concatenate(documents), offsets, self.binding,
-                                         partition=Partition.TRAIN,
+                                         partition=Partition.TRAIN, as_given=True,
                                          supervised=None if supervised.all() else supervised)
         epoch = pack(table, self.config, partition=Partition.TRAIN, binding=self.binding, policy=self.policy)
         if len(epoch.batches) > 1:

@@ -13,10 +13,12 @@ from ..packing.batches import PackedBatches
 from .dataset import PackedDataset, open_dataset
 from .encoding import TokenizerFile
 from .readers import ArrowBatches, JsonLines, Megatron, TextFiles, reader_for
+from .supervision import TemplateLimits
 from .verify import verify_dataset
 from .writer import pack_corpus
 
 __all__ = [
-    "ArrowBatches", "JsonLines", "Megatron", "PackedBatches", "PackedDataset", "TextFiles", "TokenizerFile",
+    "ArrowBatches", "JsonLines", "Megatron", "PackedBatches", "PackedDataset", "TemplateLimits", "TextFiles",
+    "TokenizerFile",
     "open_dataset", "pack_corpus", "reader_for", "verify_dataset",
 ]

@@ -1,10 +1,12 @@
-"""Tokenizing chunks of documents into framed token arrays, validated under a binding.
+"""Tokenizing chunks of documents into token arrays, validated under a binding.
 
-Texts are encoded a chunk at a time with the tokenizer's own parallelism; pre-tokenized
-documents are framed ``[BOS, content..., EOS]`` (or taken as already framed);
-prompt-completion records and conversations are encoded as TRL encodes them
-(:mod:`seqpack.io.supervision`), with their supervision. Every chunk is validated in one
-kernel pass, and an error names the document's file and line (or row).
+Texts are encoded a chunk at a time with the tokenizer's own parallelism and framed
+``[BOS, content..., EOS]`` (no BOS for a tokenizer without one); pre-tokenized documents
+are framed too (or taken as already framed), unless they carry masks: TRL's prepared
+records are taken as given, as their masks describe them. Prompt-completion records and
+conversations are encoded as TRL encodes them (:mod:`seqpack.io.supervision`), with
+their supervision, and taken as given. Every chunk is validated in one kernel pass, and
+an error names the document's file and line (or row).
 """
 
 from __future__ import annotations
@@ -18,9 +20,15 @@ from ..data import _validate
 from ..data.binding import BatchBinding
 from ..data.supervision import target_counts
 from ..errors import InvalidInputError, SeqpackError
-from .encoding import TokenizerFailure, TokenizerFile, frame
+from .encoding import TokenizerFailure, TokenizerFile, frame, frame_where
 from .readers import DocumentChunk, Input
-from .supervision import RecordError, encode_conversations, encode_prompt_completion
+from .supervision import (
+    RecordError,
+    TemplateLimits,
+    encode_conversational_prompt_completion,
+    encode_conversations,
+    encode_prompt_completion,
+)
 
 #: The ``labels`` value of a token that is no supervised target (PyTorch's ignore index).
 IGNORE_LABEL = -100
@@ -36,11 +44,13 @@ class SupervisionOptions:
     """How records that carry supervision are encoded, as TRL's ``SFTConfig`` names it:
     ``completion_only_loss`` (prompt-completion records and ``completion_mask`` columns
     supervise the completion only), ``chat_template`` (the Jinja text that renders
-    conversations) and ``assistant_only_loss`` (supervise its ``{% generation %}`` spans only)."""
+    conversations), ``assistant_only_loss`` (supervise its ``{% generation %}`` spans only)
+    and ``template_limits`` (the time and output each record's rendering may take)."""
 
     completion_only_loss: bool = True
     chat_template: str | None = None
     assistant_only_loss: bool = False
+    template_limits: TemplateLimits = TemplateLimits()
 
     def __post_init__(self):
         check_bool("completion_only_loss", self.completion_only_loss)
@@ -53,11 +63,12 @@ class SupervisionOptions:
 
 @dataclass
 class Encoded:
-    """A chunk's valid documents: framed int32 ``tokens`` with int64 ``offsets``, each
+    """A chunk's valid documents: int32 ``tokens`` with int64 ``offsets``, each
     document's ``inputs`` and ``locations``, and how many empty documents were skipped.
     ``supervised`` (None: every target) is aligned with ``tokens``; ``supervision`` names
     what it came from (``"prompt-completion"``, ``"conversation"`` or mask columns);
-    ``mismatched`` lists the documents whose prompt encoding is not a prefix of the joint one."""
+    ``mismatched`` lists the documents whose prompt encoding is not a prefix of the joint
+    one; ``as_given`` (bool per document, None: none) the documents taken as given, not framed."""
 
     tokens: np.ndarray
     offsets: np.ndarray
@@ -67,15 +78,18 @@ class Encoded:
     supervised: np.ndarray | None = None
     supervision: tuple = ()
     mismatched: np.ndarray | None = None
+    as_given: np.ndarray | None = None
 
 
 class ChunkEncoder:
     """Turns document chunks into validated framed tokens under ``binding``.
 
     ``tokenizer`` is the binding's ``ByteTokenizer`` or a :class:`TokenizerFile`;
-    pre-tokenized chunks are framed with the binding's BOS and EOS unless ``framed``
-    (their IDs then already start with BOS and end with EOS). Documents with no content
-    are skipped and counted; every other rule break is an error naming the document.
+    pre-tokenized documents without masks are framed with the binding's BOS and EOS
+    unless ``framed`` (their IDs then already start with BOS and end with EOS); those
+    with masks, and fine-tuning records, are taken as given. Documents with no content
+    (no target, as given) are skipped and counted; every other rule break is an error
+    naming the document.
     """
 
     def __init__(self, binding: BatchBinding, tokenizer, inputs: list[Input], *, framed: bool = False,
@@ -98,7 +112,7 @@ class ChunkEncoder:
         if chunk.prompts is not None or chunk.conversations is not None:
             return self._supervised_records(chunk)
         binding = self.binding
-        supervised, supervision = None, ()
+        supervised, supervision, as_given = None, (), None
         if chunk.ids is not None:
             values, offsets = chunk.ids
             if values.size and values.dtype.kind not in "iu":
@@ -109,16 +123,16 @@ class ChunkEncoder:
                                         f"names no token of {self.tokenizer.path.name} (a gap in its IDs)")
             if chunk.masks:
                 supervised, supervision = self._masked(chunk, values, offsets)
-            if self.framed:
+                as_given = chunk.masked if chunk.masked is not None else np.ones(len(chunk), dtype=bool)
+            if self.framed or (as_given is not None and as_given.all()):
                 tokens = np.ascontiguousarray(values, dtype=np.int32)
             else:
-                tokens, framed = frame(values, offsets, binding.bos_id, binding.eos_id)
-                if supervised is not None:  # the added EOS is supervised as the token before it
-                    supervised, _ = frame(supervised, offsets, 0, 0)
-                    supervised = supervised.astype(np.bool_)
-                    ends = framed[1:][np.diff(offsets) > 0] - 1
-                    supervised[ends] = supervised[ends - 1]
-                offsets = framed
+                to_frame = np.ones(len(chunk), dtype=bool) if as_given is None else ~as_given
+                tokens, offsets, placed = frame_where(values, offsets, binding.bos_id, binding.eos_id, to_frame)
+                if supervised is not None:  # a framed record carries no mask: every target supervised
+                    every = np.ones(tokens.shape[0], dtype=np.bool_)
+                    every[placed] = supervised
+                    supervised = every
         elif isinstance(self.tokenizer, TokenizerFile):
             texts = [self._text(chunk, i, t) for i, t in enumerate(chunk.text_list())]
             try:
@@ -136,14 +150,14 @@ class ChunkEncoder:
             offsets = np.zeros(len(documents) + 1, dtype=np.int64)
             np.cumsum([len(d) for d in documents], out=offsets[1:])
             tokens = np.concatenate(documents) if documents else np.zeros(0, np.int32)
-        return self._validated(chunk, tokens, offsets, supervised, supervision)
+        return self._validated(chunk, tokens, offsets, supervised, supervision, as_given=as_given)
 
     def _masked(self, chunk: DocumentChunk, values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, tuple]:
         """TRL's rule for pre-tokenized records: a token is a supervised target when every
         applied mask column is 1 there and its label (if any) is not -100; a label must
         otherwise be the token itself (packing keeps no other label). ``completion_mask``
-        applies under ``completion_only_loss``, ``assistant_masks`` always. When seqpack
-        frames the IDs, the EOS it adds is supervised as the last ID is."""
+        applies under ``completion_only_loss``, ``assistant_masks`` always. A record
+        without a mask column holds 1s (or its own IDs as labels) there: no effect."""
         supervised = np.ones(values.shape[0], dtype=np.bool_)
         applied = []
         for name in sorted(chunk.masks):
@@ -177,22 +191,31 @@ class ChunkEncoder:
         if not isinstance(self.tokenizer, TokenizerFile):
             raise InvalidInputError(f"{self.where(chunk, 0)}: prompt-completion records and conversations need a "
                                     f"tokenizers file (--tokenizer FILE), not the byte tokenizer")
+        rendered = chunk.conversations is not None or chunk.conversational
+        if rendered and options.chat_template is None:
+            what = "conversations (a 'messages' field)" if chunk.conversations is not None else \
+                "conversational prompt-completion records (lists of messages)"
+            raise InvalidInputError(f"{self.where(chunk, 0)}: {what} need a chat template: --chat-template FILE.jinja")
+        template = {"chat_template": options.chat_template, "tools": chunk.tools,
+                    "template_kwargs": chunk.template_kwargs, "limits": options.template_limits}
         try:
-            if chunk.prompts is not None:
+            if chunk.conversations is not None:
+                encoded = encode_conversations(self.tokenizer, chunk.conversations,
+                                               assistant_only_loss=options.assistant_only_loss, **template)
+                supervision = ("conversation",)
+            elif chunk.conversational:
+                encoded = encode_conversational_prompt_completion(
+                    self.tokenizer, chunk.prompts, chunk.completions, completion_only_loss=options.completion_only_loss,
+                    assistant_only_loss=options.assistant_only_loss, **template)
+                supervision = ("conversational prompt-completion",)
+            else:
                 encoded = encode_prompt_completion(self.tokenizer, chunk.prompts, chunk.completions,
                                                    completion_only_loss=options.completion_only_loss)
                 supervision = ("prompt-completion",)
-            else:
-                if options.chat_template is None:
-                    raise InvalidInputError(f"{self.where(chunk, 0)}: conversations (a 'messages' field) need a chat "
-                                            f"template: --chat-template FILE.jinja")
-                encoded = encode_conversations(self.tokenizer, chunk.conversations, chat_template=options.chat_template,
-                                               assistant_only_loss=options.assistant_only_loss)
-                supervision = ("conversation",)
         except RecordError as error:
             raise InvalidInputError(f"{self.where(chunk, error.index)}: {error.detail}") from None
         return self._validated(chunk, encoded.tokens, encoded.offsets, encoded.supervised, supervision,
-                               encoded.mismatched)
+                               encoded.mismatched, as_given=np.ones(len(chunk), dtype=bool))
 
     def _text(self, chunk: DocumentChunk, index: int, text) -> str:
         if isinstance(text, str):
@@ -213,33 +236,43 @@ class ChunkEncoder:
                                 f"does not fit int32")
 
     def _validated(self, chunk: DocumentChunk, tokens: np.ndarray, offsets: np.ndarray, supervised=None,
-                   supervision: tuple = (), mismatched=None) -> Encoded:
-        """Skip empty documents, check the rest in one kernel pass, name the first bad one
-        (or the first whose targets are all unsupervised)."""
+                   supervision: tuple = (), mismatched=None, *, as_given: np.ndarray | None = None) -> Encoded:
+        """Skip empty documents (framed without content, or as given with no target),
+        check the rest in one kernel pass, name the first bad one (or the first whose
+        targets are all unsupervised)."""
         binding = self.binding
         inputs, locations = chunk.inputs, chunk.locations
         lengths = np.diff(offsets)
-        pairs = offsets[:-1][lengths == 2]
-        empty = np.zeros(lengths.shape[0], dtype=bool)
-        empty[lengths == 2] = (tokens[pairs] == binding.bos_id) & (tokens[pairs + 1] == binding.eos_id)
+        given = np.zeros(lengths.shape[0], dtype=bool) if as_given is None else as_given
+        empty = given & (lengths == 0)
+        single = np.flatnonzero(given & (lengths == 1))  # no target: skipped, if its ID is in the vocabulary
+        empty[single] = (tokens[offsets[:-1][single]] >= 0) & (tokens[offsets[:-1][single]] < binding.vocabulary_size)
+        bare = 1 + (binding.bos_id is not None)  # the tokens of a framed document without content
+        maybe = np.flatnonzero(~given & (lengths == bare))
+        frames = tokens[offsets[1:][maybe] - 1] == binding.eos_id
+        if bare == 2:
+            frames &= tokens[offsets[:-1][maybe]] == binding.bos_id
+        empty[maybe[frames]] = True
         skipped = int(empty.sum())
         if mismatched is not None:
             kept = np.flatnonzero(~empty)
             mismatched = np.searchsorted(kept, mismatched[~empty[mismatched]])  # as kept documents
-        if skipped:  # [BOS, EOS]: no content, so no example
+        if skipped:
             keep = ~empty
             tokens = tokens[np.repeat(keep, lengths)]
             if supervised is not None:
                 supervised = supervised[np.repeat(keep, lengths)]
             offsets = np.concatenate(([0], np.cumsum(lengths[keep])))
-            inputs, locations = inputs[keep], locations[keep]
-        encoded = Encoded(tokens, offsets, inputs, locations, skipped, supervised, supervision, mismatched)
+            inputs, locations, given = inputs[keep], locations[keep], given[keep]
+        encoded = Encoded(tokens, offsets, inputs, locations, skipped, supervised, supervision, mismatched,
+                          given if given.any() else None)
         if offsets.shape[0] == 1:
             return encoded
         pieces = binding.tokenizer.piece_lengths if binding.tokenizer is not None else np.zeros(0, np.int64)
         checked = np.empty_like(tokens)
         document, _ = _validate.first_bad_document(
-            tokens, offsets, pieces, binding.vocabulary_size, binding.bos_id, binding.eos_id,
+            tokens, offsets, pieces, binding.vocabulary_size, binding.kernel_bos, binding.eos_id,
+            given.astype(np.uint8) if given.any() else np.zeros(0, np.uint8),
             binding.limits.max_tokens, binding.limits.max_bytes, checked,
             self.validation_threads if tokens.shape[0] >= 1 << 20 else 1,
         )
@@ -250,10 +283,12 @@ class ChunkEncoder:
             return encoded
         where = self.inputs[int(inputs[document])].where(int(locations[document]))
         try:
-            binding.validate_document(tokens[int(offsets[document]): int(offsets[document + 1])])
+            binding.validate_document(tokens[int(offsets[document]): int(offsets[document + 1])],
+                                      as_given=bool(given[document]))
         except SeqpackError as error:
             message = f"{where}: {error}"
-            if chunk.ids is not None and not self.framed and "position" in message:
+            if chunk.ids is not None and not self.framed and not given[document] and "position" in message \
+                    and binding.bos_id is not None:
                 message += " (positions count the BOS seqpack put before the IDs: the IDs' own index is one less)"
             raise type(error)(message) from None
         raise AssertionError(f"{where}: failed the bulk check but passed the per-document one")

@@ -404,6 +404,8 @@ class PackedDataset:
             self._check_version(manifest, records)
             #: What the pack applied (``supervision`` of the manifest), or None for version 1.
             self.supervision = manifest.get("supervision")
+            #: Whether documents are taken as given (fine-tuning records as TRL has them), not framed.
+            self.as_given = bool((self.supervision or {}).get("as_given_documents"))
             self.parts = [Part(self.path / record["name"], record, self.config, self.token_dtype, self.long,
                                self.version)
                           for record in records]
@@ -602,7 +604,7 @@ class PackedDataset:
             supervised = np.concatenate([marks[0]] + [mark[1:] for mark in marks[1:]])
         doc = BatchDocument(f"document {part.first_document + document}", tokens, self.partition)
         return SequenceExample.from_range(self.example_id(ordinal), doc, (start, stop), self.binding,
-                                          supervised=supervised)
+                                          supervised=supervised, as_given=self.as_given)
 
 
 def open_dataset(path, *, threads: int | None = None) -> PackedDataset:

@@ -4,14 +4,17 @@ Two tokenizers: seqpack's :class:`~seqpack.ByteTokenizer`, and any Hugging Face
 ``tokenizers`` JSON file (:class:`TokenizerFile`, the ``hf`` extra), bound by identity:
 the SHA-256 of the file, its vocabulary size (added tokens included) and the BOS and
 EOS IDs, so seqpack never decodes the user's text. Texts are encoded a chunk at a time
-with the tokenizer's own parallelism (``encode_batch``); neither tokenizer adds special
-tokens, truncates or pads: seqpack frames every document ``[BOS, content..., EOS]``
-itself (:func:`frame`). :mod:`seqpack.io.chunks` encodes and validates the readers' chunks.
+with the tokenizer's own parallelism (``encode_batch``); neither tokenizer truncates or
+pads. Plain text is framed ``[BOS, content..., EOS]`` by seqpack (:func:`frame`; no BOS
+for a tokenizer without one); fine-tuning records are encoded as TRL encodes them, with
+the tokenizer's own special tokens (:mod:`seqpack.io.supervision`).
+:mod:`seqpack.io.chunks` encodes and validates the readers' chunks.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import numbers
 import re
 import threading
@@ -82,15 +85,18 @@ class TokenizerFile:
     """A Hugging Face ``tokenizers`` JSON file, bound by identity.
 
     ``bos`` and ``eos`` are IDs or token strings of the vocabulary (they may be equal,
-    as GPT-2's ``<|endoftext|>``; a string of digits is an ID). Truncation, padding and
-    BPE dropout configured in the file are turned off (the tokens of a text are then one
-    function of the file, as its identity says), and no special tokens are added:
-    seqpack frames each document itself.
+    as GPT-2's ``<|endoftext|>``; a string of digits is an ID). Without ``bos``, the BOS
+    is the token the file's post-processor puts first (Llama's ``<s>``), or none (GPT-2
+    and Qwen files add none: ``bos_id`` is then None and plain text is framed
+    ``[content..., EOS]``). Truncation, padding and BPE dropout configured in the file are
+    turned off (the tokens of a text are then one function of the file, as its identity
+    says). ``identity`` is the :class:`~seqpack.TokenizerIdentity` that bindings and
+    :class:`~seqpack.hf.PackingCollator` take.
     It pickles as its tokenizer's JSON (workers need not see the file); the copies
     unpickled in one process share one ``tokenizers.Tokenizer``.
     """
 
-    def __init__(self, path, *, bos, eos):
+    def __init__(self, path, *, bos=None, eos):
         tokenizers = _tokenizers()
         self.path = Path(path)
         if self.path.is_dir():
@@ -116,7 +122,7 @@ class TokenizerFile:
         self.vocabulary_size = max(ids) + 1
         #: The IDs that name a token, sorted, when some below the highest name none (else None).
         self.known_ids = np.sort(np.fromiter(ids, dtype=np.int64)) if len(ids) < self.vocabulary_size else None
-        self.bos_id = self._token_id("bos", bos)
+        self.bos_id = self._post_processor_bos() if bos is None else self._token_id("bos", bos)
         self.eos_id = self._token_id("eos", eos)
         self.identity = TokenizerIdentity(self.vocabulary_size, self.bos_id, self.eos_id, file_sha256(self.path))
 
@@ -135,6 +141,29 @@ class TokenizerFile:
         if self.tokenizer.id_to_token(int(value)) is None:  # a gap in the file's IDs
             raise InvalidInputError(f"{self.path}: --{name} {int(value)} is not the ID of any token in the vocabulary")
         return int(value)
+
+    def _post_processor_bos(self) -> int | None:
+        """The ID the post-processor puts before a text's tokens, if any: the leading
+        special token of a ``TemplateProcessing`` (Llama's ``<s>``), the ``cls`` of a
+        BERT or RoBERTa processor; GPT-2's and Qwen's ``ByteLevel`` add none."""
+        processors = [json.loads(self.tokenizer.to_str()).get("post_processor")]
+        while processors:
+            processor = processors.pop(0)
+            kind = processor.get("type") if isinstance(processor, dict) else None
+            if kind == "Sequence":
+                processors = list(processor.get("processors") or []) + processors
+            elif kind == "TemplateProcessing":
+                first = (processor.get("single") or [{}])[0]
+                if "SpecialToken" in first:
+                    token = processor["special_tokens"][first["SpecialToken"]["id"]]
+                    return int(token["ids"][0])
+            elif kind in ("BertProcessing", "RobertaProcessing"):
+                return int(processor["cls"][1])
+        return None
+
+    def token_text(self, token_id: int | None) -> str | None:
+        """The text of a token (an added token's content), or None for None."""
+        return None if token_id is None else self.tokenizer.id_to_token(token_id)
 
     def __reduce__(self):
         state = {name: value for name, value in vars(self).items() if name != "tokenizer"}
@@ -155,17 +184,18 @@ class TokenizerFile:
         return {"kind": "tokenizers", "file": self.path.name, "vocabulary_size": self.vocabulary_size,
                 "bos_id": self.bos_id, "eos_id": self.eos_id, "digest": self.identity.digest}
 
-    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Content IDs of every text back to back (int64) and their offsets, in one
-        parallel ``encode_batch_fast`` call. A text the tokenizer cannot encode (a
+    def encode(self, texts: list[str], *, special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """IDs of every text back to back (int64) and their offsets, in one parallel
+        ``encode_batch_fast`` call; with ``special_tokens`` the post-processor's tokens are
+        added (BOS, as ``tokenizer(text)`` adds them). A text the tokenizer cannot encode (a
         WordLevel or BPE whose unknown token is not in its vocabulary, say) is a
         :class:`TokenizerFailure` naming its index (None when each text alone encodes)."""
         try:
-            encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+            encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=special_tokens)
         except Exception as error:  # tokenizers raises plain Exceptions
             for index, text in enumerate(texts):  # which text: the rare error path pays
                 try:
-                    self.tokenizer.encode(text, add_special_tokens=False)
+                    self.tokenizer.encode(text, add_special_tokens=special_tokens)
                 except Exception:
                     raise TokenizerFailure(index, f"the tokenizer failed: {error}") from None
             raise TokenizerFailure(None, f"the tokenizer failed on these texts together: {error}") from None
@@ -183,18 +213,38 @@ class TokenizerFailure(InvalidInputError):
         self.index = index
 
 
-def frame(content: np.ndarray, offsets: np.ndarray, bos: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
-    """``[BOS, content..., EOS]`` for every document: int32 tokens and int64 offsets.
+def frame(content: np.ndarray, offsets: np.ndarray, bos: int | None, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[BOS, content..., EOS]`` for every document (``[content..., EOS]`` when ``bos``
+    is None): int32 tokens and int64 offsets.
 
     ``content`` holds every document's IDs back to back (checked to fit int32 first).
     """
+    added = 1 + (bos is not None)
     count = offsets.shape[0] - 1
-    framed = offsets + 2 * np.arange(count + 1, dtype=np.int64)
+    framed = offsets + added * np.arange(count + 1, dtype=np.int64)
     tokens = np.empty(int(framed[-1]), dtype=np.int32)
     inside = np.ones(tokens.shape[0], dtype=bool)
-    inside[framed[:-1]] = False
+    if bos is not None:
+        inside[framed[:-1]] = False
+        tokens[framed[:-1]] = bos
     inside[framed[1:] - 1] = False
     tokens[inside] = content
-    tokens[framed[:-1]] = bos
     tokens[framed[1:] - 1] = eos
     return tokens, framed
+
+
+def frame_where(content: np.ndarray, offsets: np.ndarray, bos: int | None, eos: int, where: np.ndarray):
+    """:func:`frame` for the documents ``where`` is True, the others as they are:
+    ``(tokens, offsets, placed)``, ``placed[j]`` being where content ID ``j`` went."""
+    lengths = np.diff(offsets)
+    added = where.astype(np.int64) * (1 + (bos is not None))
+    framed = np.zeros_like(offsets)
+    np.cumsum(lengths + added, out=framed[1:])
+    lead = where.astype(np.int64) * (bos is not None)
+    placed = np.arange(content.shape[0], dtype=np.int64) + np.repeat(framed[:-1] - offsets[:-1] + lead, lengths)
+    tokens = np.empty(int(framed[-1]), dtype=np.int32)
+    tokens[placed] = content
+    if bos is not None:
+        tokens[framed[:-1][where]] = bos
+    tokens[framed[1:][where] - 1] = eos
+    return tokens, framed, placed

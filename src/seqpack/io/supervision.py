@@ -1,18 +1,26 @@
-"""Supervised fine-tuning records as framed documents with a supervision array.
+"""Supervised fine-tuning records as documents with a supervision array, encoded
+exactly as TRL 1.16's ``SFTTrainer`` encodes them, so that a user's IDs and masks do
+not change when seqpack packs them:
 
-Two record kinds, each encoded the way TRL 1.16's ``SFTTrainer`` encodes it, so a
-user's masks do not change when seqpack packs them:
-
-- prompt-completion: the document is ``[BOS] + encode(prompt + completion) + [EOS]``,
-  and the completion begins at the common prefix of ``encode(prompt)`` and the joint
+- prompt-completion: the EOS text is appended to the completion unless it ends with
+  it; the document is ``tokenizer(prompt + completion)`` with the tokenizer's own special
+  tokens (a BOS where its post-processor adds one, none for GPT-2- or Qwen-style files),
+  and the completion begins at the common prefix of ``tokenizer(prompt)`` and that joint
   encoding (TRL's ``common_prefix_length``): a token merged across the boundary is the
   completion's.
-- conversations: rendered and tokenized by transformers' ``apply_chat_template``; the
-  assistant mask (the template's ``{% generation %}`` spans) is the supervision.
+- conversations: rendered and tokenized by transformers' ``apply_chat_template``, with
+  the record's ``tools`` and ``chat_template_kwargs``; the template alone decides BOS
+  and every EOS (one per turn, say). The assistant mask (the template's
+  ``{% generation %}`` spans) is the supervision under ``assistant_only_loss``.
+- conversational prompt-completion: the prompt rendered with
+  ``add_generation_prompt=True``, the joint conversation without; the completion begins
+  at their common prefix.
 
+Documents are taken as given (no BOS or EOS added; an EOS inside is content).
 ``supervised[j]`` says whether token ``j``, as a target, counts in the loss (the
 ``supervised`` array of :meth:`seqpack.ExampleTable.from_arrays`); a document's first
-token is never a target, so its value is always False.
+token is never a target, so its value is always False. Rendering is bounded per record
+(:mod:`seqpack.io.templates`).
 """
 
 from __future__ import annotations
@@ -23,11 +31,12 @@ from itertools import chain
 
 import numpy as np
 
-from .._limits import check_bool
+from .._limits import check_bool, check_int
 from ..data.supervision import target_counts
 from ..errors import InvalidInputError
-from .encoding import TokenizerFailure, TokenizerFile, frame
+from .encoding import TokenizerFailure, TokenizerFile
 from .readers import missing_extra
+from .templates import TemplateLimitError, bounded_rendering
 
 #: The statement transformers looks for to compute an assistant mask.
 GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -43,13 +52,29 @@ class RecordError(InvalidInputError):
 
 
 @dataclass(frozen=True)
-class SupervisedDocuments:
-    """Framed documents and their supervision.
+class TemplateLimits:
+    """Bounds on rendering one record with a chat template: ``seconds`` of wall time and
+    ``characters`` of output, both checked while it renders."""
 
-    ``tokens`` int32 ``[N]`` and ``offsets`` int64 ``[records + 1]`` as
-    :func:`~seqpack.io.encoding.frame` makes them; ``supervised`` bool ``[N]``;
-    ``mismatched`` int64: the records whose prompt encoding is not a prefix of their
-    joint encoding (TRL warns once about them; always empty for conversations).
+    seconds: float = 10.0
+    characters: int = 8_000_000
+
+    def __post_init__(self):
+        if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
+                or not 0 < self.seconds < float("inf"):
+            raise InvalidInputError(f"the template time limit must be a positive number of seconds, "
+                                    f"not {self.seconds!r}")
+        object.__setattr__(self, "seconds", float(self.seconds))
+        object.__setattr__(self, "characters", check_int("the template character limit", self.characters))
+
+
+@dataclass(frozen=True)
+class SupervisedDocuments:
+    """Documents as given and their supervision.
+
+    ``tokens`` int32 ``[N]`` and ``offsets`` int64 ``[records + 1]``; ``supervised`` bool
+    ``[N]``; ``mismatched`` int64: the records whose prompt encoding is not a prefix of
+    their joint encoding (TRL warns once about them).
     """
 
     tokens: np.ndarray
@@ -60,13 +85,10 @@ class SupervisedDocuments:
 
 def encode_prompt_completion(tokenizer: TokenizerFile, prompts, completions, *,
                              completion_only_loss: bool = True) -> SupervisedDocuments:
-    """Each record as ``[BOS] + encode(prompt + completion) + [EOS]``, supervised from the
-    completion's first token on (EOS included), TRL 1.16's rule.
-
-    The completion begins at ``min(common prefix of encode(prompt) and the joint
-    encoding, joint content length)``: the EOS is always a target, so every record has
-    one. With ``completion_only_loss=False`` every token but BOS is supervised.
-    Texts are encoded in two ``encode_batch_fast`` calls (joint texts, prompts).
+    """Each record as ``tokenizer(prompt + completion + EOS text)`` (no EOS text added when
+    the completion ends with it), supervised from the completion's first token on, TRL
+    1.16's rule. With ``completion_only_loss=False`` every target is supervised. Texts
+    are encoded in two ``encode_batch_fast`` calls (joint texts, prompts).
 
     Refused (:class:`InvalidInputError`): a tokenizer that is not a
     :class:`TokenizerFile`; prompts and completions of different lengths; a prompt or
@@ -75,79 +97,99 @@ def encode_prompt_completion(tokenizer: TokenizerFile, prompts, completions, *,
     """
     prompts, completions = _records(tokenizer, prompts, completions)
     completion_only_loss = check_bool("completion_only_loss", completion_only_loss)
-    joint = [prompt + completion for prompt, completion in zip(prompts, completions)]
-    content, content_offsets = _encode(tokenizer, joint, "prompt + completion")
-    tokens, offsets = frame(content, content_offsets, tokenizer.bos_id, tokenizer.eos_id)
-    count = len(prompts)
+    eos = tokenizer.token_text(tokenizer.eos_id)
+    joint = [prompt + (completion if completion.endswith(eos) else completion + eos)
+             for prompt, completion in zip(prompts, completions)]
+    tokens, offsets = _encode(tokenizer, joint, "prompt + completion")
     if completion_only_loss:
         prompt_ids, prompt_offsets = _encode(tokenizer, prompts, "prompt")
-        prompt_lengths = np.diff(prompt_offsets)
-        prefix = _common_prefix(prompt_ids, prompt_offsets, content, content_offsets)
-        mismatched = np.flatnonzero(prefix < prompt_lengths).astype(np.int64)
-    else:
-        prefix = np.zeros(count, dtype=np.int64)
-        mismatched = np.zeros(0, dtype=np.int64)
-    lengths = np.diff(offsets)
-    supervised = _within(lengths) > np.repeat(prefix, lengths)  # position 0 is BOS
-    return SupervisedDocuments(tokens, offsets, supervised, mismatched)
+        return _completion_supervised(tokens, offsets, prompt_ids, prompt_offsets)
+    return _supervised_everywhere(tokens, offsets)
 
 
 def encode_conversations(tokenizer: TokenizerFile, conversations, *, chat_template: str,
-                         assistant_only_loss: bool = True) -> SupervisedDocuments:
-    """Each conversation rendered by transformers' ``apply_chat_template(chat_template)``
-    in one batched call, framed with BOS and EOS where the rendering lacks them (never
-    doubled), supervised on the assistant mask (``assistant_only_loss``) or everywhere.
-
-    The template sees ``bos_token`` and ``eos_token`` as the tokenizer's BOS and EOS. An
-    added BOS or EOS is not supervised under ``assistant_only_loss`` (it is outside
-    every generation span); the first token never is.
+                         assistant_only_loss: bool = True, tools=None, template_kwargs=None,
+                         limits: TemplateLimits = TemplateLimits()) -> SupervisedDocuments:
+    """Each conversation rendered and tokenized by transformers'
+    ``apply_chat_template(chat_template)`` as it is, supervised on the assistant mask
+    (``assistant_only_loss``) or everywhere. ``tools`` and ``template_kwargs`` (None, or
+    one entry per conversation: its tools and its ``chat_template_kwargs``) go to the
+    template as TRL passes them. The template sees ``bos_token`` and ``eos_token`` as the
+    tokenizer's.
 
     Refused (:class:`InvalidInputError`): a tokenizer that is not a
     :class:`TokenizerFile`; a template that is not a non-empty ``str``; a conversation
     that is not a non-empty list of messages (dicts with a ``str`` ``"role"``), named
-    by index; a conversation the template fails on (named); under
-    ``assistant_only_loss``, a template without ``{% generation %}`` and a conversation
-    with no supervised assistant token (named by index).
+    by index; a conversation the template or the tokenizer fails on, or whose rendering
+    passes ``limits`` (named); under ``assistant_only_loss``, a template without
+    ``{% generation %}`` and a conversation with no supervised assistant token (named by
+    index).
     """
+    _check_template(tokenizer, chat_template, assistant_only_loss)
+    conversations = _conversations(conversations, "conversations")
+    if not conversations:
+        return _empty()
+    ids, masks = _render(tokenizer, conversations, chat_template, limits, tools, template_kwargs,
+                         assistant_masks=assistant_only_loss)
+    tokens, offsets = _flat(ids)
+    if not assistant_only_loss:
+        return _supervised_everywhere(tokens, offsets)
+    supervised = np.fromiter(chain.from_iterable(masks), dtype=bool, count=tokens.shape[0])
+    supervised[offsets[:-1]] = False
+    _check_assistant_tokens(supervised, offsets, conversations)
+    return SupervisedDocuments(tokens, offsets, supervised, np.zeros(0, np.int64))
+
+
+def encode_conversational_prompt_completion(
+        tokenizer: TokenizerFile, prompts, completions, *, chat_template: str, completion_only_loss: bool = True,
+        assistant_only_loss: bool = False, tools=None, template_kwargs=None,
+        limits: TemplateLimits = TemplateLimits()) -> SupervisedDocuments:
+    """Conversational prompt-completion records (prompt and completion are lists of
+    messages) as TRL 1.16 encodes them: the document is the joint conversation rendered
+    by ``chat_template``; the completion begins at the common prefix of the prompt
+    rendered with ``add_generation_prompt=True`` and that document. ``completion_only_loss``
+    supervises the completion only, ``assistant_only_loss`` the template's generation
+    spans only (both: their intersection). Refused: as :func:`encode_conversations`, and
+    a record with no supervised target (named)."""
+    _check_template(tokenizer, chat_template, assistant_only_loss)
+    completion_only_loss = check_bool("completion_only_loss", completion_only_loss)
+    prompts = _conversations(prompts, "prompts")
+    completions = _conversations(completions, "completions")
+    if len(prompts) != len(completions):
+        raise InvalidInputError(f"{len(prompts)} prompts but {len(completions)} completions: one of each per record")
+    if not prompts:
+        return _empty()
+    joint = [list(prompt) + list(completion) for prompt, completion in zip(prompts, completions)]
+    ids, masks = _render(tokenizer, joint, chat_template, limits, tools, template_kwargs,
+                         assistant_masks=assistant_only_loss)
+    tokens, offsets = _flat(ids)
+    if completion_only_loss:
+        prompt_ids, prompt_offsets = _flat(_render(tokenizer, prompts, chat_template, limits, tools, template_kwargs,
+                                                   generation_prompt=True)[0])
+        result = _completion_supervised(tokens, offsets, prompt_ids, prompt_offsets)
+    else:
+        result = _supervised_everywhere(tokens, offsets)
+    if assistant_only_loss:
+        np.logical_and(result.supervised, np.fromiter(chain.from_iterable(masks), dtype=bool, count=tokens.shape[0]),
+                       out=result.supervised)
+        _check_assistant_tokens(result.supervised, offsets, joint)
+    return result
+
+
+def _check_tokenizer(tokenizer) -> None:
+    if not isinstance(tokenizer, TokenizerFile):
+        raise InvalidInputError(f"tokenizer must be a seqpack.io.TokenizerFile, not {type(tokenizer).__name__}")
+
+
+def _check_template(tokenizer, chat_template, assistant_only_loss) -> None:
     _check_tokenizer(tokenizer)
     assistant_only_loss = check_bool("assistant_only_loss", assistant_only_loss)
-    conversations = _conversations(conversations)
     if not isinstance(chat_template, str) or not chat_template.strip():
         raise InvalidInputError(f"chat_template must be the template's text (a non-empty str), "
                                 f"not {chat_template!r:.60}")
     if assistant_only_loss and not GENERATION_MARKER.search(chat_template):
         raise InvalidInputError("assistant_only_loss needs a chat template that marks the assistant's tokens with "
                                 "{% generation %} ... {% endgeneration %}; this template has no generation block")
-    if not conversations:
-        return _empty()
-    ids, masks = _render(tokenizer, conversations, chat_template, assistant_only_loss)
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    rendered_offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lengths, out=rendered_offsets[1:])
-    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(rendered_offsets[-1]))
-    tokens, offsets, placed = _frame_where_missing(flat, rendered_offsets, tokenizer.bos_id, tokenizer.eos_id)
-    if assistant_only_loss:
-        supervised = np.zeros(tokens.shape[0], dtype=bool)
-        supervised[placed] = np.fromiter(chain.from_iterable(masks), dtype=bool, count=flat.shape[0])
-    else:
-        supervised = np.ones(tokens.shape[0], dtype=bool)
-    supervised[offsets[:-1]] = False
-    if assistant_only_loss:
-        unsupervised = np.flatnonzero(target_counts(supervised, offsets[:-1], offsets[1:]) == 0)
-        if unsupervised.size:
-            index = int(unsupervised[0])
-            every = (f" (none of the {len(conversations)} conversations has one: does the template's "
-                     f"{{% generation %}} block enclose the assistant messages?)"
-                     if unsupervised.size == len(conversations) > 1 else "")
-            roles = ", ".join(str(message["role"]) for message in conversations[index])
-            raise RecordError("conversation", index, f"no assistant token to supervise under "
-                              f"assistant_only_loss (its roles: {roles}){every}")
-    return SupervisedDocuments(tokens, offsets, supervised, np.zeros(0, dtype=np.int64))
-
-
-def _check_tokenizer(tokenizer) -> None:
-    if not isinstance(tokenizer, TokenizerFile):
-        raise InvalidInputError(f"tokenizer must be a seqpack.io.TokenizerFile, not {type(tokenizer).__name__}")
 
 
 def _records(tokenizer, prompts, completions) -> tuple[list[str], list[str]]:
@@ -169,12 +211,21 @@ def _texts(name: str, values) -> list:
 
 
 def _encode(tokenizer: TokenizerFile, texts: list[str], what: str) -> tuple[np.ndarray, np.ndarray]:
+    """``tokenizer(text)`` of every text (special tokens added), as int32 with offsets."""
     try:
-        return tokenizer.encode(texts)
+        ids, offsets = tokenizer.encode(texts, special_tokens=True)
     except TokenizerFailure as failure:
         if failure.index is not None:
             raise RecordError("record", failure.index, f"its {what}: {failure}") from None
         raise InvalidInputError(f"the records' {what} texts: {failure}") from None
+    return ids.astype(np.int32), offsets
+
+
+def _flat(ids: list) -> tuple[np.ndarray, np.ndarray]:
+    """Lists of IDs as int32 values back to back with int64 offsets."""
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum([len(row) for row in ids], out=offsets[1:])
+    return np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1])), offsets
 
 
 def _within(lengths: np.ndarray) -> np.ndarray:
@@ -200,9 +251,38 @@ def _common_prefix(ids: np.ndarray, offsets: np.ndarray, other: np.ndarray, othe
     return prefix
 
 
-def _conversations(values) -> list:
+def _completion_supervised(tokens, offsets, prompt_ids, prompt_offsets) -> SupervisedDocuments:
+    """TRL's completion mask: ``[0] * common prefix + [1] * rest`` of each document."""
+    prefix = _common_prefix(prompt_ids, prompt_offsets, tokens, offsets)
+    mismatched = np.flatnonzero(prefix < np.diff(prompt_offsets)).astype(np.int64)
+    lengths = np.diff(offsets)
+    supervised = _within(lengths) >= np.repeat(prefix, lengths)
+    supervised[offsets[:-1][lengths > 0]] = False
+    return SupervisedDocuments(tokens, offsets, supervised, mismatched)
+
+
+def _supervised_everywhere(tokens, offsets) -> SupervisedDocuments:
+    supervised = np.ones(tokens.shape[0], dtype=bool)
+    supervised[offsets[:-1][np.diff(offsets) > 0]] = False
+    return SupervisedDocuments(tokens, offsets, supervised, np.zeros(0, np.int64))
+
+
+def _check_assistant_tokens(supervised: np.ndarray, offsets: np.ndarray, conversations: list) -> None:
+    """Under ``assistant_only_loss`` every record needs an assistant token (TRL raises too)."""
+    unsupervised = np.flatnonzero(target_counts(supervised, offsets[:-1], offsets[1:]) == 0)
+    if unsupervised.size:
+        index = int(unsupervised[0])
+        every = (f" (none of the {len(conversations)} conversations has one: does the template's "
+                 f"{{% generation %}} block enclose the assistant messages?)"
+                 if unsupervised.size == len(conversations) > 1 else "")
+        roles = ", ".join(str(message["role"]) for message in conversations[index])
+        raise RecordError("conversation", index, f"no assistant token to supervise under "
+                          f"assistant_only_loss (its roles: {roles}){every}")
+
+
+def _conversations(values, name: str) -> list:
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
-        raise InvalidInputError(f"conversations must be a sequence of conversations (lists of messages), "
+        raise InvalidInputError(f"{name} must be a sequence of conversations (lists of messages), "
                                 f"not {type(values).__name__}")
     conversations = list(values)
     for index, conversation in enumerate(conversations):
@@ -212,55 +292,74 @@ def _conversations(values) -> list:
         for position, message in enumerate(conversation):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise RecordError("conversation", index, f"message {position}: a message is a dict with a "
-                                                         f"str 'role' (and its 'content'), not {message!r:.60}")
+                                                         f"str 'role', not {message!r:.60}")
     return conversations
 
 
-def _render(tokenizer: TokenizerFile, conversations: list, chat_template: str, assistant_only_loss: bool):
-    """``(input_ids, assistant_masks or None)`` lists from one batched ``apply_chat_template``."""
+def _per_record(values, count: int, name: str) -> list:
+    """``values`` (None, or one entry per record) as a list of ``count`` entries."""
+    if values is None:
+        return [None] * count
+    values = list(values)
+    if len(values) != count:
+        raise InvalidInputError(f"{name} has {len(values)} entries for {count} records")
+    return values
+
+
+def _render(tokenizer: TokenizerFile, conversations: list, chat_template: str, limits: TemplateLimits,
+            tools=None, template_kwargs=None, *, assistant_masks: bool = False, generation_prompt: bool = False):
+    """``(input_ids, assistant_masks or None)`` lists, as TRL's ``_tokenize`` gets them from
+    ``apply_chat_template``: one batched call when no record has tools or template
+    options, else a call per record (their options differ)."""
     try:
         from transformers import PreTrainedTokenizerFast
     except ImportError:
         raise missing_extra("rendering conversations with a chat template", "hf") from None
-    hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer.tokenizer)
-    names = {"bos_token": tokenizer.tokenizer.id_to_token(tokenizer.bos_id),
-             "eos_token": tokenizer.tokenizer.id_to_token(tokenizer.eos_id)}
+    count = len(conversations)
+    tools, options = _per_record(tools, count, "tools"), _per_record(template_kwargs, count, "template_kwargs")
+    hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer.tokenizer, bos_token=tokenizer.token_text(tokenizer.bos_id),
+                                 eos_token=tokenizer.token_text(tokenizer.eos_id))
 
-    def render(batch, **options):
-        return hf.apply_chat_template(batch, chat_template=chat_template, **names, **options)
+    def render(batch, tools_of, options_of, **rendering):
+        with bounded_rendering(chat_template, seconds=limits.seconds, characters=limits.characters):
+            return hf.apply_chat_template(batch, chat_template=chat_template, tools=tools_of,
+                                          add_generation_prompt=generation_prompt, **rendering, **(options_of or {}))
 
-    try:
-        out = render(conversations, tokenize=True, return_dict=True,
-                     return_assistant_tokens_mask=assistant_only_loss)
-    except Exception as error:  # jinja2 and transformers raise many kinds
-        for index, conversation in enumerate(conversations):  # which one: the rare error path pays
-            try:
-                render([conversation], tokenize=False)
-            except Exception as own:
-                raise RecordError("conversation", index, f"the chat template failed: {own}") from None
-        raise InvalidInputError(f"the chat template failed on these conversations: {error}") from None
-    return out["input_ids"], out.get("assistant_masks")
+    full = {"tokenize": True, "return_dict": True, "return_assistant_tokens_mask": assistant_masks}
+    if all(t is None for t in tools) and not any(options):
+        groups = [(list(range(count)), None, None)]
+    else:
+        groups = [([index], tools[index], options[index]) for index in range(count)]
+    ids, masks = [], []
+    for indices, tools_of, options_of in groups:
+        batch = [conversations[index] for index in indices]
+        try:
+            out = render(batch, tools_of, options_of, **full)
+        except TemplateLimitError as error:
+            raise RecordError("conversation", indices[error.index], error.detail) from None
+        except Exception as error:  # jinja2, transformers and tokenizers raise many kinds
+            raise _which_failed(render, batch, indices, tools_of, options_of, full, error) from None
+        ids.extend(out["input_ids"])
+        masks.extend(out.get("assistant_masks") or [])
+    return ids, (masks if assistant_masks else None)
 
 
-def _frame_where_missing(flat: np.ndarray, offsets: np.ndarray, bos: int, eos: int):
-    """``(tokens, offsets, placed)``: each rendered document with BOS put before it unless
-    it starts with BOS, and EOS after it unless it ends with an EOS other than that BOS;
-    ``placed`` is where each rendered token went."""
-    lengths = np.diff(offsets)
-    nonempty = lengths > 0
-    first = flat[np.minimum(offsets[:-1], max(flat.shape[0] - 1, 0))] if flat.size else np.zeros_like(lengths)
-    last = flat[offsets[1:] - 1] if flat.size else np.zeros_like(lengths)
-    has_bos = nonempty & (first == bos)
-    has_eos = (lengths > has_bos) & (last == eos)
-    add_bos, add_eos = ~has_bos, ~has_eos
-    framed = np.zeros_like(offsets)
-    np.cumsum(lengths + add_bos + add_eos, out=framed[1:])
-    placed = np.arange(flat.shape[0], dtype=np.int64) + np.repeat(framed[:-1] - offsets[:-1] + add_bos, lengths)
-    tokens = np.empty(int(framed[-1]), dtype=np.int32)
-    tokens[placed] = flat
-    tokens[framed[:-1][add_bos]] = bos
-    tokens[framed[1:][add_eos] - 1] = eos
-    return tokens, framed, placed
+def _which_failed(render, batch, indices, tools_of, options_of, full, error) -> InvalidInputError:
+    """The conversation a failed call failed on, and whether the template or the
+    tokenizer failed (the rare error path renders each alone)."""
+    for position, conversation in enumerate(batch):
+        index = indices[position]
+        try:
+            render([conversation], tools_of, options_of, tokenize=False)
+        except TemplateLimitError as limit:
+            return RecordError("conversation", index, limit.detail)
+        except Exception as own:
+            return RecordError("conversation", index, f"the chat template failed: {own}")
+        try:
+            render([conversation], tools_of, options_of, **full)
+        except Exception as own:
+            return RecordError("conversation", index, f"the tokenizer failed on its rendered text: {own}")
+    return InvalidInputError(f"the chat template failed on these conversations together: {error}")
 
 
 def _empty() -> SupervisedDocuments:

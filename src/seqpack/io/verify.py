@@ -8,7 +8,9 @@ does not list, then checks the part files
 against each other and the manifest: examples are exactly the documents' whole ranges
 (or their windows, for a pack that cut long documents), the placement is exactly what
 the recorded policy gives for those lengths and tiles each row's prefix, tokens are in
-the vocabulary with BOS and EOS exactly where the documents' frames put them, no
+the vocabulary with BOS and EOS exactly where the documents' frames put them (a dataset
+whose supervision records documents taken as given, TRL's as its tokenizer made them,
+has no frames to check), no
 document is longer than the binding's ``max_tokens`` (``long_documents`` is checked on
 open: examples must be the documents whole, or their windows for ``cut``), and every
 count matches: each part's against its files, the firsts and totals against the parts
@@ -105,11 +107,14 @@ def check_part(dataset: PackedDataset, part: Part) -> None:
             np.array_equal(placement.rows[part.ordinals], part.rows)
             and np.array_equal(placement.starts[part.ordinals], part.starts)):
         _fail(occurrences, f"the placement differs from {policy} on these examples")
-    # Tokens: in the vocabulary, BOS and EOS exactly where the frames put them.
+    # Tokens: in the vocabulary, BOS and EOS exactly where the frames put them (documents
+    # taken as given, fine-tuning records as their tokenizer made them, have no frame).
     tokens = part.tokens
     binding = dataset.binding
+    framed = not dataset.as_given
+    has_bos = binding.bos_id is not None
     spans = part.examples[part.ordinals]
-    starts_document = np.flatnonzero(spans[:, 1] == 0)
+    starts_document = np.flatnonzero(spans[:, 1] == 0) if has_bos else np.zeros(0, np.int64)
     ends_document = np.flatnonzero(spans[:, 2] == sizes[spans[:, 0]])
     frame = np.unique(np.concatenate([part.token_offsets[starts_document], part.token_offsets[ends_document + 1] - 1]))
     controls = []
@@ -117,12 +122,13 @@ def check_part(dataset: PackedDataset, part: Part) -> None:
         block = np.asarray(tokens[first: first + HASH_BLOCK]).astype(np.int64)
         if block.size and (block.min() < 0 or block.max() >= binding.vocabulary_size):
             _fail(part.directory / "tokens.bin", f"a token lies outside the vocabulary [0, {binding.vocabulary_size})")
-        controls.append(first + np.flatnonzero((block == binding.bos_id) | (block == binding.eos_id)))
+        if framed:
+            controls.append(first + np.flatnonzero((block == binding.eos_id) | (has_bos & (block == binding.kernel_bos))))
     found = np.concatenate(controls) if controls else np.zeros(0, np.int64)
-    if not np.array_equal(found, frame):
+    if framed and not np.array_equal(found, frame):
         _fail(part.directory / "tokens.bin", "BOS or EOS tokens are not exactly at the documents' frames")
     bos_at = part.token_offsets[starts_document]
-    if bos_at.size and np.any(np.asarray(tokens[bos_at]) != binding.bos_id):
+    if framed and bos_at.size and np.any(np.asarray(tokens[bos_at]) != binding.bos_id):
         _fail(part.directory / "tokens.bin", "a document does not start with BOS")
     # Windows of one document share one token (the last input of one is the first of the next).
     if part.example_count > 1:

@@ -35,6 +35,7 @@ from ..packing.placement import check_policy, place
 from ..packing.report import EfficiencyReport
 from . import format as fmt
 from .chunks import ChunkEncoder, Encoded, SupervisionOptions
+from .supervision import TemplateLimits
 from .encoding import TokenizerFile
 from .progress import Progress
 from .readers import Reader, read_ahead
@@ -104,7 +105,8 @@ class Staged:
     each hold whole documents), and per document its token count, input and place in it.
     With supervision, ``flips`` describes it, ``supervision`` names its sources, and
     ``mismatched`` counts the prompts that are no prefix of their record (``first_mismatched``
-    names the first); without, ``flips`` is None."""
+    names the first) and ``as_given`` the documents taken as given (fine-tuning records, not
+    framed); without, ``flips`` is None."""
 
     pieces: list
     lengths: np.ndarray
@@ -116,6 +118,7 @@ class Staged:
     supervision: tuple = ()
     mismatched: int = 0
     first_mismatched: str | None = None
+    as_given: int = 0
 
     @property
     def token_count(self) -> int:
@@ -131,7 +134,7 @@ def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, 
     is an error unless ``require_content`` is false (a shard of a larger corpus).
     """
     lengths, inputs, locations = [], [], []
-    skipped = input_bytes = mismatched = 0
+    skipped = input_bytes = mismatched = as_given = 0
     first_input, first_mismatched, supervision = 0, None, set()
     for reader in readers:
         with closing(read_ahead(reader.chunks(first_input), enabled=encoder.read_ahead)) as chunks:
@@ -151,13 +154,14 @@ def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, 
                 inputs.append(encoded.inputs)
                 locations.append(encoded.locations)
                 skipped += encoded.skipped
+                as_given += 0 if encoded.as_given is None else int(encoded.as_given.sum())
                 input_bytes += chunk.nbytes
                 progress.reading(len(document_lengths), int(encoded.tokens.shape[0]), chunk.nbytes)
         first_input += len(reader.inputs)
     join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
     result = Staged(stage.pieces(), join(lengths), join(inputs), join(locations), skipped, input_bytes,
                     stage.flips() if supervision else None, tuple(sorted(supervision)), mismatched,
-                    first_mismatched)
+                    first_mismatched, as_given)
     if require_content and not result.lengths.size:
         raise no_content()
     return result
@@ -239,7 +243,8 @@ def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str,
         record.update(supervised_targets=report.supervised_targets,
                       skipped_unsupervised_windows=windows - int(documents.shape[0]),
                       supervision={"applied": list(staged.supervision), "mismatched_prompts": staged.mismatched,
-                                   "first_mismatched_prompt": staged.first_mismatched})
+                                   "first_mismatched_prompt": staged.first_mismatched,
+                                   "as_given_documents": staged.as_given})
     return record
 
 
@@ -249,7 +254,8 @@ def supervise_part(directory: Path, record: dict) -> None:
     record["files"][fmt.SUPERVISION_FILE] = fmt.write_array(directory / fmt.SUPERVISION_FILE,
                                                             np.zeros(0, fmt.flips_dtype(record["tokens"])))
     record.update(supervised_targets=record["valid_targets"], skipped_unsupervised_windows=0,
-                  supervision={"applied": [], "mismatched_prompts": 0, "first_mismatched_prompt": None})
+                  supervision={"applied": [], "mismatched_prompts": 0, "first_mismatched_prompt": None,
+                               "as_given_documents": 0})
 
 
 def _write_tokens(path: Path, pieces: list, begins, ends, order, progress: Progress) -> dict:
@@ -388,7 +394,7 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
                 policy: str = "next-fit", partition: Partition = Partition.TRAIN, long: str = "error",
                 framed: bool = False, force: bool = False, progress: Progress | None = None,
                 threads: int | None = None, completion_only_loss: bool = True, chat_template: str | None = None,
-                assistant_only_loss: bool = False) -> dict:
+                assistant_only_loss: bool = False, template_limits: TemplateLimits = TemplateLimits()) -> dict:
     """Pack every document of ``readers`` into a packed dataset at ``out``; return its manifest.
 
     Records that carry supervision are encoded as TRL 1.16's ``SFTTrainer`` encodes them
@@ -396,8 +402,9 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
     (supervising the completion only unless ``completion_only_loss=False``; a record
     whose prompt encoding is no prefix of the joint one is counted in the manifest),
     conversations rendered with ``chat_template`` (the Jinja text; ``assistant_only_loss``
-    supervises its ``{% generation %}`` spans only), and token IDs beside
-    ``completion_mask``, ``assistant_masks`` or ``labels`` columns.
+    supervises its ``{% generation %}`` spans only; each record's rendering is bounded by
+    ``template_limits``), and token IDs beside ``completion_mask``, ``assistant_masks`` or
+    ``labels`` columns. These documents are taken as TRL gives them (no BOS or EOS added).
 
     ``tokenizer`` is ``binding.tokenizer`` (a ByteTokenizer) or a
     :class:`~seqpack.io.encoding.TokenizerFile` whose identity is the binding's.
@@ -415,7 +422,9 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
     Parquet, Arrow, Feather or Megatron file or a ``.jsonl``/``.ndjson`` file (give it as
     an input of its own); a packed dataset given as an input (inside a directory it is
     skipped and reported); a JSONL line that is not an object, or a field that is not a
-    string (a list of IDs with ``--ids-field``); a control token inside a text; an ID
+    string (a list of IDs with ``--ids-field``); a record of another kind than its input's
+    first; a preference record (``chosen`` and ``rejected``); a control token inside a
+    plain text; an ID
     outside the vocabulary; a document longer than a row without ``long="cut"`` (``--cut-long``); a flag
     no input uses (``--glob`` without a directory, ``--text-field`` or ``--ids-field``
     without JSONL, Parquet or Arrow, ``--framed`` without token IDs), and
@@ -423,8 +432,9 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
     input inside ``out``; a document none of whose targets is supervised; a label that
     is neither -100 nor its token, a mask value other than 0 and 1; prompt-completion
     records or conversations without a tokenizers file; conversations without a chat
-    template; ``assistant_only_loss`` without a chat template, or with one that has no
-    ``{% generation %}`` block; a conversation with no assistant token under it.
+    template; a record the template fails on, or whose rendering passes
+    ``template_limits``; ``assistant_only_loss`` without a chat template, or with one that
+    has no ``{% generation %}`` block; a conversation with no assistant token under it.
     """
     out = output_path(out)
     check_arguments(binding, tokenizer, config, policy, partition, long)
@@ -433,7 +443,7 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
         raise InvalidInputError(f"progress must be a Progress or None, not {type(progress).__name__}")
     progress = progress or Progress(enabled=False)
     inputs = [item for reader in readers for item in reader.inputs]
-    options = SupervisionOptions(completion_only_loss, chat_template, assistant_only_loss)
+    options = SupervisionOptions(completion_only_loss, chat_template, assistant_only_loss, template_limits)
     encoder = ChunkEncoder(binding, tokenizer, inputs, framed=framed, threads=threads, supervision=options)
     with fmt.staging_directory(out, force, inputs) as staging:
         stage = Stage(staging / STAGED_TOKENS, fmt.token_dtype(binding.vocabulary_size))
@@ -455,17 +465,27 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
 
 
 def supervision_record(parts: list[dict | None], options: SupervisionOptions) -> dict | None:
-    """What the manifest records of the supervision the parts applied (None: none had any)."""
+    """What the manifest records of the supervision the parts applied (None: none had
+    any). An option none of the applied sources used is recorded as None:
+    ``completion_only_loss`` applies to prompt-completion records and ``completion_mask``,
+    ``assistant_only_loss`` and the template to rendered records. ``as_given_documents``
+    counts the documents taken as given (not framed): ``verify`` checks their IDs only."""
     if all(part is None for part in parts):
         return None
     if any(part is None for part in parts):
         raise AssertionError("some parts have supervision and some not: supervise_part the others")
-    template = options.chat_template
+    applied = sorted({name for part in parts for name in part["applied"]})
+    rendered = any(name in ("conversation", "conversational prompt-completion") for name in applied)
+    completion = any(name in ("prompt-completion", "conversational prompt-completion", "completion_mask")
+                     for name in applied)
+    template = options.chat_template if rendered else None
     return {
-        "applied": sorted({name for part in parts for name in part["applied"]}),
-        "completion_only_loss": options.completion_only_loss, "assistant_only_loss": options.assistant_only_loss,
+        "applied": applied,
+        "completion_only_loss": options.completion_only_loss if completion else None,
+        "assistant_only_loss": options.assistant_only_loss if rendered else None,
         "chat_template_sha256": None if template is None else hashlib.sha256(template.encode("utf-8")).hexdigest(),
         "mismatched_prompts": sum(part["mismatched_prompts"] for part in parts),
         "first_mismatched_prompt": next((part["first_mismatched_prompt"] for part in parts
                                          if part["first_mismatched_prompt"] is not None), None),
+        "as_given_documents": sum(part["as_given_documents"] for part in parts),
     }

@@ -37,6 +37,7 @@ from ..errors import InvalidInputError, SeqpackError
 from ..io import format as fmt
 from ..io.readers import missing_extra, reader_for
 from ..io.shards import ShardJob, pack_shard, pack_sharded
+from ..io.supervision import TemplateLimits
 from ..io.writer import output_path
 from ..packing import PackConfig
 
@@ -212,7 +213,7 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
                 partition: Partition = Partition.TRAIN, long: str = "error", framed: bool = False,
                 force: bool = False, progress: bool = False, threads: int = 1, max_retries: int = MAX_RETRIES,
                 completion_only_loss: bool = True, chat_template: str | None = None,
-                assistant_only_loss: bool = False) -> dict:
+                assistant_only_loss: bool = False, template_limits: TemplateLimits = TemplateLimits()) -> dict:
     """Pack ``inputs`` at ``out`` on a Ray cluster, one task per shard; return the manifest.
 
     ``inputs`` are readers or paths (read by :func:`seqpack.io.reader_for`);
@@ -230,8 +231,8 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
     and the output is checked before any cluster starts.
     The dataset's bytes equal :func:`seqpack.io.shards.pack_sharded`'s with the same
     shards, whatever the number of workers or the order in which they finish;
-    ``completion_only_loss``, ``chat_template`` and ``assistant_only_loss`` are
-    :func:`seqpack.io.pack_corpus`'s.
+    ``completion_only_loss``, ``chat_template``, ``assistant_only_loss`` and
+    ``template_limits`` are :func:`seqpack.io.pack_corpus`'s.
     """
     threads = 1 if threads is None else check_int("threads", threads, maximum=MAX_THREADS)
     max_retries = check_int("max_retries", max_retries, minimum=0)
@@ -264,7 +265,7 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
             readers, out, binding=binding, tokenizer=tokenizer, config=config, shards=shards, policy=policy,
             partition=partition, long=long, framed=framed, force=force, progress=progress, threads=threads,
             completion_only_loss=completion_only_loss, chat_template=chat_template,
-            assistant_only_loss=assistant_only_loss,
+            assistant_only_loss=assistant_only_loss, template_limits=template_limits,
             run=ray_runner(ray, cpus_per_task=threads, max_retries=max_retries, workers=workers, shutdown=started),
         )
     finally:
