@@ -24,7 +24,7 @@ from helpers import reseal, train_bpe
 
 pytest.importorskip("tokenizers", reason="a tokenizers file needs the hf extra: pip install 'seqpack[hf]'")
 from seqpack.io import TokenizerFile, open_dataset, pack_corpus, verify_dataset  # noqa: E402
-from seqpack.io.supervision import encode_prompt_completion  # noqa: E402
+from seqpack.io.supervision import TemplateLimits, encode_prompt_completion  # noqa: E402
 
 WORDS = ["alpha", "beta", "gamma", "delta", "question", "answer", "the", "of", "is", "what", "why"]
 POLICIES = ["next-fit", "first-fit-decreasing", "best-fit-decreasing"]
@@ -103,6 +103,8 @@ def test_the_dataset_gives_the_batches_of_the_in_memory_pack(tmp_path, tokenizer
     assert manifest["format_version"] == 2
     assert manifest["counts"]["skipped_unsupervised_windows"] == skipped
     assert manifest["supervision"]["applied"] == ["prompt-completion"]
+    assert manifest["supervision"]["completion_only_loss"] is True
+    assert manifest["supervision"]["assistant_only_loss"] is None is manifest["supervision"]["chat_template_sha256"]
     dataset = open_dataset(tmp_path / "out")
     packed = sp.pack(expected, config, partition=sp.Partition.TRAIN, binding=binding, policy=policy)
     assert len(dataset) == len(packed)
@@ -341,6 +343,19 @@ def test_conversations_are_supervised_on_the_assistant_mask(tmp_path, tokenizer,
     with pytest.raises(InvalidInputError, match=r"lonely.jsonl:2: no assistant token to supervise"):
         pack_corpus([sp.io.reader_for(lonely)], tmp_path / "bad", binding=binding, tokenizer=tokenizer,
                     config=sp.PackConfig(64, 2), chat_template=TEMPLATE, assistant_only_loss=True)
+    # Issue 41: the manifest recorded completion_only_loss: true for a conversation dataset.
+    supervision = open_dataset(out).supervision
+    assert (supervision["completion_only_loss"], supervision["assistant_only_loss"]) == (None, True)
+    assert supervision["applied"] == ["conversation"] and supervision["chat_template_sha256"] is not None
+    # Issue 41: a template that renders without end names the line and the flag that bounds it.
+    slow = TEMPLATE.replace("{{ bos_token }}", "{% for i in range(100000) %}{% for j in range(100000) %}"
+                                               "{% endfor %}{% endfor %}", 1)
+    late = write_records(tmp_path / "late.jsonl", [{"messages": conversations[0]}] * 3)
+    with pytest.raises(InvalidInputError, match=r"late.jsonl:1: the chat template was still running "
+                                                r"after .* the limit is 0.5 s \(raise it with --template-seconds\)"):
+        pack_corpus([sp.io.reader_for(late)], tmp_path / "bad", binding=binding, tokenizer=tokenizer,
+                    config=sp.PackConfig(64, 2), chat_template=slow, template_limits=TemplateLimits(0.5, 10_000))
+    assert not (tmp_path / "bad").exists()
 
 
 def given_supervision(ids, masks):

@@ -336,7 +336,7 @@ def _render(tokenizer: TokenizerFile, conversations: list, chat_template: str, l
         try:
             out = render(batch, tools_of, options_of, **full)
         except TemplateLimitError as error:
-            raise RecordError("conversation", indices[error.index], error.detail) from None
+            raise RecordError("conversation", indices[error.index], f"the chat template {error.detail}") from None
         except Exception as error:  # jinja2, transformers and tokenizers raise many kinds
             raise _which_failed(render, batch, indices, tools_of, options_of, full, error) from None
         ids.extend(out["input_ids"])
@@ -352,7 +352,7 @@ def _which_failed(render, batch, indices, tools_of, options_of, full, error) -> 
         try:
             render([conversation], tools_of, options_of, tokenize=False)
         except TemplateLimitError as limit:
-            return RecordError("conversation", index, limit.detail)
+            return RecordError("conversation", index, f"the chat template {limit.detail}")
         except Exception as own:
             return RecordError("conversation", index, f"the chat template failed: {own}")
         try:
