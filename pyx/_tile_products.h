@@ -139,9 +139,12 @@ enum { SEQPACK_KC = 256, SEQPACK_PARTIAL = 4608 };
     case 1: SEQPACK_ONE_ROW(0, BROADCAST, FMADD) __attribute__((fallthrough));             \
     default: break;                                                                        \
     }
-#define SEQPACK_PRODUCT_AVX2(T, V, W, I, NAME, LOADU, STOREU, MASKLOAD, MASKSTORE,         \
-                             BROADCAST, FMADD, MUL, ADD, ZERO, SET1, LANES, BY_ROWS)       \
-__attribute__((target("avx2,fma"), noinline)) static void NAME(const seqpack_product *g)  \
+/* A block is 6 rows of C by two vectors (2 W columns): in AVX2 both vectors lie in one
+   strip of B (W = 8 floats), at AVX-512 each is a strip of its own (W = 16 floats), the
+   second ``SECOND`` elements after the first. NRB is a strip's width (16 floats, 8 doubles). */
+#define SEQPACK_PRODUCT_SIMD(TARGET, T, V, W, NRB, SECOND, I, NAME, LOADU, STOREU, MASKLOAD,  \
+                             MASKSTORE, BROADCAST, FMADD, MUL, ADD, ZERO, SET1, LANES, BY_ROWS) \
+__attribute__((target(TARGET), noinline)) static void NAME(const seqpack_product *g)      \
 {                                                                                          \
     const T *a = (const T *)g->a, *b = (const T *)g->b;                                    \
     T *c = (T *)g->c;                                                                      \
@@ -176,7 +179,8 @@ __attribute__((target("avx2,fma"), noinline)) static void NAME(const seqpack_pro
         const T *a3 = a0 + (rows > 3 ? 3 : rows - 1) * g->a_row;                           \
         const T *a4 = a0 + (rows > 4 ? 4 : rows - 1) * g->a_row;                           \
         const T *a5 = a0 + (rows > 5 ? 5 : rows - 1) * g->a_row;                           \
-        const T *bp = b + strip * g->b_strip + from * ldb;                                \
+        const T *bp = b + j0 / NRB * g->b_strip + from * ldb;                             \
+        const ptrdiff_t second = SECOND;                                                   \
         V c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;                      \
         if (starts) {                                                                      \
             c00 = c01 = c10 = c11 = c20 = c21 = ZERO();                                    \
@@ -201,24 +205,24 @@ __attribute__((target("avx2,fma"), noinline)) static void NAME(const seqpack_pro
         /* Step s is inner index from + s. */                                              \
         ptrdiff_t head = all_from - from, body = all_to - from, steps = to - from, s = 0, o = 0; \
         for (; s < head; s++, o += ai, bp += ldb) {                                        \
-            V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + W, mask1), x;                   \
+            V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + second, mask1), x;              \
             SEQPACK_ROWS_BELOW(from + s - i0 + g->diagonal + 1, BROADCAST, FMADD)          \
         }                                                                                  \
         if (width == 2 * W) {                                                              \
             for (; s < body; s++, o += ai, bp += ldb) {                                    \
-                V b0 = LOADU(bp), b1 = LOADU(bp + W), x;                                   \
-                /* The next strip's B (a hint: never faults, even past the end). */        \
-                _mm_prefetch((const char *)(bp + g->b_strip), _MM_HINT_T0);                \
+                V b0 = LOADU(bp), b1 = LOADU(bp + second), x;                              \
+                /* The next block's B (a hint: never faults, even past the end). */        \
+                _mm_prefetch((const char *)(bp + 2 * W / NRB * g->b_strip), _MM_HINT_T0);  \
                 SEQPACK_SIX_ROWS(BROADCAST, FMADD)                                         \
             }                                                                              \
         } else {                                                                           \
             for (; s < body; s++, o += ai, bp += ldb) {                                    \
-                V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + W, mask1), x;               \
+                V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + second, mask1), x;          \
                 SEQPACK_SIX_ROWS(BROADCAST, FMADD)                                         \
             }                                                                              \
         }                                                                                  \
         for (; s < steps; s++, o += ai, bp += ldb) {                                       \
-            V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + W, mask1), x;                   \
+            V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + second, mask1), x;              \
             SEQPACK_ROWS_FROM(from + s - i0 - g->diagonal, BROADCAST, FMADD)               \
         }                                                                                  \
         if (!ends) {                                                                       \
@@ -262,16 +266,56 @@ __attribute__((target("avx2"))) static inline __m256i seqpack_lanes_d(ptrdiff_t 
     long long n = count < 0 ? 0 : count > 4 ? 4 : (long long)count;
     return _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), lane);
 }
-#define SEQPACK_PRODUCT_AVX2_F(NAME, BY_ROWS)                                                 \
-    SEQPACK_PRODUCT_AVX2(float, __m256, 8, __m256i, NAME, _mm256_loadu_ps, _mm256_storeu_ps,   \
-                         _mm256_maskload_ps, _mm256_maskstore_ps, _mm256_broadcast_ss,         \
-                         _mm256_fmadd_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_setzero_ps,     \
-                         _mm256_set1_ps, seqpack_lanes_f, BY_ROWS)
-#define SEQPACK_PRODUCT_AVX2_D(NAME, BY_ROWS)                                                 \
-    SEQPACK_PRODUCT_AVX2(double, __m256d, 4, __m256i, NAME, _mm256_loadu_pd, _mm256_storeu_pd, \
-                         _mm256_maskload_pd, _mm256_maskstore_pd, _mm256_broadcast_sd,         \
-                         _mm256_fmadd_pd, _mm256_mul_pd, _mm256_add_pd, _mm256_setzero_pd,     \
-                         _mm256_set1_pd, seqpack_lanes_d, BY_ROWS)
+#define SEQPACK_PRODUCT_AVX2_F(NAME, BY_ROWS)                                                  \
+    SEQPACK_PRODUCT_SIMD("avx2,fma", float, __m256, 8, 16, 8, __m256i, NAME, _mm256_loadu_ps,  \
+                         _mm256_storeu_ps, _mm256_maskload_ps, _mm256_maskstore_ps,             \
+                         _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_mul_ps, _mm256_add_ps,    \
+                         _mm256_setzero_ps, _mm256_set1_ps, seqpack_lanes_f, BY_ROWS)
+#define SEQPACK_PRODUCT_AVX2_D(NAME, BY_ROWS)                                                  \
+    SEQPACK_PRODUCT_SIMD("avx2,fma", double, __m256d, 4, 8, 4, __m256i, NAME, _mm256_loadu_pd, \
+                         _mm256_storeu_pd, _mm256_maskload_pd, _mm256_maskstore_pd,             \
+                         _mm256_broadcast_sd, _mm256_fmadd_pd, _mm256_mul_pd, _mm256_add_pd,    \
+                         _mm256_setzero_pd, _mm256_set1_pd, seqpack_lanes_d, BY_ROWS)
+
+/* AVX-512: the same blocks, two strips of B wide, so each block's chains take twice the
+   columns per broadcast of A; masked loads and stores never touch past the end. */
+#define SEQPACK_PRODUCTS_AVX512 "avx512f,avx2,fma"
+__attribute__((target(SEQPACK_PRODUCTS_AVX512))) static inline __mmask16 seqpack_lanes16(ptrdiff_t count)
+{
+    return count <= 0 ? 0 : count >= 16 ? 0xFFFF : (__mmask16)((1u << count) - 1);
+}
+__attribute__((target(SEQPACK_PRODUCTS_AVX512))) static inline __mmask8 seqpack_lanes8(ptrdiff_t count)
+{
+    return count <= 0 ? 0 : count >= 8 ? 0xFF : (__mmask8)((1u << count) - 1);
+}
+__attribute__((target(SEQPACK_PRODUCTS_AVX512))) static inline __m512 seqpack_maskload16(const float *p, __mmask16 m)
+{
+    return _mm512_maskz_loadu_ps(m, p);
+}
+__attribute__((target(SEQPACK_PRODUCTS_AVX512))) static inline __m512d seqpack_maskload8(const double *p, __mmask8 m)
+{
+    return _mm512_maskz_loadu_pd(m, p);
+}
+__attribute__((target(SEQPACK_PRODUCTS_AVX512))) static inline __m512 seqpack_broadcast16(const float *p)
+{
+    return _mm512_set1_ps(*p);
+}
+__attribute__((target(SEQPACK_PRODUCTS_AVX512))) static inline __m512d seqpack_broadcast8(const double *p)
+{
+    return _mm512_set1_pd(*p);
+}
+#define SEQPACK_PRODUCT_AVX512_F(NAME, BY_ROWS)                                                \
+    SEQPACK_PRODUCT_SIMD(SEQPACK_PRODUCTS_AVX512, float, __m512, 16, 16, g->b_strip, __mmask16, NAME,   \
+                         _mm512_loadu_ps, _mm512_storeu_ps, seqpack_maskload16,                 \
+                         _mm512_mask_storeu_ps, seqpack_broadcast16, _mm512_fmadd_ps,           \
+                         _mm512_mul_ps, _mm512_add_ps, _mm512_setzero_ps, _mm512_set1_ps,       \
+                         seqpack_lanes16, BY_ROWS)
+#define SEQPACK_PRODUCT_AVX512_D(NAME, BY_ROWS)                                                \
+    SEQPACK_PRODUCT_SIMD(SEQPACK_PRODUCTS_AVX512, double, __m512d, 8, 8, g->b_strip, __mmask8, NAME,    \
+                         _mm512_loadu_pd, _mm512_storeu_pd, seqpack_maskload8,                  \
+                         _mm512_mask_storeu_pd, seqpack_broadcast8, _mm512_fmadd_pd,            \
+                         _mm512_mul_pd, _mm512_add_pd, _mm512_setzero_pd, _mm512_set1_pd,       \
+                         seqpack_lanes8, BY_ROWS)
 /* Compiled twice: the shapes with per-row chains (LOWER_A, UPPER_A) apart, so that the
    other products' code is what it was before rows had chains of their own. */
 SEQPACK_PRODUCT_AVX2_F(seqpack_product_f_avx2_blocks, 0)
@@ -288,6 +332,20 @@ static void seqpack_product_d_avx2(const seqpack_product *g)
     if (g->shape == SEQPACK_LOWER_A || g->shape == SEQPACK_UPPER_A) seqpack_product_d_avx2_rows(g);
     else seqpack_product_d_avx2_blocks(g);
 }
+SEQPACK_PRODUCT_AVX512_F(seqpack_product_f_avx512_blocks, 0)
+SEQPACK_PRODUCT_AVX512_F(seqpack_product_f_avx512_rows, 1)
+SEQPACK_PRODUCT_AVX512_D(seqpack_product_d_avx512_blocks, 0)
+SEQPACK_PRODUCT_AVX512_D(seqpack_product_d_avx512_rows, 1)
+static void seqpack_product_f_avx512(const seqpack_product *g)
+{
+    if (g->shape == SEQPACK_LOWER_A || g->shape == SEQPACK_UPPER_A) seqpack_product_f_avx512_rows(g);
+    else seqpack_product_f_avx512_blocks(g);
+}
+static void seqpack_product_d_avx512(const seqpack_product *g)
+{
+    if (g->shape == SEQPACK_LOWER_A || g->shape == SEQPACK_UPPER_A) seqpack_product_d_avx512_rows(g);
+    else seqpack_product_d_avx512_blocks(g);
+}
 #else
 #define SEQPACK_PRODUCT_X86 0
 #endif
@@ -295,25 +353,28 @@ static void seqpack_product_d_avx2(const seqpack_product *g)
 static void (*seqpack_product_f)(const seqpack_product *) = seqpack_product_f_portable;
 static void (*seqpack_product_d)(const seqpack_product *) = seqpack_product_d_portable;
 
-/* Whether this CPU runs the AVX2 path (which also needs FMA). */
-static int seqpack_products_avx2_supported(void)
+/* Whether this CPU runs product path ``path``: 0 portable, 1 AVX2 (with FMA), 2 AVX-512. */
+static int seqpack_products_supported(int path)
 {
+    if (path == 0) return 1;
 #if SEQPACK_PRODUCT_X86
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return 0;
+    if (path == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (path == 2) return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2")
+                          && __builtin_cpu_supports("fma");
 #endif
+    return 0;
 }
 
-/* Use the AVX2 path (1) or the portable one (0); return 0 when the CPU lacks AVX2. */
-static int seqpack_products_use_avx2(int avx2)
+/* Use product path ``path``; return 0 (nothing changed) when the CPU cannot run it. */
+static int seqpack_products_use_path(int path)
 {
-    if (avx2 && !seqpack_products_avx2_supported()) return 0;
+    if (!seqpack_products_supported(path)) return 0;
     seqpack_product_f = seqpack_product_f_portable;
     seqpack_product_d = seqpack_product_d_portable;
 #if SEQPACK_PRODUCT_X86
-    if (avx2) { seqpack_product_f = seqpack_product_f_avx2; seqpack_product_d = seqpack_product_d_avx2; }
+    if (path == 1) { seqpack_product_f = seqpack_product_f_avx2; seqpack_product_d = seqpack_product_d_avx2; }
+    if (path == 2) { seqpack_product_f = seqpack_product_f_avx512; seqpack_product_d = seqpack_product_d_avx512; }
 #endif
     return 1;
 }

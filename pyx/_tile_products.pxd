@@ -8,7 +8,7 @@
 # (8 doubles) stay in vector registers while the products over the inner axis accumulate,
 # so a tile costs no packing and no library call. Each element of C is one chain of fused
 # multiply-adds in inner-axis order, started from zero, then scaled by alpha and added to
-# C; the AVX2 path and the portable path (C99 ``fma``) compute exactly that, so every path
+# C; the AVX-512 and AVX2 paths and the portable path (C99 ``fma``) compute exactly that, so every path
 # gives the same bits, and the thread count never enters. A causal ``shape`` skips work
 # known to be zero or unwanted:
 #   LOWER_OUTPUT  only C[i, j] with j <= i + diagonal is wanted: 16-column strips that
@@ -42,5 +42,5 @@ cdef extern from "_tile_products.h":
 
     void seqpack_product_f(const seqpack_product *g) noexcept nogil
     void seqpack_product_d(const seqpack_product *g) noexcept nogil
-    int seqpack_products_avx2_supported() noexcept nogil
-    int seqpack_products_use_avx2(int avx2) noexcept nogil
+    int seqpack_products_supported(int path) noexcept nogil
+    int seqpack_products_use_path(int path) noexcept nogil

@@ -92,6 +92,35 @@ def test_every_cpu_path_gives_the_same_bits_at_the_exp_limits(every_path, dtype)
                 f"{path} differs from baseline")
 
 
+#: The AVX-512 products exist only where the CPU has AVX-512: elsewhere say why they are not compared.
+needs_avx512 = pytest.mark.skipif(
+    "avx512" not in _attention.cpu_paths(),
+    reason=f"this CPU runs only {', '.join(_attention.cpu_paths())}: no AVX-512 path to compare")
+
+
+# Issue 42: the AVX-512 tile products (two strips of B per block) keep each element's chain.
+@needs_avx512
+@pytest.mark.parametrize("head_dim", [13, 32, 64, 128])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_avx512_path_gives_the_bits_of_every_other_path(every_path, dtype, head_dim, kv_heads):
+    rng = np.random.default_rng(head_dim)
+    q, dout = (3 * rng.standard_normal((2, 4, 600, head_dim)).astype(dtype) for _ in range(2))
+    k, v = (3 * rng.standard_normal((2, kv_heads, 600, head_dim)).astype(dtype) for _ in range(2))
+    lengths, starts = layout(rows=2, width=600, longest=500, seed=head_dim)  # chunked chains past 256 keys
+    results = {}
+    for path in every_path:
+        _attention.use_cpu_path(_attention.CPU_PATHS.index(path))
+        for threads in (1, 2):
+            out, lse = seqpack.range_attention_forward(q, k, v, lengths, starts, threads=threads)
+            grads = seqpack.range_attention_backward(q, k, v, out, lse, dout, lengths, starts, threads=threads)
+            results[path, threads] = [a.view(np.uint8) for a in (out, lse, *grads)]
+    assert ("avx512", 2) in results and ("baseline", 1) in results
+    for key, arrays in results.items():
+        for mine, baseline in zip(arrays, results["baseline", 1]):
+            assert np.array_equal(mine, baseline), f"{key} differs from the baseline on one thread"
+
+
 def test_a_path_this_cpu_cannot_run_is_refused(every_path):
     for number, name in enumerate(_attention.CPU_PATHS):
         if name not in every_path:

@@ -71,8 +71,7 @@ from _tile_products cimport (
     seqpack_product,
     seqpack_product_d,
     seqpack_product_f,
-    seqpack_products_avx2_supported,
-    seqpack_products_use_avx2,
+    seqpack_products_use_path,
 )
 
 cdef extern from "_attention.h":
@@ -117,9 +116,9 @@ cdef enum:
 #: The largest head_dim whose smallest query tile (8 queries) keeps within ``TILE_WORK``.
 MAX_HEAD_DIM = TILE_WORK // 64
 
-#: The CPU paths by number: the exp loops compiled for baseline x86-64, AVX2 or AVX-512,
-#: and the tile products, K/V transposes and row sums, dots and maxima portable (baseline) or
-#: AVX2 (the others). Every path gives the same bits (NaN in the same places, its payload
+#: The CPU paths by number: the exp loops and the tile products compiled for baseline x86-64,
+#: AVX2 or AVX-512, and the K/V transposes and row sums, dots and maxima portable (baseline)
+#: or AVX2 (the others). Every path gives the same bits (NaN in the same places, its payload
 #: aside); the best one this CPU runs is chosen at import.
 CPU_PATHS = ("baseline", "avx2", "avx512")
 
@@ -134,7 +133,7 @@ def use_cpu_path(int path):
     use, or -1 (nothing changed) when this CPU cannot run it. For tests and benchmarks."""
     chosen = seqpack_exp_use_path(path)
     if chosen >= 0:
-        seqpack_products_use_avx2(chosen > 0 and seqpack_products_avx2_supported())
+        seqpack_products_use_path(chosen)
     return chosen
 
 
