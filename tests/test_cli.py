@@ -149,6 +149,33 @@ def test_bench_attention_json_on_the_fixture_shape():
 
 @pytest.mark.slow
 @pytest.mark.bench
+def test_bench_attention_runs_each_cpu_path_named_and_each_head_size():
+    # Issue 42: the benchmark shows which CPU path ran and sets paths and head sizes side by side.
+    from seqpack.nn import _attention
+
+    paths = _attention.cpu_paths()
+    result = run("bench", "attention", "--workload", "c", "--dtype", "float64", "--repeats", "1", "--json",
+                 "--cpu-path", ",".join(paths), "--head-dim", "4,13")
+    assert result.returncode == 0, result.stderr
+    records = json.loads(result.stdout)
+    fused = [r for r in records if r["method"].startswith("seqpack fused [")]
+    assert [(r["method"], r["head_dim"]) for r in fused] == [
+        (f"seqpack fused [{path}]", size) for size in (4, 13) for path in paths]
+    assert all(r["cpu_paths"] == paths and r["cpu_path"] == paths[-1] and r["forward_ms"] > 0 for r in fused)
+    table = run("bench", "attention", "--workload", "c", "--dtype", "float64", "--repeats", "1")
+    assert f"fused kernels on CPU path {paths[-1]} (this CPU runs {', '.join(paths)})" in table.stdout
+    for args, message in ((("--cpu-path", "avx9"), "choose from baseline, avx2, avx512"),
+                          (("--head-dim", "0"), "head sizes are integers in")):
+        refused = run("bench", "attention", "--workload", "c", *args)
+        assert refused.returncode == 2 and message in refused.stderr
+    missing = [path for path in _attention.CPU_PATHS if path not in paths]
+    if missing:  # this CPU cannot run a path: an error naming what it runs
+        refused = run("bench", "attention", "--workload", "c", "--cpu-path", missing[0])
+        assert refused.returncode == 1 and f"this CPU runs only {', '.join(paths)}" in refused.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.bench
 def test_bench_corpus_json_reports_every_workload_and_the_floor_of_workload_a():
     """The floor of (a): reading the file alone and writing the output at the in-run disk
     speed, and each TRL time over the longer of the two (the most any job could reach)."""

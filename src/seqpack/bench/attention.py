@@ -11,12 +11,16 @@ samples with their min-max. Useful work counts only permitted edges: 4*head_dim
 FLOPs per edge forward and 12*head_dim forward plus backward, compared with a matmul
 peak measured in the same run, in turns with the forward plus backward samples.
 
-Workloads (``--workload``) are described in :mod:`seqpack.bench.workloads`.
+Workloads (``--workload``) are described in :mod:`seqpack.bench.workloads`;
+``--head-dim`` runs them at other head sizes. The fused kernels run on the best CPU path
+this CPU has (named in the table), or on each path ``--cpu-path`` names, side by side in
+one run (every path gives the same bits).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import math
@@ -27,6 +31,7 @@ import numpy as np
 
 from .._limits import check_int, default_threads
 from ..errors import InvalidInputError
+from ..nn import _attention
 from ..nn.attention import _profile, range_attention_backward, range_attention_forward
 from ..nn.softmax import range_softmax_backward, range_softmax_forward
 from . import plain_summary
@@ -39,17 +44,20 @@ DTYPES = ("float32", "float64")
 # --- methods: each returns (forward, forward_backward) callables, or a reason string ---
 
 
-def fused_method(w: Workload, dtype, threads, kv_heads=None):
+def fused_method(w: Workload, dtype, threads, kv_heads=None, path: str | None = None):
     """The fused kernels into reused buffers; ``kv_heads`` (grouped-query): K and V with
-    that many heads, the same query heads and work."""
+    that many heads, the same query heads and work; ``path``: on that CPU path (each call
+    switches to it; None: the best)."""
     q, k, v, dout = w.tensors(dtype)
     if kv_heads is not None:
         k, v = (np.ascontiguousarray(x[:, :kv_heads]) for x in (k, v))
     out, lse = np.empty_like(q), np.empty(w.shape[:3], dtype=dtype)
     grads = [np.empty_like(q), np.empty_like(k), np.empty_like(v)]
     layout = (w.valid_lengths, w.segment_starts)
+    number = -1 if path is None else _attention.CPU_PATHS.index(path)
 
     def forward():
+        _attention.use_cpu_path(number)
         range_attention_forward(q, k, v, *layout, threads=threads, out=out, lse=lse)
 
     def forward_backward():
@@ -270,8 +278,10 @@ GQA = "seqpack fused GQA"
 
 def method_label(method: str, w: Workload) -> str:
     """A method's name in the records and tables; the grouped-query row names the ratio of
-    query to key/value heads it actually runs on ``w`` ("seqpack fused GQA 8:2")."""
-    return f"{GQA} {w.heads}:{gqa_kv_heads(w)}" if method == GQA else method
+    query to key/value heads it actually runs on ``w`` ("seqpack fused GQA 8:2 [avx2]")."""
+    if method.startswith(GQA):
+        return f"{GQA} {w.heads}:{gqa_kv_heads(w)}{method[len(GQA):]}"
+    return method
 
 
 METHODS = [
@@ -287,23 +297,38 @@ METHODS = [
 ]
 
 
-def run(workloads, dtypes, repeats, threads):
-    """Measure every method on every selected workload, in ``dtypes`` (None: each
-    workload's own); yield records."""
+def methods_on(paths) -> list:
+    """:data:`METHODS`, the fused rows once per CPU path in ``paths`` (None: the best path's)."""
+    if not paths:
+        return METHODS
+    fused = []
+    for path in paths:
+        fused.append((f"seqpack fused [{path}]", lambda w, d, t, path=path: fused_method(w, d, t, path=path)))
+        fused.append((f"{GQA} [{path}]",
+                      lambda w, d, t, path=path: fused_method(w, d, t, gqa_kv_heads(w), path=path)))
+    return fused + METHODS[2:]
+
+
+def run(workloads, dtypes, repeats, threads, cpu_paths=None, head_dims=None):
+    """Measure every method on every selected workload (at each of ``head_dims``, None:
+    its own), in ``dtypes`` (None: each workload's own), the fused kernels on each of
+    ``cpu_paths`` (None: the best this CPU runs); yield records."""
     torch = optional_torch()
     if torch is not None:
         torch.set_num_threads(threads)
     cpu = cpu_description()
+    best = _attention.CPU_PATHS[_attention.use_cpu_path(-1)]
     load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    for name in workloads:
-        w = workload(name)
+    methods = methods_on(cpu_paths)
+    for name, head_dim in ((name, head_dim) for name in workloads for head_dim in head_dims or [None]):
+        w = workload(name) if head_dim is None else dataclasses.replace(workload(name), head_dim=head_dim)
         for dtype in dtypes or w.dtypes:
             peak, flops, peak_source = matmul_product(dtype)
             records, timed = [], []
-            for method, build in METHODS:
+            for method, build in methods:
                 record = {"workload": name, "dtype": dtype, "method": method_label(method, w), "threads": threads}
-                record.update(edges=w.edges, dense_cells=w.dense_cells, peak_source=peak_source,
-                              cpu=cpu, load_average_before=load)
+                record.update(head_dim=w.head_dim, edges=w.edges, dense_cells=w.dense_cells, peak_source=peak_source,
+                              cpu=cpu, cpu_path=best, cpu_paths=_attention.cpu_paths(), load_average_before=load)
                 records.append(record)
                 calls = build(w, dtype, threads)
                 if isinstance(calls, str):
@@ -332,6 +357,7 @@ def run(workloads, dtypes, repeats, threads):
                 if record["method"].startswith("seqpack fused"):
                     record["kv_heads"] = gqa_kv_heads(w) if record["method"].startswith(GQA) else w.heads
                     record["profile"] = profile(forward_backward, repeats)
+            _attention.use_cpu_path(-1)
             yield from records
 
 
@@ -372,10 +398,10 @@ def print_table(records, out=sys.stdout):
     """Markdown tables: one per (workload, dtype), ratios against seqpack fused."""
     groups = {}
     for record in records:
-        groups.setdefault((record["workload"], record["dtype"]), []).append(record)
-    for (name, dtype), group in groups.items():
+        groups.setdefault((record["workload"], record["head_dim"], record["dtype"]), []).append(record)
+    for (name, head_dim, dtype), group in groups.items():
         w, first = workload(name), group[0]
-        rows, heads, width, head_dim = w.shape
+        rows, heads, width, _ = w.shape
         print(
             f"\nworkload ({name}) {dtype}: rows {rows}, T {width}, heads {heads}, head_dim "
             f"{head_dim}; permitted edges {first['edges']:,} of {first['dense_cells']:,} dense "
@@ -384,11 +410,13 @@ def print_table(records, out=sys.stdout):
             f"matmul peak {first['peak_gflops']:.0f} GFLOP/s ({first['peak_source']}, median "
             f"of its turns among the fwd+bwd samples, "
             f"{first['peak_gflops_range'][0]:.0f}-{first['peak_gflops_range'][1]:.0f}); "
-            f"CPU {first.get('cpu', 'unknown')}; load average before the run "
+            f"CPU {first.get('cpu', 'unknown')}; fused kernels on CPU path "
+            f"{first['cpu_path'] if first['method'] == 'seqpack fused' else 'as named'} (this CPU runs "
+            f"{', '.join(first['cpu_paths'])}); load average before the run "
             f"{' '.join(f'{v:.2f}' for v in first['load_average_before']) if first.get('load_average_before') else 'unknown'}",
             file=out,
         )
-        fused = next((r for r in group if r["method"] == "seqpack fused"), {})
+        fused = group[0]  # seqpack fused, on the best path or the first one named
         print(
             "| method | fwd ms (min-max) | fwd+bwd ms (min-max) | fwd / fused | fwd+bwd / fused "
             "| useful GFLOP/s fwd+bwd | % of peak |",
@@ -450,6 +478,16 @@ def _csv(choices):
     return parse
 
 
+def _head_dims(text: str) -> list[int]:
+    try:
+        sizes = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(not 1 <= size <= _attention.MAX_HEAD_DIM for size in sizes):
+        raise argparse.ArgumentTypeError(f"head sizes are integers in [1, {_attention.MAX_HEAD_DIM}]; got {text!r}")
+    return sizes
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The description and options of ``seqpack bench attention``."""
     parser.description = plain_summary(__doc__)
@@ -463,6 +501,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated workloads (default a,b,c)")
     parser.add_argument("--dtype", type=_csv(DTYPES), default=None,
                         help="comma-separated dtypes for every workload (default: a in both, b and c in float64)")
+    parser.add_argument("--cpu-path", type=_csv(_attention.CPU_PATHS), default=None,
+                        help="comma-separated CPU paths to run the fused kernels on, side by side "
+                             "(baseline, avx2, avx512; default: the best this CPU runs)")
+    parser.add_argument("--head-dim", type=_head_dims, default=None,
+                        help="comma-separated head sizes to run each workload at (default: its own)")
 
 
 def run_command(options: argparse.Namespace) -> int:
@@ -470,13 +513,18 @@ def run_command(options: argparse.Namespace) -> int:
     if options.repeats < 1:
         raise InvalidInputError("--repeats must be at least 1")
     threads = default_threads() if options.threads is None else check_int("--threads", options.threads)
+    missing = [path for path in options.cpu_path or () if path not in _attention.cpu_paths()]
+    if missing:
+        raise InvalidInputError(f"--cpu-path {', '.join(missing)}: this CPU runs only "
+                                f"{', '.join(_attention.cpu_paths())}")
+    measure = dict(cpu_paths=options.cpu_path, head_dims=options.head_dim)
     if importlib.util.find_spec("threadpoolctl") is not None:  # optional: pin numpy's BLAS too
         from threadpoolctl import threadpool_limits
 
         with threadpool_limits(threads):
-            records = list(run(options.workload, options.dtype, options.repeats, threads))
+            records = list(run(options.workload, options.dtype, options.repeats, threads, **measure))
     else:
-        records = list(run(options.workload, options.dtype, options.repeats, threads))
+        records = list(run(options.workload, options.dtype, options.repeats, threads, **measure))
     if options.json:
         json.dump(records, sys.stdout, indent=1)
         print()
