@@ -26,8 +26,8 @@ output rows and sums in a fixed order, so results are bitwise identical for any 
 count and CPU path. The exponentials use a vectorizable polynomial exp (below); the rest
 of the per-edge work is a few vector passes over each panel row.
 
-Paths. The exponential is compiled for AVX-512, AVX2 and baseline x86-64 and chosen at
-load time by ``__builtin_cpu_supports`` (no ``ifunc``, so musl builds too; no
+Paths. The exponential and the tile products are compiled for AVX-512, AVX2 and baseline
+x86-64 and chosen at load time by ``__builtin_cpu_supports`` (no ``ifunc``, so musl builds too; no
 ``-march=native``, no ``-ffast-math``). The kernels are built with ``-ffp-contract=off``:
 the only fused multiply-adds are the explicit ones, which every path rounds alike, so
 every path gives the same bits (``tests/test_dispatch.py`` forces each). On AVX2 the
@@ -384,7 +384,8 @@ cdef inline void transpose(const real *src, Py_ssize_t rows, Py_ssize_t cols,
 
 
 cdef inline Py_ssize_t strip_width(const real *unused) noexcept nogil:
-    """Columns per strip of the tile products' B: 16 floats or 8 doubles (two AVX2 vectors)."""
+    """Columns per strip of the tile products' B: 16 floats or 8 doubles (two AVX2 vectors,
+    one AVX-512 vector)."""
     if real is float:
         return 16
     else:
