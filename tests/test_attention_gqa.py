@@ -224,7 +224,7 @@ def small_attention(dtype=np.float64):
     return q, k, v, np.array([4, 2]), np.array([[0, 0, 2, 2], [0, 1, 0, 0]])
 
 
-# From the a3b4e78 audit: a scale that overflows float32 used to be taken silently.
+# Regression: a scale that overflows float32 used to be taken silently.
 @pytest.mark.parametrize("scale", [1e39, 1e300])
 def test_a_scale_that_overflows_float32_is_rejected(scale):
     q, k, v, lengths, starts = small_attention(np.float32)
@@ -238,7 +238,7 @@ def test_a_scale_that_overflows_float32_is_rejected(scale):
     assert np.isfinite(range_attention_forward(q64, k64, v64, lengths, starts, scale=1e39)[1]).all()
 
 
-# From the a3b4e78 audit: a scale too large for a float (10**400) was a foreign error, not an InvalidInputError.
+# Regression: a scale too large for a float (10**400) was a foreign error, not an InvalidInputError.
 def test_a_scale_too_large_for_a_float_is_an_input_error():
     q, k, v, lengths, starts = small_attention()
     range_attention_forward(q, k, v, lengths, starts, scale=10**300)

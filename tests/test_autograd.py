@@ -199,7 +199,7 @@ def test_poisoned_padded_attention_scores_change_nothing(poison):
 # --- the dense reference attention's input checks ----------------------------------------
 
 
-# From the a3b4e78 audit: NaN in padded cells reached the reference attention's values and gradients.
+# Regression: NaN in padded cells reached the reference attention's values and gradients.
 def test_reference_attention_ignores_nan_in_padding():
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((2, 2, 4, 4)) for _ in range(3))
@@ -221,7 +221,7 @@ def test_reference_attention_ignores_nan_in_padding():
     np.testing.assert_allclose(fused.value, dirty.value, rtol=1e-12, atol=1e-14)
 
 
-# From the a3b4e78 audit: keys or values of one row were broadcast silently across every row.
+# Regression: keys or values of one row were broadcast silently across every row.
 def test_reference_attention_does_not_broadcast_keys_across_rows():
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((2, 4, 3)) for _ in range(3))
@@ -237,7 +237,7 @@ def test_reference_attention_does_not_broadcast_keys_across_rows():
     np.testing.assert_allclose(shared.value, fused.value, rtol=1e-12, atol=1e-14)
 
 
-# From the af72db5 audit: a NaN in one segment's v reached the other segment through the dense P @ V.
+# Regression: a NaN in one segment's v reached the other segment through the dense P @ V.
 def test_reference_attention_refuses_a_non_finite_valid_cell():
     """A NaN in one segment's v would reach the other segment through the dense P @ V."""
     rng = np.random.default_rng(0)

@@ -744,7 +744,7 @@ def dataset(tmp_path, textdir):
     return out
 
 
-# From the d2457f3 audit: undecodable or control-character names broke show --svg (a traceback, not XML) and stats.
+# Regression: undecodable or control-character names broke show --svg (a traceback, not XML) and stats.
 @pytest.mark.skipif(os.name != "posix", reason="needs file names of arbitrary bytes")
 def test_names_with_undecodable_bytes_or_control_characters_are_shown_escaped(tmp_path, dataset):
     """A directory name with a byte that is not UTF-8 made show --svg a traceback (and left
@@ -766,14 +766,14 @@ def test_names_with_undecodable_bytes_or_control_characters_are_shown_escaped(tm
         os.rename(renamed, os.fsencode(dataset))
 
 
-# From the d2457f3 audit: an empty --columns window was not a usage error.
+# Regression: an empty --columns window was not a usage error.
 @pytest.mark.parametrize("window", ["3:3", "5:2"])
 def test_an_empty_column_window_is_a_usage_error(dataset, window):
     result = run("show", dataset, "--columns", window)
     assert f"--columns {window} is empty: STOP must be above START" in one_error_line(result, 2)
 
 
-# From the d2457f3 audit: a figure written inside the dataset made the dataset fail verify.
+# Regression: a figure written inside the dataset made the dataset fail verify.
 @pytest.mark.parametrize("command", ["stats", "show"])
 def test_a_figure_inside_the_dataset_is_refused(dataset, command):
     """The figure made the dataset fail verify: it holds only its manifest and parts."""
@@ -784,7 +784,7 @@ def test_a_figure_inside_the_dataset_is_refused(dataset, command):
     assert run("verify", dataset, "--quiet").returncode == 0
 
 
-# From the d2457f3 audit: stats printed 'median 2' for lengths 2 and 3 (round half to even).
+# Regression: stats printed 'median 2' for lengths 2 and 3 (round half to even).
 def test_the_median_length_keeps_its_half(tmp_path):
     """Two examples of 2 and 3 predictions printed 'median 2' (round half to even)."""
     corpus = tmp_path / "two"

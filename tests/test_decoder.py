@@ -211,7 +211,7 @@ def test_parameters_over_the_memory_budget_are_refused_before_allocation():
         Decoder(small, 0, max_memory_bytes=1000)
 
 
-# From the a3b4e78 audit: float or broadcast decoder positions were used silently.
+# Regression: float or broadcast decoder positions were used silently.
 def test_decoder_positions_must_be_integers_of_the_cells_shape():
     decoder = Decoder(DecoderConfig.small(10), seed=0)
     inputs, positions = np.array([[1, 2, 3, -1]]), np.array([[0, 1, 2, 0]])
@@ -225,7 +225,7 @@ def test_decoder_positions_must_be_integers_of_the_cells_shape():
             decoder.forward_arrays(inputs, bad, lengths, starts)
 
 
-# From the a3b4e78 audit: a bool seed was taken as a number.
+# Regression: a bool seed was taken as a number.
 @pytest.mark.parametrize("seed, message", [(True, "seed must be an int"), (1.0, "seed must be an int"),
                                            (-1, "seed must be at least 0")])
 def test_decoder_seed_is_a_non_negative_int(seed, message):

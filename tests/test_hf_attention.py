@@ -427,7 +427,7 @@ def paligemma(attention):
     return net
 
 
-# From the 1589ef0 audit: a token_type_ids prefix (bidirectional block) was computed as plain causal attention.
+# Regression: a token_type_ids prefix (bidirectional block) was computed as plain causal attention.
 def test_a_bidirectional_block_in_the_mask_is_an_error():
     """PaliGemma's prefix (token_type_ids 0) attends bidirectionally through block_sequence_ids,
     which reach the mask function without use_vmap: seqpack used to compute plain causal
@@ -446,7 +446,7 @@ def test_a_bidirectional_block_in_the_mask_is_an_error():
         assert torch.allclose(got, want, atol=1e-5), prefix
 
 
-# From the 1589ef0 audit: sparse key or block selections were ignored and every key attended to.
+# Regression: sparse key or block selections were ignored and every key attended to.
 def test_sparse_key_and_block_selections_are_an_error():
     """A sparse-attention model hands the attention function the keys (``indices``) or blocks
     (``block_indices``) each query may read; seqpack used to attend to every key instead."""
@@ -470,7 +470,7 @@ def test_sparse_key_and_block_selections_are_an_error():
                               indices=torch.zeros(1, 4, 2, dtype=torch.int32))
 
 
-# From the 1589ef0 audit: segment, position and padding keywords that disagree were resolved silently.
+# Regression: segment, position and padding keywords that disagree were resolved silently.
 @pytest.mark.parametrize("kwargs, mask, message", [
     # offsets that end before the valid cells: cells 5..7 used to join the sequence at 3
     ({"cu_seq_lens_q": torch.tensor([0, 3, 5]), "valid_lengths": torch.tensor([8])}, None,
@@ -493,7 +493,7 @@ def test_segment_position_and_padding_keywords_that_disagree_are_an_error(kwargs
         attention_module.layout(1, 8, mask, kwargs)
 
 
-# From the 1589ef0 audit: the passing twins of the disagreeing keywords (offsets, positions, padding).
+# Regression: the passing twins of the disagreeing keywords (offsets, positions, padding).
 def test_segment_position_and_padding_keywords_that_agree_are_accepted():
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     agreeing = [
@@ -511,7 +511,7 @@ def test_segment_position_and_padding_keywords_that_agree_are_accepted():
         assert attention_module.layout(1, 8, mask, kwargs)[0].tolist() == lengths, kwargs
 
 
-# From the 1589ef0 audit: positions restarting inside one of flat()'s sequences were used silently.
+# Regression: positions restarting inside one of flat()'s sequences were used silently.
 def test_flat_with_positions_that_contradict_its_offsets_is_an_error():
     """flat()'s keywords give the sdpa logits; the same offsets with other positions raise."""
     batch, _ = packed(lengths=(5, 3, 9))
@@ -524,7 +524,7 @@ def test_flat_with_positions_that_contradict_its_offsets_is_an_error():
         net(**fields)
 
 
-# From the 1589ef0 audit: valid_lengths silently won over an attention_mask that disagreed.
+# Regression: valid_lengths silently won over an attention_mask that disagreed.
 def test_rows_with_an_attention_mask_that_disagrees_with_valid_lengths_is_an_error():
     batch, _ = packed(lengths=(5, 3, 9, 30))
     assert (batch.valid_lengths < CAPACITY).any()

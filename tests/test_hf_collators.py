@@ -299,7 +299,7 @@ def test_packing_collator_refuses_what_it_would_ignore():
             collator(features)
 
 
-# From the 1589ef0 audit: non-integer labels or a lone batch were counted by num_items_in_batch.
+# Regression: non-integer labels or a lone batch were counted by num_items_in_batch.
 def test_num_items_in_batch_refuses_labels_that_are_not_integers_and_a_lone_batch():
     batch, _ = packed(lengths=(5, 3, 9))
     fields = sph.rows(batch)
@@ -325,7 +325,7 @@ def test_num_items_in_batch_refuses_what_is_not_a_list_of_micro_batches():
             sph.num_items_in_batch(value)
 
 
-# From the 1589ef0 audit: input_ids that are not one integer sequence were collated silently.
+# Regression: input_ids that are not one integer sequence were collated silently.
 def test_packing_collator_refuses_input_ids_that_are_not_one_integer_sequence():
     collator = sph.PackingCollator(sp.PackConfig(capacity=CAPACITY, rows_per_batch=8),
                                    tokenizer_identity=sp.ByteTokenizer().identity)

@@ -762,7 +762,7 @@ import lzma
 import zipfile
 
 
-# From the 89dfdcd audit: a JSONL line that is not an object was a foreign error.
+# Regression: a JSONL line that is not an object was a foreign error.
 @pytest.mark.parametrize("line, kind", [('["text"]', "array"), ('"text"', "string"), ("5", "number"),
                                         ("null", "null"), ("true", "boolean")])
 def test_a_jsonl_value_that_is_not_an_object_is_named(tmp_path, line, kind):
@@ -772,7 +772,7 @@ def test_a_jsonl_value_that_is_not_an_object_is_named(tmp_path, line, kind):
         pack_readers([io.JsonLines(lines)], tmp_path / "out")
 
 
-# From the 89dfdcd audit: a text field and an IDs field were accepted together.
+# Regression: a text field and an IDs field were accepted together.
 def test_a_text_field_and_an_ids_field_together_are_refused(tmp_path):
     lines = tmp_path / "docs.jsonl"
     lines.write_text(json.dumps({"text": "hi", "ids": [5]}) + "\n")
@@ -788,7 +788,7 @@ def test_a_text_field_and_an_ids_field_together_are_refused(tmp_path):
     assert io.JsonLines(lines, ids_field="ids").record_fields.fields == ("ids",)
 
 
-# From the 89dfdcd audit: a BOS or EOS ID that names no token (a gap in the vocabulary) was accepted.
+# Regression: a BOS or EOS ID that names no token (a gap in the vocabulary) was accepted.
 def test_a_bos_or_eos_id_that_names_no_token_is_refused(tmp_path):
     pytest.importorskip("tokenizers", reason="tokenizer files need the hf extra: pip install 'seqpack[hf]'")
     path = tmp_path / "gapped.json"
@@ -815,7 +815,7 @@ COMPRESSORS = {"gzip": gzip.compress, "bzip2": bz2.compress, "xz": lzma.compress
                "zstd": lambda data: b"\x28\xb5\x2f\xfd" + data}  # a zstd frame's magic (no zstd module needed)
 
 
-# From the 6c3cdaf walkthrough: compressed inputs were packed as one text document or failed as not JSON.
+# Regression: compressed inputs were packed as one text document or failed as not JSON.
 @pytest.mark.parametrize("kind", sorted(COMPRESSORS))
 def test_compressed_inputs_are_refused_by_their_first_bytes(tmp_path, kind):
     """Used to pack the compressed bytes as one text document, or fail as 'not valid JSON'."""
@@ -859,7 +859,7 @@ def test_binary_corpus_files_in_a_directory_are_refused_not_read_as_text(tmp_pat
     assert pack_readers([io.TextFiles(corpus, pattern="*.txt")], tmp_path / "out")["counts"]["documents"] == 1
 
 
-# From the 6c3cdaf walkthrough: the passing twin of the compressed-input check: text that starts like a magic number.
+# Regression: the passing twin of the compressed-input check: text that starts like a magic number.
 @pytest.mark.parametrize("text", ["BZh91AY no", "PK and gz", ""])
 def test_text_that_starts_like_a_magic_number_is_text(tmp_path, text):
     (tmp_path / "a.txt").write_text(text)
@@ -868,7 +868,7 @@ def test_text_that_starts_like_a_magic_number_is_text(tmp_path, text):
     assert pack_readers([io.JsonLines(tmp_path / "docs.jsonl")], tmp_path / "out")["counts"]["documents"] == 1
 
 
-# From the 6c3cdaf walkthrough: a packed dataset met in a directory walk was read back as text documents.
+# Regression: a packed dataset met in a directory walk was read back as text documents.
 def test_a_packed_dataset_under_a_directory_is_skipped_and_listed(tmp_path, text):
     corpus = tmp_path / "corpus"
     (corpus / "deeper").mkdir(parents=True)
@@ -886,7 +886,7 @@ def test_a_packed_dataset_under_a_directory_is_skipped_and_listed(tmp_path, text
         io.TextFiles(corpus / "deeper" / "packed")
 
 
-# From the 6c3cdaf walkthrough: a JSONL line without the field said only "no field 'text'", unlike Parquet.
+# Regression: a JSONL line without the field said only "no field 'text'", unlike Parquet.
 @pytest.mark.parametrize("records, text_field, hint", [
     ([{"text": "hi"}, {"input_ids": [5, 6]}], None,
      ":2: a token-ID record, but the first record is a text record: every record of an input must be of one kind"),
@@ -917,7 +917,7 @@ def test_jsonl_records_of_input_ids_alone_are_read_as_ids_as_in_parquet(tmp_path
     assert chunk.masks["completion_mask"].tolist() == [0, 1, 1]
 
 
-# From the 6c3cdaf walkthrough: reader_for did not take a Megatron PREFIX (the path without .idx/.bin).
+# Regression: reader_for did not take a Megatron PREFIX (the path without .idx/.bin).
 def test_reader_for_takes_a_megatron_prefix(tmp_path):
     write_megatron(tmp_path / "meg", [[5, 6, 7], [8, 9]])
     reader = io.reader_for(tmp_path / "meg")

@@ -36,7 +36,7 @@ def sharded(paths, out):
                         shards=3, long="cut")
 
 
-# From the d2457f3 audit: the matrix labelled its queries modulo 10,000 (column 10000 read as 0).
+# Regression: the matrix labelled its queries modulo 10,000 (column 10000 read as 0).
 def test_query_labels_of_a_wide_row_are_whole_columns():
     """The matrix labelled its queries modulo 10,000: columns 10000 on read as 0, 1, 2..."""
     bind = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="tests")
@@ -48,7 +48,7 @@ def test_query_labels_of_a_wide_row_are_whole_columns():
     assert lines[2].split()[-1] == "■····" and lines[5].split()[-1] == "■■■■·"  # keys 9998..10002
 
 
-# From the 5b53d75 audit: show drew a stepped column range under the wrong labels, and bool or float rows.
+# Regression: show drew a stepped column range under the wrong labels, and bool or float rows.
 def test_show_refuses_rows_and_columns_it_would_draw_wrongly(corpus, tmp_path):
     """A stepped column range drew the matrix of other columns under its labels; a bool
     row, a float row or no rows at all were drawn, crashed or gave an empty figure."""
@@ -71,7 +71,7 @@ def test_show_refuses_rows_and_columns_it_would_draw_wrongly(corpus, tmp_path):
     assert re.findall(r'class="cell" data-row="(\d+)" data-column="(\d+)"', svg) == [("1", str(c)) for c in range(3, 9)]
 
 
-# From the 5b53d75 audit: the stats figure's bins had rounded edges and an open last bin.
+# Regression: the stats figure's bins had rounded edges and an open last bin.
 def test_stats_figure_bins_label_exactly_what_they_count(corpus, tmp_path):
     """Every bar's label ``[lo, hi)`` (``[lo, hi]`` for the last) holds exactly its count of
     the values computed from the dataset's files. The last bin, which holds full rows and

@@ -25,7 +25,7 @@ def pack(readers, out, **options):
     return io.pack_corpus(readers, out, config=CONFIG, **options)
 
 
-# From the 89dfdcd audit: one reader or path given instead of a list of readers was misread.
+# Regression: one reader or path given instead of a list of readers was misread.
 @pytest.mark.parametrize("given", ["str", "path", "reader"])
 def test_pack_corpus_refuses_one_input_instead_of_a_list(tmp_path, text, given):
     readers = {"str": str(text), "path": text, "reader": io.TextFiles([text])}[given]
@@ -34,19 +34,19 @@ def test_pack_corpus_refuses_one_input_instead_of_a_list(tmp_path, text, given):
     assert not (tmp_path / "out").exists()
 
 
-# From the 89dfdcd audit: an item of readers that is not a reader was a foreign error.
+# Regression: an item of readers that is not a reader was a foreign error.
 def test_pack_corpus_names_an_item_that_is_not_a_reader(tmp_path, text):
     with pytest.raises(sp.InvalidInputError, match=r"readers\[1\] is a PosixPath, not a reader"):
         pack([io.TextFiles([text]), text], tmp_path / "out")
 
 
-# From the 89dfdcd audit: the passing twin of the list check: readers given as a generator.
+# Regression: the passing twin of the list check: readers given as a generator.
 def test_pack_corpus_reads_readers_given_as_a_generator(tmp_path, text):
     manifest = pack((reader for reader in [io.TextFiles([text])]), tmp_path / "out")
     assert manifest["counts"]["documents"] == 1
 
 
-# From the 89dfdcd audit: a binding, tokenizer, out or progress of the wrong type was a foreign error.
+# Regression: a binding, tokenizer, out or progress of the wrong type was a foreign error.
 def test_pack_corpus_checks_binding_tokenizer_and_out(tmp_path, text):
     with pytest.raises(sp.InvalidInputError, match="binding must be a BatchBinding"):
         pack([io.TextFiles([text])], tmp_path / "out", binding=None)
@@ -58,7 +58,7 @@ def test_pack_corpus_checks_binding_tokenizer_and_out(tmp_path, text):
         pack([io.TextFiles([text])], tmp_path / "out", progress="yes")
 
 
-# From the 89dfdcd audit: an equal but distinct ByteTokenizer failed after reading everything.
+# Regression: an equal but distinct ByteTokenizer failed after reading everything.
 def test_an_equal_byte_tokenizer_packs_like_the_bindings_own(tmp_path, text):
     """Not the binding's instance but the same identity: used to fail after reading everything."""
     manifest = pack([io.TextFiles([text])], tmp_path / "out", tokenizer=sp.ByteTokenizer())
@@ -66,7 +66,7 @@ def test_an_equal_byte_tokenizer_packs_like_the_bindings_own(tmp_path, text):
     io.verify_dataset(tmp_path / "out")
 
 
-# From the 89dfdcd audit: force="no" replaced an existing dataset.
+# Regression: force="no" replaced an existing dataset.
 def test_a_truthy_non_bool_force_does_not_replace_a_dataset(tmp_path, text):
     pack([io.TextFiles([text])], tmp_path / "out")
     before = (tmp_path / "out" / "manifest.json").read_bytes()
@@ -78,7 +78,7 @@ def test_a_truthy_non_bool_force_does_not_replace_a_dataset(tmp_path, text):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt", "out"]
 
 
-# From the 89dfdcd audit: framed="no" counted as framed.
+# Regression: framed="no" counted as framed.
 def test_a_truthy_non_bool_framed_is_refused(tmp_path):
     lines = tmp_path / "ids.jsonl"
     lines.write_text(json.dumps({"ids": [0, 5, 1]}) + "\n")
@@ -86,7 +86,7 @@ def test_a_truthy_non_bool_framed_is_refused(tmp_path):
         pack([io.JsonLines(lines, ids_field="ids")], tmp_path / "out", framed="no")
 
 
-# From the 89dfdcd audit: one reader instead of a list, with force=True, must leave the existing dataset as it was.
+# Regression: one reader instead of a list, with force=True, must leave the existing dataset as it was.
 def test_pack_without_a_list_keeps_an_existing_dataset(tmp_path, text):
     pack([io.TextFiles([text])], tmp_path / "out")
     before = (tmp_path / "out" / "part-00000" / "tokens.bin").read_bytes()
@@ -97,7 +97,7 @@ def test_pack_without_a_list_keeps_an_existing_dataset(tmp_path, text):
                           [0] + [b + 2 for b in b"hello"] + [1])
 
 
-# From the 6c3cdaf walkthrough: an output inside an input directory was read back as text documents.
+# Regression: an output inside an input directory was read back as text documents.
 def test_pack_corpus_refuses_an_output_inside_an_input_directory(tmp_path, text):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -109,7 +109,7 @@ def test_pack_corpus_refuses_an_output_inside_an_input_directory(tmp_path, text)
     pack([io.TextFiles([corpus / "b.txt"])], corpus / "out")  # a file given alone is no directory input
 
 
-# From the 6c3cdaf walkthrough: tqdm printed 1024-based byte counts labelled MB.
+# Regression: tqdm printed 1024-based byte counts labelled MB.
 def test_the_bytes_bar_counts_in_the_units_it_shows(monkeypatch):
     """tqdm printed 1024-based counts labelled MB (1.91M/2.86M here)."""
     pytest.importorskip("tqdm", reason="progress bars need the corpus extra (tqdm)")

@@ -202,7 +202,7 @@ def loss_case():
     return logits, targets, mask
 
 
-# From the a3b4e78 audit: loss masks and targets of another shape or of float/bool dtype were used silently.
+# Regression: loss masks and targets of another shape or of float/bool dtype were used silently.
 @pytest.mark.parametrize("tape", [False, True])
 @pytest.mark.parametrize(
     "change, message",
@@ -228,7 +228,7 @@ def test_masks_and_targets_must_match_the_logits(change, message, tape):
         masked_nll(wrap(logits), targets, mask)
 
 
-# From the a3b4e78 audit: big-endian float64 logits were cut to float32.
+# Regression: big-endian float64 logits were cut to float32.
 def test_big_endian_float64_logits_keep_float64():
     logits, targets, mask = loss_case()
     expected = masked_nll(logits, targets, mask)
@@ -238,7 +238,7 @@ def test_big_endian_float64_logits_keep_float64():
     assert masked_nll(logits.astype(">f4"), targets, mask).backward()["logits"].dtype == np.float32
 
 
-# From the a3b4e78 audit: logits wider than float64 (longdouble) are refused, naming their width.
+# Regression: logits wider than float64 (longdouble) are refused, naming their width.
 @pytest.mark.skipif(np.dtype(np.longdouble).itemsize <= 8, reason="longdouble is float64 here")
 def test_logits_wider_than_float64_are_rejected():
     logits, targets, mask = loss_case()

@@ -315,7 +315,7 @@ def plan(readers, count):
             for shard in plan_shards(readers, count)[1]]
 
 
-# From the 5b53d75 audit: a shard count past int64 products wrapped around and merged shards.
+# Regression: a shard count past int64 products wrapped around and merged shards.
 def test_a_shard_count_past_int64_products_plans_exactly(tmp_path):
     """Text files of 1 and 3 bytes: with more shards than bytes each file is a shard of its
     own. The int64 product of a middle byte and 2**62 wrapped around and merged them."""
@@ -328,7 +328,7 @@ def test_a_shard_count_past_int64_products_plans_exactly(tmp_path):
         assert plan(readers, count) == expected
 
 
-# From the 5b53d75 audit: more shards than bytes was a MemoryError or a wrapped int64.
+# Regression: more shards than bytes was a MemoryError or a wrapped int64.
 def test_a_huge_shard_count_splits_a_jsonl_file_like_one_shard_per_byte(tmp_path):
     """More shards than bytes plan as one shard per byte (every line alone), instead of
     a MemoryError or a wrapped int64."""
@@ -340,7 +340,7 @@ def test_a_huge_shard_count_splits_a_jsonl_file_like_one_shard_per_byte(tmp_path
         assert plan([io.JsonLines(path)], count) == expected
 
 
-# From the 5b53d75 audit: a shard reported twice was counted twice in the manifest, a missing one crashed.
+# Regression: a shard reported twice was counted twice in the manifest, a missing one crashed.
 def test_a_runner_reporting_a_shard_twice_or_never_is_an_error(tmp_path):
     """A duplicated task's record was counted twice (the manifest's input_bytes doubled);
     a missing one crashed with a TypeError. Nothing is published either way."""
@@ -371,7 +371,7 @@ def test_a_runner_reporting_a_shard_twice_or_never_is_an_error(tmp_path):
         sum(p.stat().st_size for p in corpus)
 
 
-# From the 89dfdcd audit: pack_sharded took one path instead of a list of readers.
+# Regression: pack_sharded took one path instead of a list of readers.
 def test_pack_sharded_refuses_one_input_instead_of_a_list(tmp_path):
     (tmp_path / "a.txt").write_text("some text")
     binding = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="audit")
@@ -384,7 +384,7 @@ def test_pack_sharded_refuses_one_input_instead_of_a_list(tmp_path):
 # --- the Ray entry point: its inputs, and the address it is given ------------------------
 
 
-# From the 5b53d75 audit: ray.pack_corpus iterated a path string character by character ('/data' read '/').
+# Regression: ray.pack_corpus iterated a path string character by character ('/data' read '/').
 def test_ray_pack_corpus_refuses_one_path_given_as_a_string(tmp_path):
     """A string was iterated character by character: '/data' read the root directory '/'."""
     pytest.importorskip("ray", reason="the Ray engine needs the ray extra")

@@ -410,7 +410,7 @@ def test_the_table_owns_its_tokens(binding):
     assert packed.inputs.tolist() == [[0, 99, 100, 0, 101, -1]]
 
 
-# From the a3b4e78 audit: a single string given as ids was read as one id per character.
+# Regression: a single string given as ids was read as one id per character.
 def test_a_single_string_is_not_a_list_of_ids(binding):
     tokens, offsets = [0, 5, 1, 0, 6, 1], [0, 3, 6]
     assert sp.ExampleTable.from_arrays(tokens, offsets, binding, ids=["a", "b"]).example_id(1) == "b"

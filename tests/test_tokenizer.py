@@ -231,7 +231,7 @@ def test_external_identity_validation():
     assert TokenizerIdentity.external(2**31, 0, 1, digest).vocabulary_size == 2**31
 
 
-# From the a3b4e78 audit: decode limits past int64 were a foreign error where they were used.
+# Regression: decode limits past int64 were a foreign error where they were used.
 def test_decode_limits_beyond_int64_are_rejected_where_they_enter():
     limits = DecodeLimits(2**63 - 1, 2**63 - 1)
     binding = BatchBinding.for_tokenizer(ByteTokenizer(), split="audit", limits=limits)
@@ -241,7 +241,7 @@ def test_decode_limits_beyond_int64_are_rejected_where_they_enter():
             DecodeLimits(*arguments)
 
 
-# From the a3b4e78 audit: token_bytes took a bool, float or str as a token ID.
+# Regression: token_bytes took a bool, float or str as a token ID.
 @pytest.mark.parametrize("token", [True, 2.0, "2"])
 def test_token_bytes_takes_only_int_ids(token):
     tokenizer = ByteTokenizer()
