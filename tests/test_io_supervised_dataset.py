@@ -260,6 +260,14 @@ def test_mask_columns_follow_trls_rule(tmp_path, tokenizer, binding):
     manifest = pack_corpus([Masked(columns)], out, binding=binding, tokenizer=tokenizer, config=sp.PackConfig(16, 1),
                            force=True, completion_only_loss=False)
     assert manifest["supervision"]["applied"] == ["assistant_masks", "labels"]
+    # No mask applied at all: the records are still TRL's, taken as given, and the manifest says so.
+    only = {"completion_mask": columns["completion_mask"]}
+    manifest = pack_corpus([Masked(only)], out, binding=binding, tokenizer=tokenizer, config=sp.PackConfig(16, 1),
+                           force=True, completion_only_loss=False)
+    assert manifest["format_version"] == 2 and manifest["supervision"]["applied"] == []
+    assert manifest["supervision"]["as_given_documents"] == 2
+    assert manifest["counts"]["supervised_targets"] == manifest["counts"]["valid_targets"] == 5
+    verify_dataset(out)
     for name, value, message in (("labels", 99, r"labels\[1\] is 99, neither -100 nor its input_ids token 6"),
                                  ("completion_mask", 2, r"completion_mask\[1\] is 2; a mask holds 0 and 1")):
         bad = {key: column.copy() for key, column in columns.items()}

@@ -106,7 +106,8 @@ class Staged:
     With supervision, ``flips`` describes it, ``supervision`` names its sources, and
     ``mismatched`` counts the prompts that are no prefix of their record (``first_mismatched``
     names the first) and ``as_given`` the documents taken as given (fine-tuning records, not
-    framed); without, ``flips`` is None."""
+    framed, which make a dataset of version 2 even with no mask applied: its manifest says
+    so); without, ``flips`` is None."""
 
     pieces: list
     lengths: np.ndarray
@@ -160,7 +161,7 @@ def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, 
         first_input += len(reader.inputs)
     join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
     result = Staged(stage.pieces(), join(lengths), join(inputs), join(locations), skipped, input_bytes,
-                    stage.flips() if supervision else None, tuple(sorted(supervision)), mismatched,
+                    stage.flips() if supervision or as_given else None, tuple(sorted(supervision)), mismatched,
                     first_mismatched, as_given)
     if require_content and not result.lengths.size:
         raise no_content()
