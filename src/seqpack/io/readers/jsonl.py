@@ -258,7 +258,7 @@ class JsonLines(RecordReader):
         return fields
 
     def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
-        values, lines, size = [], [], 0
+        values, lines, size, known = [], [], 0, {}
         where = self.inputs[0]
         remaining = None if self.stop is None else self.stop - self.start
         with open(self.path, "rb") as handle:
@@ -274,7 +274,9 @@ class JsonLines(RecordReader):
                 if not isinstance(record, dict):
                     raise InvalidInputError(f"{where.where(number)}: a JSON {json_kind(record)}, not an object "
                                             f"with {self.record_fields.described()}")
-                fields = self._checked_fields(record, number)
+                # Records of one shape share their fields: checked once per shape, not per record.
+                shape = (*record, isinstance(record.get("prompt"), list))
+                fields = known.get(shape) or known.setdefault(shape, self._checked_fields(record, number))
                 values.append(_TAKE[fields.kind](record, fields, where, number))
                 lines.append(number)
                 size += len(line)
