@@ -305,47 +305,34 @@ __attribute__((target(SEQPACK_PRODUCTS_AVX512))) static inline __m512d seqpack_b
     return _mm512_set1_pd(*p);
 }
 #define SEQPACK_PRODUCT_AVX512_F(NAME, BY_ROWS)                                                \
-    SEQPACK_PRODUCT_SIMD(SEQPACK_PRODUCTS_AVX512, float, __m512, 16, 16, g->b_strip, __mmask16, NAME,   \
+    SEQPACK_PRODUCT_SIMD(SEQPACK_PRODUCTS_AVX512, float, __m512, 16, 16, g->b_strip, __mmask16,  \
+                         NAME,                                                                  \
                          _mm512_loadu_ps, _mm512_storeu_ps, seqpack_maskload16,                 \
                          _mm512_mask_storeu_ps, seqpack_broadcast16, _mm512_fmadd_ps,           \
                          _mm512_mul_ps, _mm512_add_ps, _mm512_setzero_ps, _mm512_set1_ps,       \
                          seqpack_lanes16, BY_ROWS)
 #define SEQPACK_PRODUCT_AVX512_D(NAME, BY_ROWS)                                                \
-    SEQPACK_PRODUCT_SIMD(SEQPACK_PRODUCTS_AVX512, double, __m512d, 8, 8, g->b_strip, __mmask8, NAME,    \
+    SEQPACK_PRODUCT_SIMD(SEQPACK_PRODUCTS_AVX512, double, __m512d, 8, 8, g->b_strip, __mmask8,   \
+                         NAME,                                                                  \
                          _mm512_loadu_pd, _mm512_storeu_pd, seqpack_maskload8,                  \
                          _mm512_mask_storeu_pd, seqpack_broadcast8, _mm512_fmadd_pd,            \
                          _mm512_mul_pd, _mm512_add_pd, _mm512_setzero_pd, _mm512_set1_pd,       \
                          seqpack_lanes8, BY_ROWS)
-/* Compiled twice: the shapes with per-row chains (LOWER_A, UPPER_A) apart, so that the
-   other products' code is what it was before rows had chains of their own. */
-SEQPACK_PRODUCT_AVX2_F(seqpack_product_f_avx2_blocks, 0)
-SEQPACK_PRODUCT_AVX2_F(seqpack_product_f_avx2_rows, 1)
-SEQPACK_PRODUCT_AVX2_D(seqpack_product_d_avx2_blocks, 0)
-SEQPACK_PRODUCT_AVX2_D(seqpack_product_d_avx2_rows, 1)
-static void seqpack_product_f_avx2(const seqpack_product *g)
-{
-    if (g->shape == SEQPACK_LOWER_A || g->shape == SEQPACK_UPPER_A) seqpack_product_f_avx2_rows(g);
-    else seqpack_product_f_avx2_blocks(g);
-}
-static void seqpack_product_d_avx2(const seqpack_product *g)
-{
-    if (g->shape == SEQPACK_LOWER_A || g->shape == SEQPACK_UPPER_A) seqpack_product_d_avx2_rows(g);
-    else seqpack_product_d_avx2_blocks(g);
-}
-SEQPACK_PRODUCT_AVX512_F(seqpack_product_f_avx512_blocks, 0)
-SEQPACK_PRODUCT_AVX512_F(seqpack_product_f_avx512_rows, 1)
-SEQPACK_PRODUCT_AVX512_D(seqpack_product_d_avx512_blocks, 0)
-SEQPACK_PRODUCT_AVX512_D(seqpack_product_d_avx512_rows, 1)
-static void seqpack_product_f_avx512(const seqpack_product *g)
-{
-    if (g->shape == SEQPACK_LOWER_A || g->shape == SEQPACK_UPPER_A) seqpack_product_f_avx512_rows(g);
-    else seqpack_product_f_avx512_blocks(g);
-}
-static void seqpack_product_d_avx512(const seqpack_product *g)
-{
-    if (g->shape == SEQPACK_LOWER_A || g->shape == SEQPACK_UPPER_A) seqpack_product_d_avx512_rows(g);
-    else seqpack_product_d_avx512_blocks(g);
-}
+/* Each product compiled twice: the shapes with per-row chains (LOWER_A, UPPER_A) apart,
+   so that the other products' code is what it was before rows had chains of their own;
+   NAME dispatches on the shape. */
+#define SEQPACK_PRODUCT_BOTH(COMPILE, NAME)                                                    \
+    COMPILE(NAME##_blocks, 0)                                                                  \
+    COMPILE(NAME##_rows, 1)                                                                    \
+    static void NAME(const seqpack_product *g)                                                 \
+    {                                                                                          \
+        if (g->shape == SEQPACK_LOWER_A || g->shape == SEQPACK_UPPER_A) NAME##_rows(g);        \
+        else NAME##_blocks(g);                                                                 \
+    }
+SEQPACK_PRODUCT_BOTH(SEQPACK_PRODUCT_AVX2_F, seqpack_product_f_avx2)
+SEQPACK_PRODUCT_BOTH(SEQPACK_PRODUCT_AVX2_D, seqpack_product_d_avx2)
+SEQPACK_PRODUCT_BOTH(SEQPACK_PRODUCT_AVX512_F, seqpack_product_f_avx512)
+SEQPACK_PRODUCT_BOTH(SEQPACK_PRODUCT_AVX512_D, seqpack_product_d_avx512)
 #else
 #define SEQPACK_PRODUCT_X86 0
 #endif

@@ -4,8 +4,8 @@
 # through two strides (either orientation, so a transposed panel needs no copy), C is
 # row-major with a contiguous last axis, and B is read by strips of 16 floats (8 doubles)
 # of columns: row-major, or stored strip by strip (each strip a contiguous [k, 16] block,
-# so that the rows a block of C walks down share one memory page). Register-blocked: 6 rows of C by 16 floats
-# (8 doubles) stay in vector registers while the products over the inner axis accumulate,
+# so that the rows a block of C walks down share one memory page). Register-blocked: 6 rows of C by one
+# strip (AVX2) or two (AVX-512) stay in vector registers while the products over the inner axis accumulate,
 # so a tile costs no packing and no library call. Each element of C is one chain of fused
 # multiply-adds in inner-axis order, started from zero, then scaled by alpha and added to
 # C; the AVX-512 and AVX2 paths and the portable path (C99 ``fma``) compute exactly that, so every path

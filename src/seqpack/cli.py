@@ -46,7 +46,7 @@ def _refused_inputs() -> str:
 
 def _add_pack(commands) -> None:
     from .data.binding import DEFAULT_LIMITS
-    from .io.supervision import TemplateLimits
+    from .io.templates import TemplateLimits
 
     pack = commands.add_parser(
         "pack", help="pack a corpus into a packed dataset on disk",
@@ -181,7 +181,7 @@ def _pack(args) -> int:
     from . import data, io
     from .data.corpus import stdlib_sources
     from .io import format as fmt
-    from .io.supervision import TemplateLimits
+    from .io.templates import TemplateLimits
     from .packing import PackConfig
 
     if args.sample == bool(args.inputs):

@@ -13,7 +13,7 @@ from ..packing.batches import PackedBatches
 from .dataset import PackedDataset, open_dataset
 from .encoding import TokenizerFile
 from .readers import ArrowBatches, JsonLines, Megatron, TextFiles, reader_for
-from .supervision import TemplateLimits
+from .templates import TemplateLimits
 from .verify import verify_dataset
 from .writer import pack_corpus
 

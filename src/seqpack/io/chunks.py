@@ -24,11 +24,11 @@ from .encoding import TokenizerFailure, TokenizerFile, frame, frame_where
 from .readers import DocumentChunk, Input
 from .supervision import (
     RecordError,
-    TemplateLimits,
     encode_conversational_prompt_completion,
     encode_conversations,
     encode_prompt_completion,
 )
+from .templates import TemplateLimits
 
 #: The ``labels`` value of a token that is no supervised target (PyTorch's ignore index).
 IGNORE_LABEL = -100

@@ -30,7 +30,6 @@ from ..errors import InvalidInputError, SeqpackError
 from ..packing.config import PackConfig
 from . import format as fmt
 from .chunks import ChunkEncoder, SupervisionOptions
-from .supervision import TemplateLimits
 from .progress import Progress
 from .readers import (
     ArrowBatches,
@@ -44,6 +43,7 @@ from .readers import (
     record_chunks,
     record_columns,
 )
+from .templates import TemplateLimits
 from .writer import (STAGED_TOKENS, Stage, check_arguments, check_readers, describe_binding, manifest_of,
                      no_content, output_path, stage_documents, supervise_part, write_part)
 

@@ -31,12 +31,12 @@ from itertools import chain
 
 import numpy as np
 
-from .._limits import check_bool, check_int
+from .._limits import check_bool
 from ..data.supervision import target_counts
 from ..errors import InvalidInputError
 from .encoding import TokenizerFailure, TokenizerFile
 from .readers import missing_extra
-from .templates import TemplateLimitError, bounded_rendering
+from .templates import TemplateLimitError, TemplateLimits, bounded_rendering
 
 #: The statement transformers looks for to compute an assistant mask.
 GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -49,23 +49,6 @@ class RecordError(InvalidInputError):
     def __init__(self, kind: str, index: int, detail: str):
         super().__init__(f"{kind} {index}: {detail}")
         self.index, self.detail = index, detail
-
-
-@dataclass(frozen=True)
-class TemplateLimits:
-    """Bounds on rendering one record with a chat template: ``seconds`` of wall time and
-    ``characters`` of output, both checked while it renders."""
-
-    seconds: float = 10.0
-    characters: int = 8_000_000
-
-    def __post_init__(self):
-        if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
-                or not 0 < self.seconds < float("inf"):
-            raise InvalidInputError(f"the template time limit must be a positive number of seconds, "
-                                    f"not {self.seconds!r}")
-        object.__setattr__(self, "seconds", float(self.seconds))
-        object.__setattr__(self, "characters", check_int("the template character limit", self.characters))
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from .._limits import check_int
 from ..errors import InvalidInputError
@@ -35,6 +36,25 @@ from .readers import missing_extra
 #: Seconds between the watchdog's raises in a rendering that is still running after its
 #: deadline (the first can be lost: an exception raised inside a finalizer is only printed).
 REPEAT = 0.1
+
+
+@dataclass(frozen=True)
+class TemplateLimits:
+    """Bounds on rendering one record with a chat template: ``seconds`` of wall time (a
+    positive number, at most ``threading.TIMEOUT_MAX``) and ``characters`` of output (a
+    positive int), both checked while it renders."""
+
+    seconds: float = 10.0
+    characters: int = 8_000_000
+
+    def __post_init__(self):
+        seconds = self.seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) \
+                or not 0 < seconds <= threading.TIMEOUT_MAX:
+            raise InvalidInputError(f"the template time limit must be a positive number of seconds (at most "
+                                    f"{threading.TIMEOUT_MAX:g}), not {seconds!r}")
+        object.__setattr__(self, "seconds", float(seconds))
+        object.__setattr__(self, "characters", check_int("the template character limit", self.characters))
 
 
 class TemplateLimitError(InvalidInputError):
@@ -55,12 +75,11 @@ def bounded_rendering(chat_template: str, *, seconds: float, characters: int):
     (its output, and any block it buffers); the first rendering past a limit raises
     :class:`TemplateLimitError` naming it. Renderings are counted from 0 at the start of
     the block; blocks nest (the innermost one's limits apply). Refused
-    (:class:`InvalidInputError`): ``seconds`` not a positive finite number, ``characters``
-    not a positive int, a template that does not compile.
+    (:class:`InvalidInputError`): limits :class:`TemplateLimits` refuses, a template that
+    does not compile.
     """
-    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 < seconds <= threading.TIMEOUT_MAX:
-        raise InvalidInputError(f"seconds must be a number in (0, {threading.TIMEOUT_MAX:g}], got {seconds!r}")
-    bounds = _Bounds(float(seconds), check_int("characters", characters, 1))
+    limits = TemplateLimits(seconds, characters)
+    bounds = _Bounds(limits.seconds, limits.characters)
     key = _install(chat_template)
     blocks = _BLOCKS.bounds
     outer = blocks.get(key)

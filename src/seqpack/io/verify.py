@@ -112,9 +112,8 @@ def check_part(dataset: PackedDataset, part: Part) -> None:
     tokens = part.tokens
     binding = dataset.binding
     framed = not dataset.as_given
-    has_bos = binding.bos_id is not None
     spans = part.examples[part.ordinals]
-    starts_document = np.flatnonzero(spans[:, 1] == 0) if has_bos else np.zeros(0, np.int64)
+    starts_document = np.flatnonzero(spans[:, 1] == 0) if binding.bos_id is not None else np.zeros(0, np.int64)
     ends_document = np.flatnonzero(spans[:, 2] == sizes[spans[:, 0]])
     frame = np.unique(np.concatenate([part.token_offsets[starts_document], part.token_offsets[ends_document + 1] - 1]))
     controls = []
@@ -123,7 +122,8 @@ def check_part(dataset: PackedDataset, part: Part) -> None:
         if block.size and (block.min() < 0 or block.max() >= binding.vocabulary_size):
             _fail(part.directory / "tokens.bin", f"a token lies outside the vocabulary [0, {binding.vocabulary_size})")
         if framed:
-            controls.append(first + np.flatnonzero((block == binding.eos_id) | (has_bos & (block == binding.kernel_bos))))
+            # (kernel_bos is -1 without a BOS: no token in the vocabulary equals it)
+            controls.append(first + np.flatnonzero((block == binding.eos_id) | (block == binding.kernel_bos)))
     found = np.concatenate(controls) if controls else np.zeros(0, np.int64)
     if framed and not np.array_equal(found, frame):
         _fail(part.directory / "tokens.bin", "BOS or EOS tokens are not exactly at the documents' frames")

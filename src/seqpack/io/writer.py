@@ -35,10 +35,10 @@ from ..packing.placement import check_policy, place
 from ..packing.report import EfficiencyReport
 from . import format as fmt
 from .chunks import ChunkEncoder, Encoded, SupervisionOptions
-from .supervision import TemplateLimits
 from .encoding import TokenizerFile
 from .progress import Progress
 from .readers import Reader, read_ahead
+from .templates import TemplateLimits
 
 #: Tokens gathered per block while writing ``tokens.bin`` in placement order.
 WRITE_BLOCK_TOKENS = 1 << 24

@@ -37,7 +37,7 @@ from ..errors import InvalidInputError, SeqpackError
 from ..io import format as fmt
 from ..io.readers import missing_extra, reader_for
 from ..io.shards import ShardJob, pack_shard, pack_sharded
-from ..io.supervision import TemplateLimits
+from ..io.templates import TemplateLimits
 from ..io.writer import output_path
 from ..packing import PackConfig
 
