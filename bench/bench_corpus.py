@@ -47,7 +47,7 @@ import numpy as np
 
 import seqpack as sp
 from seqpack import io
-from seqpack._limits import default_threads
+from seqpack._threads import default_threads
 from seqpack.bench.measure import cpu_description
 from seqpack.data.corpus import stdlib_sources
 from seqpack.packing.budget import CELL_BYTES, ROW_BYTES

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from seqpack._limits import default_threads
+from seqpack._threads import default_threads
 from seqpack.bench.measure import matmul_peak
 from timing import positive
 from seqpack.bench.workloads import workload

@@ -42,7 +42,7 @@ def conditions() -> str:
     """
     import os
 
-    from seqpack._limits import default_threads
+    from seqpack._threads import default_threads
     from seqpack.bench.measure import cpu_description
 
     load = " ".join(f"{value:.2f}" for value in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown"

@@ -23,7 +23,8 @@ from seqpack import (
     TokenizerIdentity,
 )
 import seqpack as sp
-from seqpack import _limits
+from seqpack import _threads
+from seqpack.layout import counts as layout_counts
 from seqpack.errors import BatchIndexError
 
 RECEIPT_DIGEST = "cd" * 32
@@ -259,7 +260,7 @@ def test_thread_counts_that_would_end_the_process_are_refused(binding):
     for call in (lambda t: sp.ExampleTable.from_arrays(tokens, offsets, binding, threads=t),
                  lambda t: sp.pack(table, sp.PackConfig(12), partition=TRAIN, binding=binding, threads=t)):
         table = sp.ExampleTable.from_arrays(tokens, offsets, binding, threads=1)
-        for threads in (_limits.MAX_THREADS + 1, 32768, 65536):
+        for threads in (_threads.MAX_THREADS + 1, 32768, 65536):
             with pytest.raises(InvalidInputError, match=rf"threads is {threads}; the maximum is 1024"):
                 call(threads)
     table = sp.ExampleTable.from_arrays(tokens, offsets, binding, threads=1024)
@@ -274,15 +275,15 @@ def test_permitted_edges_are_exact_past_int64():
     """2**20 segments of 2**22 predictions permit 2**63 + 2**42 edges; the report said
     -9223369837831520256 (and a negative permitted fraction)."""
     lengths = np.full(2**20, 2**22, dtype=np.int64)
-    assert _limits.permitted_edges(lengths) == 2**20 * (2**22 * (2**22 + 1) // 2)
+    assert layout_counts.permitted_edges(lengths) == 2**20 * (2**22 * (2**22 + 1) // 2)
     rng = np.random.default_rng(0)
     for count in (0, 1, 1000):
         lengths = rng.integers(0, 2**31, count)
-        assert _limits.permitted_edges(lengths) == sum(int(n) * (int(n) + 1) // 2 for n in lengths)
+        assert layout_counts.permitted_edges(lengths) == sum(int(n) * (int(n) + 1) // 2 for n in lengths)
     report = sp.EfficiencyReport.of("next-fit", 2**31 - 1, 4, np.full(4, 2**31 - 1, np.int64), np.ones(4, np.int64))
     assert report.permitted_edges == 4 * ((2**31 - 1) * 2**31 // 2) and 0 < report.permitted_fraction <= 1
     with pytest.raises(InvalidInputError, match="segment lengths"):
-        _limits.permitted_edges(np.array([-1]))
+        layout_counts.permitted_edges(np.array([-1]))
 
 
 @pytest.mark.kernel

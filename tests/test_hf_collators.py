@@ -117,11 +117,11 @@ def supervised_dataset_on_disk(directory):
 def test_rows_and_flat_take_the_torch_datasets_items_as_they_are(tmp_path):
     on_disk = supervised_dataset_on_disk(tmp_path)
     assert on_disk.manifest["format_version"] == 2 and len(on_disk) > 5
-    stream = spt.PackedIterableDataset(on_disk, shuffle=True, seed=3)
+    stream = spt.IterableBatchDataset(on_disk, shuffle=True, seed=3)
     numbers = stream.rank_batches(0).tolist()
     assert numbers != sorted(numbers)  # shuffled
     items = list(torch.utils.data.DataLoader(stream, batch_size=None))
-    mapped = spt.PackedDataset(on_disk)
+    mapped = spt.BatchDataset(on_disk)
     assert len(items) == len(numbers) == len(on_disk)
     for item, number in zip(items, numbers):
         batch = on_disk[number]

@@ -15,7 +15,7 @@ from hf_cases import model
 
 import seqpack as sp
 import seqpack.hf as sph
-from seqpack.io.encoding import TokenizerFile
+from seqpack.io.tokenizer_file import TokenizerFile
 
 
 def train_tokenizer(texts, path):

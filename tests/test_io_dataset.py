@@ -10,7 +10,7 @@ import seqpack as sp
 from helpers import reseal
 from seqpack import io
 from seqpack.io import format as fmt
-from seqpack.io.chunks import ChunkEncoder
+from seqpack.io.chunk_encoder import ChunkEncoder
 from seqpack.io.progress import Progress
 from seqpack.io.writer import Stage, describe_binding, manifest_of, stage_documents, write_part
 from seqpack.packing.placement import POLICIES
@@ -216,7 +216,7 @@ def test_a_token_outside_the_vocabulary_is_refused_when_its_batch_is_filled(tmp_
     tokens[3] = 60000
     tokens.tofile(path)
     manifest = json.loads((target / fmt.MANIFEST).read_text())
-    manifest["parts"][0]["files"]["tokens.bin"]["sha256"] = io.encoding.file_sha256(path)
+    manifest["parts"][0]["files"]["tokens.bin"]["sha256"] = io.tokenizer_file.file_sha256(path)
     reseal(target, manifest)
     dataset = io.open_dataset(target)
     with pytest.raises(sp.InvalidInputError, match=r"tokens\.bin: batch 0 holds a token outside the vocabulary"):

@@ -1,7 +1,7 @@
 """Supervision on disk (format version 2): from prompt-completion records to batches.
 
 The oracle is the in-memory path: the records encoded by
-``seqpack.io.supervision.encode_prompt_completion`` (itself checked against TRL in
+``seqpack.io.record_encoders.encode_prompt_completion`` (itself checked against TRL in
 ``test_io_supervision.py``) as an ``ExampleTable`` with ``supervised=``, packed by
 ``seqpack.pack`` under the same policy. The dataset on disk must give the same batches,
 loss masks included, and its counts must be the supervised ones.
@@ -24,7 +24,7 @@ from helpers import reseal, train_bpe
 
 pytest.importorskip("tokenizers", reason="a tokenizers file needs the hf extra: pip install 'seqpack[hf]'")
 from seqpack.io import TokenizerFile, open_dataset, pack_corpus, verify_dataset  # noqa: E402
-from seqpack.io.supervision import TemplateLimits, encode_prompt_completion  # noqa: E402
+from seqpack.io.record_encoders import TemplateLimits, encode_prompt_completion  # noqa: E402
 
 WORDS = ["alpha", "beta", "gamma", "delta", "question", "answer", "the", "of", "is", "what", "why"]
 POLICIES = ["next-fit", "first-fit-decreasing", "best-fit-decreasing"]

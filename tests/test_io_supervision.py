@@ -16,8 +16,8 @@ tokenizers = pytest.importorskip("tokenizers", reason="the hf extra provides tok
 pytest.importorskip("transformers", reason="chat templates need the hf extra: pip install 'seqpack[hf]'")
 
 import seqpack as sp
-from seqpack.io.encoding import TokenizerFile
-from seqpack.io.supervision import (
+from seqpack.io.tokenizer_file import TokenizerFile
+from seqpack.io.record_encoders import (
     TemplateLimits,
     encode_conversational_prompt_completion,
     encode_conversations,

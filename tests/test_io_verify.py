@@ -123,7 +123,7 @@ def test_tokens_out_of_vocabulary_are_refused(packed, tmp_path):
     tokens[5] = 400
     tokens.tofile(path)
     manifest = json.loads((target / "manifest.json").read_text())
-    manifest["parts"][0]["files"]["tokens.bin"]["sha256"] = io.encoding.file_sha256(path)
+    manifest["parts"][0]["files"]["tokens.bin"]["sha256"] = io.tokenizer_file.file_sha256(path)
     reseal(target, manifest)
     with pytest.raises(sp.VerificationError, match=r"tokens\.bin: a token lies outside the vocabulary"):
         io.verify_dataset(target)

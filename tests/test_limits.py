@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import seqpack as sp
-from seqpack import _limits
+from seqpack import _threads
 
 TRAIN = sp.Partition.TRAIN
 SCALARS = [int, np.int32, np.int64, np.uint64]
@@ -101,33 +101,33 @@ def cgroup_tree(tmp_path, files: dict, membership: str):
 def test_cgroup_quota_v2_and_v1(tmp_path):
     root, member = cgroup_tree(tmp_path / "v2", {"app/cpu.max": "150000 100000\n", "cpu.max": "max 100000\n"},
                                "0::/app\n")
-    assert _limits.cgroup_cpu_limit(root, member) == 2  # 1.5 CPUs round up
+    assert _threads.cgroup_cpu_limit(root, member) == 2  # 1.5 CPUs round up
     root, member = cgroup_tree(tmp_path / "nested", {"a/cpu.max": "100000 100000", "a/b/cpu.max": "max 100000"},
                                "0::/a/b\n")
-    assert _limits.cgroup_cpu_limit(root, member) == 1  # the ancestor's quota binds
+    assert _threads.cgroup_cpu_limit(root, member) == 1  # the ancestor's quota binds
     root, member = cgroup_tree(tmp_path / "v1", {"cpu,cpuacct/cpu.cfs_quota_us": "300000",
                                                  "cpu,cpuacct/cpu.cfs_period_us": "100000"},
                                "4:cpu,cpuacct:/\n")
-    assert _limits.cgroup_cpu_limit(root, member) == 3
+    assert _threads.cgroup_cpu_limit(root, member) == 3
     root, member = cgroup_tree(tmp_path / "none", {"cpu.max": "max 100000"}, "0::/\n")
-    assert _limits.cgroup_cpu_limit(root, member) is None
-    assert _limits.cgroup_cpu_limit(str(tmp_path / "missing"), str(tmp_path / "missing" / "x")) is None
+    assert _threads.cgroup_cpu_limit(root, member) is None
+    assert _threads.cgroup_cpu_limit(str(tmp_path / "missing"), str(tmp_path / "missing" / "x")) is None
 
 
-def child_threads(env: dict, code: str = "print(_limits.default_threads())") -> str:
-    script = "from seqpack import _limits\n" + code
+def child_threads(env: dict, code: str = "print(_threads.default_threads())") -> str:
+    script = "from seqpack import _threads\n" + code
     return subprocess.run([sys.executable, "-c", script], env={**os.environ, **env}, capture_output=True,
                           text=True, check=True).stdout.strip()
 
 
 def test_default_threads_follow_omp_num_threads_and_threadpoolctl():
     assert child_threads({"OMP_NUM_THREADS": "1"}) == "1"
-    cores = _limits.available_cores()
-    expected = min(cores, _limits.cgroup_cpu_limit() or cores)
+    cores = _threads.available_cores()
+    expected = min(cores, _threads.cgroup_cpu_limit() or cores)
     assert child_threads({"OMP_NUM_THREADS": str(expected)}) == str(expected)
     threadpoolctl = pytest.importorskip("threadpoolctl", reason="the test extra has it: pip install 'seqpack[test]'")
     with threadpoolctl.threadpool_limits(1, user_api="openmp"):
-        assert _limits.default_threads() == 1
+        assert _threads.default_threads() == 1
 
 
 def test_default_threads_follow_torch_set_num_threads():
@@ -135,7 +135,7 @@ def test_default_threads_follow_torch_set_num_threads():
     training script's ``torch.set_num_threads`` also bounds seqpack's kernels."""
     pytest.importorskip("torch", reason="needs the torch extra: pip install 'seqpack[torch]'")
     for first in ("import seqpack, torch", "import torch, seqpack"):
-        code = f"{first}; torch.set_num_threads(1); from seqpack import _limits; print(_limits.default_threads())"
+        code = f"{first}; torch.set_num_threads(1); from seqpack import _threads; print(_threads.default_threads())"
         assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               check=True).stdout.strip() == "1", first
 
@@ -145,24 +145,24 @@ def test_multiprocessing_children_default_to_one_thread(tmp_path):
     script = tmp_path / "pool.py"
     script.write_text(textwrap.dedent("""
         import multiprocessing as mp
-        from seqpack import _limits
+        from seqpack import _threads
 
         def threads(_):
-            return _limits.default_threads()
+            return _threads.default_threads()
 
         if __name__ == "__main__":
             with mp.get_context("spawn").Pool(1) as pool:
-                print(pool.map(threads, [0])[0], _limits.default_threads() >= 1)
+                print(pool.map(threads, [0])[0], _threads.default_threads() >= 1)
     """))
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "1 True", result.stderr
 
 
 def test_threads_argument_is_checked():
-    for bad in (0, -1, True, 1.5, "2", _limits.MAX_THREADS + 1):
+    for bad in (0, -1, True, 1.5, "2", _threads.MAX_THREADS + 1):
         with pytest.raises(sp.InvalidInputError, match="threads"):
-            _limits.kernel_threads(bad)
-    assert _limits.kernel_threads(np.int64(3)) == 3
+            _threads.kernel_threads(bad)
+    assert _threads.kernel_threads(np.int64(3)) == 3
 
 
 # Calls until half a second has passed (at least two), so an optimized and a bounds-checked
@@ -196,7 +196,7 @@ def test_omp_num_threads_one_keeps_kernels_on_one_core():
     ratio, started = child_threads({**blas, "OMP_NUM_THREADS": "1"}, ATTENTION_LOAD).split()
     print(f"CPU/wall with OMP_NUM_THREADS=1: {float(ratio):.2f}, threads started: {started}")
     assert float(ratio) < 1.15 and int(started) == 0
-    if _limits.default_threads() >= 2:
+    if _threads.default_threads() >= 2:
         env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
         ratio, started = subprocess.run(
             [sys.executable, "-c", ATTENTION_LOAD], env={**env, **blas}, capture_output=True, text=True, check=True
@@ -204,4 +204,4 @@ def test_omp_num_threads_one_keeps_kernels_on_one_core():
         print(f"CPU/wall without it: {float(ratio):.2f}, threads started: {started}")
         assert int(started) >= 1
     else:  # said, so that a one-core run is not read as a passed control
-        print(f"control not run: {_limits.default_threads()} kernel thread here, so there is no pool to count")
+        print(f"control not run: {_threads.default_threads()} kernel thread here, so there is no pool to count")

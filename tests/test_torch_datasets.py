@@ -41,7 +41,7 @@ def expected_ids(source, numbers) -> list:
 def test_map_style_items_are_the_batches_as_tensors():
     source = plan()
     for dataset_of in (source, source.epoch()):
-        dataset = st.PackedDataset(dataset_of)
+        dataset = st.BatchDataset(dataset_of)
         assert len(dataset) == len(source)
         assert ids(DataLoader(dataset, batch_size=None)) == expected_ids(source, range(len(source)))
         assert ids([dataset[-1]]) == expected_ids(source, [len(source) - 1])
@@ -49,9 +49,9 @@ def test_map_style_items_are_the_batches_as_tensors():
             dataset[len(source)]
     padded = sp.pad(sp.ExampleTable.from_arrays([0, 40, 41, 1], [0, 4], sp.BatchBinding.fixture()), sp.PadConfig(),
                     partition=sp.Partition.TRAIN, binding=sp.BatchBinding.fixture())
-    assert st.PackedDataset(padded)[0]["valid_lengths"].tolist() == [3]
+    assert st.BatchDataset(padded)[0]["valid_lengths"].tolist() == [3]
     with pytest.raises(sp.InvalidInputError, match="expected a PackingPlan, a dataset from seqpack.open_dataset"):
-        st.PackedDataset([1, 2])
+        st.BatchDataset([1, 2])
 
 
 def test_a_packed_dataset_on_disk_feeds_both_datasets(tmp_path):
@@ -69,36 +69,36 @@ def test_a_packed_dataset_on_disk_feeds_both_datasets(tmp_path):
     on_disk = sp.open_dataset(tmp_path / "packed")
     in_memory = sp.plan(sp.ExampleTable.from_texts(texts, binding, capacity=64), config, partition=sp.Partition.TRAIN,
                         binding=binding, policy="best-fit-decreasing")
-    assert len(st.PackedDataset(on_disk)) == len(in_memory) > 5
+    assert len(st.BatchDataset(on_disk)) == len(in_memory) > 5
     for number in (0, len(in_memory) - 1):
-        for name, value in st.PackedDataset(on_disk)[number].items():
+        for name, value in st.BatchDataset(on_disk)[number].items():
             assert torch.equal(value, st.tensors(in_memory.batch(number))[name]), (number, name)
-    stream = st.PackedIterableDataset(on_disk, seed=7)
-    expected = ids(st.PackedIterableDataset(in_memory, seed=7))
+    stream = st.IterableBatchDataset(on_disk, seed=7)
+    expected = ids(st.IterableBatchDataset(in_memory, seed=7))
     assert ids(stream) == expected
     assert ids(DataLoader(stream, batch_size=None, num_workers=2)) == expected
 
 
 def test_order_is_a_deterministic_shuffle_per_epoch():
     source = plan()
-    unshuffled = st.PackedIterableDataset(source, shuffle=False)
+    unshuffled = st.IterableBatchDataset(source, shuffle=False)
     assert ids(unshuffled) == expected_ids(source, range(len(source)))
-    dataset = st.PackedIterableDataset(source, seed=7)
+    dataset = st.IterableBatchDataset(source, seed=7)
     first = ids(dataset)
-    assert first == ids(dataset) == ids(st.PackedIterableDataset(source, seed=7))  # a pass repeats its epoch
+    assert first == ids(dataset) == ids(st.IterableBatchDataset(source, seed=7))  # a pass repeats its epoch
     assert sorted(first) == sorted(expected_ids(source, range(len(source)))) and first != ids(unshuffled)
     dataset.set_epoch(1)
     assert ids(dataset) != first
     dataset.set_epoch(0)
     assert ids(dataset) == first
-    assert ids(st.PackedIterableDataset(source, seed=8)) != first
+    assert ids(st.IterableBatchDataset(source, seed=8)) != first
 
 
 def test_ranks_share_an_epoch_evenly_by_target_count():
     source = plan()
     targets = source.batch_targets()
     world_size = 3
-    shares = [st.PackedIterableDataset(source, seed=1, rank=r, world_size=world_size).rank_batches(0)
+    shares = [st.IterableBatchDataset(source, seed=1, rank=r, world_size=world_size).rank_batches(0)
               for r in range(world_size)]
     steps = len(source) // world_size
     assert all(len(share) == steps for share in shares)
@@ -109,28 +109,28 @@ def test_ranks_share_an_epoch_evenly_by_target_count():
         assert sorted(share[step] for share in shares) == sorted(order[step * world_size:(step + 1) * world_size])
     totals = [int(targets[share].sum()) for share in shares]
     assert max(totals) - min(totals) <= targets.max()
-    assert [len(st.PackedIterableDataset(source, rank=r, world_size=world_size)) for r in range(3)] == [steps] * 3
+    assert [len(st.IterableBatchDataset(source, rank=r, world_size=world_size)) for r in range(3)] == [steps] * 3
 
 
 def test_argument_errors():
     source = plan()
     with pytest.raises(sp.InvalidInputError, match="give both rank and world_size"):
-        st.PackedIterableDataset(source, rank=0)
+        st.IterableBatchDataset(source, rank=0)
     with pytest.raises(sp.InvalidInputError, match="rank is 2; the maximum is 1"):
-        st.PackedIterableDataset(source, rank=2, world_size=2)
-    st.PackedIterableDataset(source, rank=1, world_size=2)
+        st.IterableBatchDataset(source, rank=2, world_size=2)
+    st.IterableBatchDataset(source, rank=1, world_size=2)
     with pytest.raises(sp.InvalidInputError, match=f"the plan has {len(source)} batches for {len(source) + 1} ranks"):
-        st.PackedIterableDataset(source, rank=0, world_size=len(source) + 1)
-    st.PackedIterableDataset(source, rank=0, world_size=len(source))
-    state = st.PackedIterableDataset(source, seed=1).state_dict()
+        st.IterableBatchDataset(source, rank=0, world_size=len(source) + 1)
+    st.IterableBatchDataset(source, rank=0, world_size=len(source))
+    state = st.IterableBatchDataset(source, seed=1).state_dict()
     with pytest.raises(sp.InvalidInputError, match="the state was saved with seed 1; this dataset has 2"):
-        st.PackedIterableDataset(source, seed=2).load_state_dict(state)
+        st.IterableBatchDataset(source, seed=2).load_state_dict(state)
 
 
 def test_set_epoch_keeps_a_restored_position_of_that_epoch_only():
     source = plan()
     full = ids(epoch_items(source, 5, 1))
-    dataset = st.PackedIterableDataset(source, seed=5)
+    dataset = st.IterableBatchDataset(source, seed=5)
     dataset.load_state_dict({**dataset.state_dict(), "epoch": 1, "position": 4})
     dataset.set_epoch(1)
     assert ids(dataset) == full[4:]
@@ -146,14 +146,14 @@ def test_set_epoch_keeps_a_restored_position_of_that_epoch_only():
 
 def epoch_items(source, seed, epoch):
     """Epoch ``epoch`` of a fresh stream, iterated directly."""
-    dataset = st.PackedIterableDataset(source, seed=seed)
+    dataset = st.IterableBatchDataset(source, seed=seed)
     dataset.set_epoch(epoch)
     return list(dataset)
 
 
 def resume_with_dataloader(workers: int, stop: int):
     source = plan()
-    dataset = st.PackedIterableDataset(source, seed=11)
+    dataset = st.IterableBatchDataset(source, seed=11)
     dataset.set_epoch(2)
     full = ids(DataLoader(dataset, batch_size=None, num_workers=workers))
     assert full == ids(epoch_items(source, 11, 2))  # workers take turns: the same order as none
@@ -164,7 +164,7 @@ def resume_with_dataloader(workers: int, stop: int):
             break
     # Without workers the dataset counted for itself; with them its copies did, so the trainer says.
     state = json.loads(json.dumps(dataset.state_dict() if workers == 0 else dataset.state_dict(consumed=stop)))
-    fresh = st.PackedIterableDataset(source, seed=11)
+    fresh = st.IterableBatchDataset(source, seed=11)
     fresh.load_state_dict(state)
     fresh.set_epoch(2)
     rest = ids(DataLoader(fresh, batch_size=None, num_workers=workers))
@@ -187,7 +187,7 @@ def test_resume_with_a_stateful_dataloader(workers):
     stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
     source = plan()
     full = ids(epoch_items(source, 4, 0))
-    loader = stateful.StatefulDataLoader(st.PackedIterableDataset(source, seed=4), batch_size=None,
+    loader = stateful.StatefulDataLoader(st.IterableBatchDataset(source, seed=4), batch_size=None,
                                          num_workers=workers)
     taken = []
     for item in loader:
@@ -197,7 +197,7 @@ def test_resume_with_a_stateful_dataloader(workers):
     state = loader.state_dict()
     saved = [found for found in nested_dicts(state) if {"epoch", "position", "seed"} <= found.keys()]
     assert len(saved) == max(workers, 1)  # the loader kept our state (no fast-forward fallback)
-    fresh = stateful.StatefulDataLoader(st.PackedIterableDataset(source, seed=4), batch_size=None,
+    fresh = stateful.StatefulDataLoader(st.IterableBatchDataset(source, seed=4), batch_size=None,
                                         num_workers=workers)
     fresh.load_state_dict(state)
     assert ids(taken) == full[:7] and ids(fresh) == full[7:]
@@ -211,11 +211,11 @@ def test_a_stateful_dataloader_saved_at_an_epochs_end_resumes_with_the_next_epoc
     put the dataset back at the end of epoch 0: epoch 1 yielded nothing."""
     stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
     source = plan()
-    loader = stateful.StatefulDataLoader(st.PackedIterableDataset(source, seed=4), batch_size=None,
+    loader = stateful.StatefulDataLoader(st.IterableBatchDataset(source, seed=4), batch_size=None,
                                          num_workers=workers)
     assert ids(loader) == ids(epoch_items(source, 4, 0))
     state = loader.state_dict()
-    dataset = st.PackedIterableDataset(source, seed=4)
+    dataset = st.IterableBatchDataset(source, seed=4)
     fresh = stateful.StatefulDataLoader(dataset, batch_size=None, num_workers=workers)
     fresh.load_state_dict(state)
     dataset.set_epoch(1)
@@ -224,12 +224,12 @@ def test_a_stateful_dataloader_saved_at_an_epochs_end_resumes_with_the_next_epoc
 
 def test_a_state_at_an_epochs_end_is_dropped_by_set_epoch_before_or_after_it():
     source = plan()
-    dataset = st.PackedIterableDataset(source, seed=4)
+    dataset = st.IterableBatchDataset(source, seed=4)
     assert len(list(dataset)) == len(dataset)
     done = dataset.state_dict()
     assert (done["epoch"], done["position"]) == (0, len(dataset))
     for set_first in (True, False):
-        fresh = st.PackedIterableDataset(source, seed=4)
+        fresh = st.IterableBatchDataset(source, seed=4)
         if set_first:
             fresh.set_epoch(1)
             fresh.load_state_dict(done)
@@ -237,12 +237,12 @@ def test_a_state_at_an_epochs_end_is_dropped_by_set_epoch_before_or_after_it():
             fresh.load_state_dict(done)
             fresh.set_epoch(1)
         assert ids(fresh) == ids(epoch_items(source, 4, 1)), set_first
-    fresh = st.PackedIterableDataset(source, seed=4)
+    fresh = st.IterableBatchDataset(source, seed=4)
     fresh.load_state_dict(done)
     fresh.set_epoch(0)
     assert list(fresh) == []  # the rest of epoch 0: nothing
     mid = dict(done, position=3)
-    fresh = st.PackedIterableDataset(source, seed=4)
+    fresh = st.IterableBatchDataset(source, seed=4)
     fresh.set_epoch(1)
     fresh.load_state_dict(mid)  # a mid-epoch state still resumes its epoch, whatever came before
     assert ids(fresh) == ids(epoch_items(source, 4, 0))[3:]
@@ -260,7 +260,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 import seqpack.torch as st
 from test_torch_datasets import ids, plan
-dataset = st.PackedIterableDataset(plan(), seed=9)
+dataset = st.IterableBatchDataset(plan(), seed=9)
 dataset.load_state_dict(json.loads(sys.stdin.read()))
 print(json.dumps(ids(dataset)))
 """
@@ -268,7 +268,7 @@ print(json.dumps(ids(dataset)))
 
 @pytest.mark.slow
 def test_resume_in_a_fresh_process():
-    dataset = st.PackedIterableDataset(plan(), seed=9)
+    dataset = st.IterableBatchDataset(plan(), seed=9)
     full = ids(dataset)
     iterator = iter(dataset)
     for _ in range(5):
@@ -284,7 +284,7 @@ def test_persistent_workers_follow_set_epoch():
     """Persistent workers kept the copy of the dataset they started with: every epoch
     repeated the first one's order."""
     source = plan()
-    dataset = st.PackedIterableDataset(source, seed=4)
+    dataset = st.IterableBatchDataset(source, seed=4)
     loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
     for epoch in (0, 1, 2, 2, 5):
         dataset.set_epoch(epoch)
@@ -297,7 +297,7 @@ def test_persistent_workers_follow_a_state_loaded_in_the_main_process():
     """A state loaded after persistent workers started stayed in the main process: the
     workers' next pass ran their own epoch from its start."""
     source = plan()
-    dataset = st.PackedIterableDataset(source, seed=4)
+    dataset = st.IterableBatchDataset(source, seed=4)
     loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
     assert ids(loader) == ids(epoch_items(source, 4, 0))
     dataset.set_epoch(1)

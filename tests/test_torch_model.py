@@ -3,7 +3,7 @@
 The model (written here, nanoGPT-style): token embedding, rotary positions at each
 cell's local position, grouped-query attention (4 query heads, 2 key/value heads),
 SwiGLU, RMS norms, an output tied to the embedding; float64. One training step over a
-packed plan (``PackedIterableDataset``, ``range_attention``, ``LossAccumulator``) gives
+packed plan (``IterableBatchDataset``, ``range_attention``, ``LossAccumulator``) gives
 every valid logit, the loss sum and every parameter gradient of the separate runs
 (plain SDPA with ``is_causal`` on each example alone) within ``1e-10 + 1e-9 * max``.
 """
@@ -155,8 +155,8 @@ def test_a_packed_training_step_equals_every_example_alone(seed):
 
     separate_logits, separate_sum, separate_grads = separate_step(model, examples.values())
     padded = padded_epoch(predictions, 3, seed)
-    for batches, dataset in ((batches, st.PackedIterableDataset(plan, shuffle=False)),
-                             (list(padded), st.PackedDataset(padded))):
+    for batches, dataset in ((batches, st.IterableBatchDataset(plan, shuffle=False)),
+                             (list(padded), st.BatchDataset(padded))):
         logits, loss_sum, grads = packed_step(model, batches, dataset)
         assert sorted(logits) == list(range(len(examples)))
         for ordinal, expected in enumerate(separate_logits):
@@ -165,5 +165,5 @@ def test_a_packed_training_step_equals_every_example_alone(seed):
         assert grads.keys() == separate_grads.keys() and len(grads) == 2 + 2 * 9
         for name, grad in grads.items():
             assert grad.abs().max() > 0 and within(grad, separate_grads[name]), name
-    logits, _, _ = packed_step(model, list(plan), st.PackedIterableDataset(plan, shuffle=False), row_positions=True)
+    logits, _, _ = packed_step(model, list(plan), st.IterableBatchDataset(plan, shuffle=False), row_positions=True)
     assert not all(within(logits[ordinal], expected) for ordinal, expected in enumerate(separate_logits))

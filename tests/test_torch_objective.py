@@ -201,7 +201,7 @@ def distributed_rank(rank: int, world_size: int) -> None:
             rf"over the ranks\) but its micro-batches so far hold {counted + mine[1].target_count}: ")):
         accumulator(model(st.tensors(mine[1])), mine[1])
 
-    dataset = st.PackedIterableDataset(packed_plan(PREDICTIONS, 16, 1))  # rank and size from the group
+    dataset = st.IterableBatchDataset(packed_plan(PREDICTIONS, 16, 1))  # rank and size from the group
     assert (dataset.rank, dataset.world_size) == (rank, world_size)
     shares = [None] * world_size
     dist.all_gather_object(shares, dataset.rank_batches(0).tolist())
@@ -265,7 +265,7 @@ def test_logits_must_be_a_floating_tensor_and_an_empty_vocabulary_is_handled():
 
 def test_a_loaded_position_past_the_epochs_end_is_an_error():
     plan = packed_plan(random_predictions(np.random.default_rng(3), 60, 12), 16, 1, 3)
-    dataset = st.PackedIterableDataset(plan)
+    dataset = st.IterableBatchDataset(plan)
     state = dataset.state_dict(consumed=len(dataset))
     dataset.load_state_dict(state)
     assert list(dataset) == []  # the epoch's end: nothing left
@@ -283,7 +283,7 @@ def test_a_loaded_position_past_the_epochs_end_is_an_error():
 def test_worker_states_stay_within_the_epoch(monkeypatch):
     """A worker past its last batch records the epoch's end, which loads (and resumes nothing)."""
     plan = packed_plan(random_predictions(np.random.default_rng(3), 60, 12), 16, 1, 3)
-    dataset = st.PackedIterableDataset(plan, shuffle=False)
+    dataset = st.IterableBatchDataset(plan, shuffle=False)
     monkeypatch.setattr(datasets, "get_worker_info", lambda: SimpleNamespace(id=0, num_workers=4))
     positions = [dataset.state_dict()["position"] for _ in dataset]  # worker 0 of 4
     monkeypatch.undo()

@@ -500,7 +500,8 @@ def _check_flag_ranges(args) -> None:
     """Every numeric flag of every command within its range, else a usage error naming the
     flag and the bound, before anything is read or run (a huge thread count would fail
     deep in a pool, a zero capacity as bad input)."""
-    from ._limits import INT32_MAX, MAX_THREADS
+    from ._arguments import INT32_MAX
+    from ._threads import MAX_THREADS
 
     ranges = {"capacity": (1, INT32_MAX), "rows_per_batch": (1, INT32_MAX), "threads": (1, MAX_THREADS),
               "shards": (1, None), "workers": (1, None), "batch": (0, None), "row": (0, None),

@@ -29,7 +29,9 @@ import sys
 
 import numpy as np
 
-from .._limits import check_int, default_threads
+from .._arguments import check_int
+
+from .._threads import default_threads
 from ..errors import InvalidInputError
 from ..nn import _attention
 from ..nn.attention import _profile, range_attention_backward, range_attention_forward

@@ -44,7 +44,9 @@ import time
 
 import numpy as np
 
-from .._limits import check_int, kernel_threads
+from .._arguments import check_int
+
+from .._threads import kernel_threads
 from ..data.binding import BatchBinding, Partition
 from ..data.table import ExampleTable
 from ..data.tokenizer import ByteTokenizer

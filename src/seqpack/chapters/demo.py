@@ -6,7 +6,7 @@ from the library's own objects, so they show what a user would get.
 
 from __future__ import annotations
 
-from .._limits import check_int
+from .._arguments import check_int
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
 from ..data.windows import CausalWindowConfig, MiniBatchConfig, MiniBatchEpoch

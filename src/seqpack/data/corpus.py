@@ -10,7 +10,7 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
-from .._limits import check_optional_int
+from .._arguments import check_optional_int
 from ..errors import InvalidInputError
 from .binding import BatchBinding, Partition
 from .table import ExampleTable

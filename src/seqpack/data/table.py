@@ -13,7 +13,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .._limits import INT32_MAX, check_bool, check_int, check_threads, integer_array, kernel_threads
+from .._arguments import INT32_MAX, check_bool, check_int, integer_array
+
+from .._threads import check_threads, kernel_threads
 from ..errors import CapacityError, InvalidInputError, SeqpackError
 from . import _validate
 from .binding import BatchBinding, Partition, check_expectations
@@ -100,7 +102,7 @@ class ExampleTable:
         ``supervised`` (None: all) is a bool array over ``token_ids``: ``supervised[j]``
         says whether token ``j``, as a target, counts in the loss (a document's first
         token is never a target). An example none of whose targets is supervised is an
-        error naming it. ``threads`` (None: ``seqpack._limits.default_threads()``) split the validation of
+        error naming it. ``threads`` (None: ``seqpack._arguments.default_threads()``) split the validation of
         a large token array; the result never depends on it.
         """
         check_expectations(partition, binding)

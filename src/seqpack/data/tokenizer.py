@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._limits import INT64_MAX, check_int, is_int
+from .._arguments import INT64_MAX, check_int, is_int
 from ..errors import DecodeLimitError, InvalidInputError, TokenizerError
 
 BOS_ID = 0

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._limits import INT32_MAX, check_int, integer_array
+from .._arguments import INT32_MAX, check_int, integer_array
 from ..errors import InvalidInputError
 from .binding import Partition, check_partition
 from .documents import BatchDocument, as_int32_tokens

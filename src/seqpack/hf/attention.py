@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._limits import check_int, check_scale
+from .._arguments import check_int, check_scale
 from ..errors import InvalidInputError
 from ..nn.attention import range_attention_backward, range_attention_forward
 from ..torch.attention import (

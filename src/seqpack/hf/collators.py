@@ -49,7 +49,7 @@ def flat(batch) -> dict:
     """The batch's examples flattened as ``DataCollatorWithFlattening`` flattens them.
 
     ``batch``: a padded or packed batch, or its ``seqpack.torch.tensors`` dict as
-    ``seqpack.torch.PackedDataset`` and ``PackedIterableDataset`` yield it (the same result).
+    ``seqpack.torch.PackedDataset`` and ``IterableBatchDataset`` yield it (the same result).
 
     Keys, dtypes and values of ``DataCollatorWithFlattening(return_flash_attn_kwargs=True,
     return_seq_idx=True)`` called on ``[{"input_ids": tokens}, ...]`` with each
@@ -96,7 +96,7 @@ def rows(batch) -> dict:
     implementations ignore it) and ``use_cache=False``. No ``attention_mask``.
 
     ``batch``: a padded or packed batch, or its ``seqpack.torch.tensors`` dict as
-    ``seqpack.torch.PackedDataset`` and ``PackedIterableDataset`` yield it (the same result).
+    ``seqpack.torch.PackedDataset`` and ``IterableBatchDataset`` yield it (the same result).
     """
     fields = batch_tensors(batch)
     lengths = fields["valid_lengths"]

@@ -1,7 +1,7 @@
 """The corpus layer: from files on disk to a packed dataset on disk, and back as lazy batches.
 
 Readers (:mod:`seqpack.io.readers`) stream documents from text files, JSONL,
-Parquet/Arrow, in-memory tables and Megatron datasets; :mod:`seqpack.io.encoding`
+Parquet/Arrow, in-memory tables and Megatron datasets; :mod:`seqpack.io.tokenizer_file`
 tokenizes them (the byte tokenizer, or a Hugging Face ``tokenizers`` file bound by
 identity); :func:`pack_corpus` writes the packed dataset crash-safely
 (:mod:`seqpack.io.format` documents the files); :func:`open_dataset` opens it as lazy
@@ -11,7 +11,7 @@ and :mod:`seqpack.io.render` report and draw it.
 
 from ..packing.batches import PackedBatches
 from .dataset import PackedDataset, open_dataset
-from .encoding import TokenizerFile
+from .tokenizer_file import TokenizerFile
 from .readers import ArrowBatches, JsonLines, Megatron, TextFiles, reader_for
 from .templates import TemplateLimits
 from .verify import verify_dataset

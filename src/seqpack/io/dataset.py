@@ -6,7 +6,7 @@ O(examples) index arrays; ``batch(i)`` reads batch ``i``'s tokens (one contiguou
 ``tokens.bin``) and fills its fields with the same kernel as ``seqpack.pack``, so the
 batches equal those of ``seqpack.pack`` on the same examples under the same policy. The
 object follows :class:`~seqpack.packing.PackedBatches` (what ``seqpack.plan`` returns follows it too), so
-anything that consumes a plan (a trainer loop, ``seqpack.torch.PackedIterableDataset``)
+anything that consumes a plan (a trainer loop, ``seqpack.torch.IterableBatchDataset``)
 takes a dataset on disk unchanged. Opening checks, without reading tokens, that every
 file has the size and shape the manifest records, that the placements tile each row
 and place every example once, that the examples are the documents' ranges (less the
@@ -33,7 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .._limits import batch_number, check_bool, check_threads, permitted_edges
+from .._arguments import batch_number, check_bool
+
+from .._threads import check_threads
+
+from ..layout.counts import permitted_edges
 from ..data.binding import BatchBinding, Partition
 from ..data.documents import BatchDocument
 from ..data.examples import SequenceExample

@@ -80,7 +80,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._limits import check_bool
+from .._arguments import check_bool
 from ..errors import InvalidInputError
 
 FORMAT = "seqpack-packed-dataset"

@@ -17,7 +17,7 @@ from itertools import zip_longest
 
 import numpy as np
 
-from .._limits import is_int
+from .._arguments import is_int
 from ..errors import InvalidInputError
 from ..layout.batch import BatchLayout
 

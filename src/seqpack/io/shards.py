@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .._limits import check_int, is_int
+from .._arguments import check_int, is_int
 from ..data.binding import BatchBinding, Partition
 from ..errors import InvalidInputError, SeqpackError
 from ..packing.config import PackConfig
 from . import format as fmt
-from .chunks import ChunkEncoder, SupervisionOptions
+from .chunk_encoder import ChunkEncoder, SupervisionOptions
 from .progress import Progress
 from .readers import (
     ArrowBatches,

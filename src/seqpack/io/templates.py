@@ -29,7 +29,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .._limits import check_int
+from .._arguments import check_int
 from ..errors import InvalidInputError
 from .readers import missing_extra
 

@@ -162,7 +162,7 @@ def check_report(dataset: PackedDataset) -> None:
 def check_tokenizer(dataset: PackedDataset, file) -> None:
     """``file`` is the tokenizers JSON file the dataset was packed with: its identity
     (content digest, vocabulary size, BOS and EOS) is the one the manifest records."""
-    from .encoding import TokenizerFile
+    from .tokenizer_file import TokenizerFile
 
     recorded = dataset.manifest["binding"]["tokenizer"]
     if recorded.get("kind") == "byte":

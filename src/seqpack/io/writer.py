@@ -34,8 +34,8 @@ from ..packing.gather import gather_ranges
 from ..packing.placement import check_policy, place
 from ..packing.report import EfficiencyReport
 from . import format as fmt
-from .chunks import ChunkEncoder, Encoded, SupervisionOptions
-from .encoding import TokenizerFile
+from .chunk_encoder import ChunkEncoder, Encoded, SupervisionOptions
+from .tokenizer_file import TokenizerFile
 from .progress import Progress
 from .readers import Reader, read_ahead
 from .templates import TemplateLimits
@@ -408,7 +408,7 @@ def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer,
     ``labels`` columns. These documents are taken as TRL gives them (no BOS or EOS added).
 
     ``tokenizer`` is ``binding.tokenizer`` (a ByteTokenizer) or a
-    :class:`~seqpack.io.encoding.TokenizerFile` whose identity is the binding's.
+    :class:`~seqpack.io.tokenizer_file.TokenizerFile` whose identity is the binding's.
     ``long="error"`` (default) refuses a document longer than ``config.capacity``
     predictions naming its file and line; ``long="cut"`` cuts it into overlapping
     windows. ``framed`` takes pre-tokenized documents as already ``[BOS, ..., EOS]``.

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._limits import permitted_edges
+from .counts import permitted_edges
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
 from ..errors import BindingError, InvalidInputError, VerificationError

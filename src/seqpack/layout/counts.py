@@ -5,6 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from .._arguments import INT32_MAX
+from ..errors import InvalidInputError
+
 
 @dataclass(frozen=True)
 class LayoutCounts:
@@ -43,3 +48,20 @@ class LayoutCounts:
             "dense_score_positions": self.dense_score_positions,
             "permitted_edges": self.permitted_edges,
         }
+
+
+def permitted_edges(lengths: np.ndarray) -> int:
+    """The sum of ``n * (n + 1) // 2`` over ``lengths`` (integers in ``[0, 2**31)``, as a
+    row's capacity bounds them), exact: the edges causal segments of those lengths
+    permit. Each term is split at bit 32 and at most 2**31 terms are summed at once, so
+    no uint64 sum can wrap (an int64 sum of 2**20 segments of 2**22 would)."""
+    n = np.asarray(lengths, dtype=np.int64).ravel()
+    if n.size and not 0 <= int(n.min()) <= int(n.max()) <= INT32_MAX:
+        raise InvalidInputError(f"segment lengths must lie in [0, {INT32_MAX}]")
+    total = 0
+    for first in range(0, n.size, 1 << 31):
+        part = n[first:first + (1 << 31)].astype(np.uint64)
+        terms = part * (part + np.uint64(1)) // np.uint64(2)  # < 2**61
+        total += int((terms >> np.uint64(32)).sum(dtype=np.uint64)) << 32
+        total += int((terms & np.uint64(0xFFFFFFFF)).sum(dtype=np.uint64))
+    return total

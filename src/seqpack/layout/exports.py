@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._limits import INT32_MAX
+from .._arguments import INT32_MAX
 from ..errors import InvalidInputError
 from .batch import BatchLayout
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._limits import kernel_threads
+from .._threads import kernel_threads
 from . import _fill
 
 PAD_CELL = -1

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .._limits import INT32_MAX
+from .._arguments import INT32_MAX
 from ..data.binding import BatchBinding, Partition, check_expectations, check_owner
 from ..data.examples import SequenceExample, check_stored
 from ..data.supervision import gathered

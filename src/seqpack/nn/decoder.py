@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._limits import INT32_MAX, check_int, integer_array
+from .._arguments import INT32_MAX, check_int, integer_array
 from ..errors import CapacityError, InvalidInputError
 from ..packing import budget
 from ..packing.config import DEFAULT_MEMORY_BYTES

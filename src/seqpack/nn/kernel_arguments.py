@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .._limits import check_disjoint, check_scale, integer_array
+from .._arguments import check_disjoint, check_scale, integer_array
 from ..errors import InvalidInputError
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))

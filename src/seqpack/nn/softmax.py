@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._limits import check_disjoint, integer_array
+from .._arguments import check_disjoint, integer_array
 from ..errors import InvalidInputError
 from . import _softmax
 from .autograd import Tensor, record

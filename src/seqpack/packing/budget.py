@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._limits import INT64_MAX
+from .._arguments import INT64_MAX
 from ..errors import InvalidInputError, MemoryBudgetError
 from ..layout.fields import CELL_FIELDS, FLAG_FIELDS, OCCURRENCE_DTYPE
 from .placement import (

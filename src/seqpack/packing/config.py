@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .._limits import INT32_MAX, check_int, check_optional_int
+from .._arguments import INT32_MAX, check_int, check_optional_int
 from ..errors import InvalidInputError
 
 #: The memory budget of a config that names none: 8 GiB.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._limits import batch_index
+from .._arguments import batch_index
 
 
 class Epoch:

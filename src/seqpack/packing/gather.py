@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._limits import INT64_MAX, check_disjoint, integer_array
+from .._arguments import INT64_MAX, check_disjoint, integer_array
 from ..errors import InvalidInputError
 from . import _gather
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..layout.batch import BatchLayout
 from ..layout.fields import FieldArrays, Placements
-from .._limits import batch_index
+from .._arguments import batch_index
 from .epoch import Epoch
 
 

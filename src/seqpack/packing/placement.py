@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._limits import INT64_MAX
+from .._arguments import INT64_MAX
 from ..errors import CapacityError, InvalidInputError
 from . import _placement
 

@@ -17,7 +17,9 @@ from typing import Union
 
 import numpy as np
 
-from .._limits import batch_index, batch_number, check_bool, check_threads
+from .._arguments import batch_index, batch_number, check_bool
+
+from .._threads import check_threads
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
 from ..data.table import ExampleTable
@@ -246,7 +248,7 @@ def plan(
     than ``capacity`` or a batch over ``max_cells`` (``CapacityError``); the plan
     plus its largest batch over ``max_memory_bytes`` (``MemoryBudgetError``, checked
     before placement and again after it). ``threads`` (None: the default of
-    ``seqpack._limits.default_threads``) is what ``epoch()`` and large builds use.
+    ``seqpack._arguments.default_threads``) is what ``epoch()`` and large builds use.
     """
     result = placed_plan(examples, config, partition, binding, policy, threads)
     budget.require(result.memory_peak, result.config.max_memory_bytes, "the packing plan and its largest batch")
@@ -267,7 +269,7 @@ def pack(
     ``i``-th supplied example (duplicates included) gets segment ``i``. Errors are
     those of :func:`plan`, and the whole epoch's bytes over ``max_memory_bytes``
     (``MemoryBudgetError``), checked before any batch array is allocated. ``threads``
-    (None: ``seqpack._limits.default_threads()``) split the fill; the result never
+    (None: ``seqpack._arguments.default_threads()``) split the fill; the result never
     depends on it.
     """
     return placed_plan(examples, config, partition, binding, policy, threads).epoch()

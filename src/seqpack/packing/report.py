@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._limits import permitted_edges
+from ..layout.counts import permitted_edges
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,9 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from .._limits import MAX_THREADS, check_int
+from .._arguments import check_int
+
+from .._threads import MAX_THREADS
 from ..data import BatchBinding, ByteTokenizer, Partition
 from ..errors import InvalidInputError, SeqpackError
 from ..io import format as fmt

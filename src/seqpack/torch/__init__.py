@@ -15,7 +15,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess wit
 
 from .attention import range_attention
 from .counts import step_target_count
-from .datasets import PackedDataset, PackedIterableDataset
+from .datasets import BatchDataset, IterableBatchDataset
 from .exports import (
     cu_seqlens,
     document_block_mask,
@@ -28,7 +28,7 @@ from .objective import LossAccumulator, token_weighted_loss
 from .tensors import IGNORE_INDEX, tensors
 
 __all__ = [
-    "IGNORE_INDEX", "LossAccumulator", "PackedDataset", "PackedIterableDataset", "cu_seqlens",
+    "IGNORE_INDEX", "LossAccumulator", "BatchDataset", "IterableBatchDataset", "cu_seqlens",
     "document_block_mask", "document_ids", "max_seqlen", "position_ids", "range_attention", "seq_lens",
     "step_target_count", "tensors", "token_weighted_loss",
 ]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._limits import integer_array
+from .._arguments import integer_array
 from ..errors import InvalidInputError
 from ..nn.attention import range_attention_backward, range_attention_forward
 from .tensors import is_integer_tensor

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .._limits import is_int
+from .._arguments import is_int
 from ..errors import InvalidInputError
 from ..layout.batch import BatchLayout
 from .tensors import IGNORE_INDEX, eligible_targets, is_integer_tensor

@@ -4,7 +4,7 @@ Use them with ``DataLoader(dataset, batch_size=None)``: each item already is a b
 the dict :func:`~seqpack.torch.tensors` makes, which ``seqpack.hf.rows`` and
 ``seqpack.hf.flat`` take as it is.
 
-``PackedIterableDataset`` is the training stream. Each epoch it shuffles the batches
+``IterableBatchDataset`` is the training stream. Each epoch it shuffles the batches
 deterministically from ``(seed, epoch)``, deals them to the ranks one step at a time
 (every rank gets one batch per step; the step's batch with the most eligible targets goes
 to the rank with the fewest so far, so ranks stay balanced by target count), and lets
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from .._limits import batch_index, check_bool, check_int
+from .._arguments import batch_index, check_bool, check_int
 from ..errors import InvalidInputError
 from ..packing.batches import PackedBatches
 from ..packing.epoch import Epoch
@@ -48,7 +48,7 @@ class _Batches:
         return len(self.targets)
 
 
-class PackedDataset(Dataset):
+class BatchDataset(Dataset):
     """Map-style: item ``i`` is batch ``i`` of a plan, an opened dataset or an epoch as
     :func:`~seqpack.torch.tensors`."""
 
@@ -83,7 +83,7 @@ def deal_to_ranks(targets: np.ndarray, order: np.ndarray, world_size: int) -> np
     return dealt
 
 
-class PackedIterableDataset(IterableDataset):
+class IterableBatchDataset(IterableDataset):
     """This rank's batches of one epoch of ``plan``, in a deterministic per-epoch order.
 
     ``plan`` is a plan (``seqpack.plan``), a packed dataset on disk

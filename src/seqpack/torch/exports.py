@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .._limits import check_int
+from .._arguments import check_int
 from ..layout import exports
 from .tensors import check_batch, moved
 

@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import torch
 
-from .._limits import is_int
+from .._arguments import is_int
 from ..errors import InvalidInputError
 from ..layout.batch import BatchLayout
 from ..layout.fields import CELL_FIELDS, FLAG_FIELDS
@@ -98,7 +98,7 @@ def tensors(batch, device=None) -> dict[str, torch.Tensor]:
 
 def batch_tensors(batch) -> dict[str, torch.Tensor]:
     """:func:`tensors` of a batch, or a dict :func:`tensors` made (an item of
-    ``seqpack.torch.PackedDataset`` or ``PackedIterableDataset``) as it is, once its keys,
+    ``seqpack.torch.BatchDataset`` or ``IterableBatchDataset``) as it is, once its keys,
     dtypes, shapes and device (the CPU) are checked: what takes either reads only these."""
     if not isinstance(batch, dict):
         return tensors(check_batch(batch))
@@ -107,8 +107,8 @@ def batch_tensors(batch) -> dict[str, torch.Tensor]:
         problems = [f"lacks {', '.join(map(repr, sorted(missing)))}"] if missing else []
         problems += [f"has {', '.join(sorted(map(repr, extra)))}, which tensors() does not make"] if extra else []
         raise InvalidInputError(
-            "expected a padded or packed batch or its tensors() dict (an item of seqpack.torch.PackedDataset or "
-            f"PackedIterableDataset); this dict {' and '.join(problems)}"
+            "expected a padded or packed batch or its tensors() dict (an item of seqpack.torch.BatchDataset or "
+            f"IterableBatchDataset); this dict {' and '.join(problems)}"
         )
     inputs = batch["inputs"]
     if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:

@@ -17,7 +17,7 @@ from itertools import chain
 
 import numpy as np
 
-from ..._limits import check_int, check_optional_int
+from ..._arguments import check_int, check_optional_int
 from ...errors import InvalidInputError
 from .base import (
     CHUNK_BYTES,

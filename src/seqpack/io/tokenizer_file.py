@@ -7,8 +7,8 @@ EOS IDs, so seqpack never decodes the user's text. Texts are encoded a chunk at 
 with the tokenizer's own parallelism (``encode_batch``); neither tokenizer truncates or
 pads. Plain text is framed ``[BOS, content..., EOS]`` by seqpack (:func:`frame`; no BOS
 for a tokenizer without one); fine-tuning records are encoded as TRL encodes them, with
-the tokenizer's own special tokens (:mod:`seqpack.io.supervision`).
-:mod:`seqpack.io.chunks` encodes and validates the readers' chunks.
+the tokenizer's own special tokens (:mod:`seqpack.io.record_encoders`).
+:mod:`seqpack.io.chunk_encoder` encodes and validates the readers' chunks.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._limits import INT32_MAX
+from .._arguments import INT32_MAX
 from ..data.tokenizer import TokenizerIdentity
 from ..errors import InvalidInputError
 from .readers import missing_extra, not_a_file

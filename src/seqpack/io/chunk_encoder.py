@@ -4,7 +4,7 @@ Texts are encoded a chunk at a time with the tokenizer's own parallelism and fra
 ``[BOS, content..., EOS]`` (no BOS for a tokenizer without one); pre-tokenized documents
 are framed too (or taken as already framed), unless they carry masks: TRL's prepared
 records are taken as given, as their masks describe them. Prompt-completion records and
-conversations are encoded as TRL encodes them (:mod:`seqpack.io.supervision`), with
+conversations are encoded as TRL encodes them (:mod:`seqpack.io.record_encoders`), with
 their supervision, and taken as given. Every chunk is validated in one kernel pass, and
 an error names the document's file and line (or row).
 """
@@ -15,14 +15,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._limits import INT32_MAX, check_bool, kernel_threads
+from .._arguments import INT32_MAX, check_bool
+
+from .._threads import kernel_threads
 from ..data import _validate
 from ..data.binding import BatchBinding
 from ..data.supervision import target_counts
 from ..errors import InvalidInputError, SeqpackError
-from .encoding import TokenizerFailure, TokenizerFile, frame, frame_where
+from .tokenizer_file import TokenizerFailure, TokenizerFile, frame, frame_where
 from .readers import DocumentChunk, Input
-from .supervision import (
+from .record_encoders import (
     RecordError,
     encode_conversational_prompt_completion,
     encode_conversations,

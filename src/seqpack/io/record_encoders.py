@@ -31,10 +31,10 @@ from itertools import chain
 
 import numpy as np
 
-from .._limits import check_bool
+from .._arguments import check_bool
 from ..data.supervision import target_counts
 from ..errors import InvalidInputError
-from .encoding import TokenizerFailure, TokenizerFile
+from .tokenizer_file import TokenizerFailure, TokenizerFile
 from .readers import missing_extra
 from .templates import TemplateLimitError, TemplateLimits, bounded_rendering
 
