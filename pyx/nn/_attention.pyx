@@ -104,8 +104,9 @@ cdef enum:
     # thread stalls the whole region. The thread count never changes the results.
     WORK_PER_THREAD = 4194304
 
-cdef enum:
-    # Kernel status codes; the Python layer turns them into errors.
+# Status codes of ``plan_layout``, ``forward`` and ``backward`` (exported to Python:
+# seqpack.nn.attention turns each into its error).
+cpdef enum Status:
     LAYOUT_OK = 0
     BAD_LENGTH = 1        # valid_lengths[row] outside [0, T]
     BAD_START = 2         # segment_starts[row, column] outside [0, column]
@@ -140,8 +141,16 @@ def use_cpu_path(int path):
 use_cpu_path(-1)
 
 
+cdef struct Span:
+    # One segment of a layout: three Py_ssize_t, so that ``plan_layout`` copies the spans
+    # as the rows of a [segments, 3] intp array.
+    Py_ssize_t row
+    Py_ssize_t start
+    Py_ssize_t end          # exclusive
+
+
 cdef struct Plan:
-    Py_ssize_t *spans       # [segments, 3]: row, start, end (exclusive), in row order
+    Span *spans             # [segments], in row order
     Py_ssize_t *order       # [segments]: span indices, longest first, ties in row order
     Py_ssize_t segments
     Py_ssize_t longest      # longest segment length
@@ -163,7 +172,7 @@ cdef int find_segments(const Py_ssize_t[::1] valid_lengths,
     """Check the layout cell by cell and list its segments in row order."""
     cdef Py_ssize_t rows = segment_starts.shape[0], width = segment_starts.shape[1]
     cdef Py_ssize_t r, t, s, n = 0
-    cdef Py_ssize_t *spans = plan.spans
+    cdef Span *spans = plan.spans
     for r in range(rows):
         if valid_lengths[r] < 0 or valid_lengths[r] > width:
             plan.bad_row = r
@@ -176,13 +185,13 @@ cdef int find_segments(const Py_ssize_t[::1] valid_lengths,
                 plan.bad_column = t
                 return BAD_START if s < 0 or s > t else BROKEN_SEGMENT
             if s == t:
-                if n > 0 and spans[3 * (n - 1)] == r:
-                    spans[3 * (n - 1) + 2] = t
-                spans[3 * n] = r
-                spans[3 * n + 1] = t
+                if n > 0 and spans[n - 1].row == r:
+                    spans[n - 1].end = t
+                spans[n].row = r
+                spans[n].start = t
                 n += 1
-        if n > 0 and spans[3 * (n - 1)] == r:
-            spans[3 * (n - 1) + 2] = valid_lengths[r]
+        if n > 0 and spans[n - 1].row == r:
+            spans[n - 1].end = valid_lengths[r]
     plan.segments = n
     return LAYOUT_OK
 
@@ -194,7 +203,7 @@ cdef void order_longest_first(Plan *plan, Py_ssize_t width, Py_ssize_t *counts) 
     plan.longest = 0
     plan.edges = 0
     for k in range(plan.segments):
-        length = plan.spans[3 * k + 2] - plan.spans[3 * k + 1]
+        length = plan.spans[k].end - plan.spans[k].start
         counts[length] += 1
         plan.edges += length * (length + 1) // 2
         if length > plan.longest:
@@ -204,7 +213,7 @@ cdef void order_longest_first(Plan *plan, Py_ssize_t width, Py_ssize_t *counts) 
         counts[length] = cursor
         cursor += count
     for k in range(plan.segments):
-        length = plan.spans[3 * k + 2] - plan.spans[3 * k + 1]
+        length = plan.spans[k].end - plan.spans[k].start
         plan.order[counts[length]] = k
         counts[length] += 1
 
@@ -226,7 +235,7 @@ cdef int make_plan(const Py_ssize_t[::1] valid_lengths, const Py_ssize_t[:, ::1]
     plan.segments = 0
     plan.bad_row = 0
     plan.bad_column = 0
-    plan.spans = <Py_ssize_t *>malloc(3 * cells * sizeof(Py_ssize_t))
+    plan.spans = <Span *>malloc(cells * sizeof(Span))
     plan.order = <Py_ssize_t *>malloc(cells * sizeof(Py_ssize_t))
     counts = <Py_ssize_t *>malloc((width + 1) * sizeof(Py_ssize_t))
     if plan.spans == NULL or plan.order == NULL or counts == NULL:
@@ -246,9 +255,8 @@ def plan_layout(const Py_ssize_t[::1] valid_lengths not None,
                 Py_ssize_t[:, ::1] spans not None):
     """Check a layout and copy its segments into ``spans`` ([rows * T, 3], row order).
 
-    Returns ``(status, row, column, segments)``: status 0 and the segment count, or a
-    nonzero status (1: bad length, 2: start outside [0, column], 3: broken segment,
-    4: out of memory) with the first offending row and column.
+    Returns ``(status, row, column, segments)``: ``LAYOUT_OK`` and the segment count, or
+    another ``Status`` with the first offending row and column.
     """
     cdef Plan plan
     cdef int status
@@ -256,7 +264,7 @@ def plan_layout(const Py_ssize_t[::1] valid_lengths not None,
         status = make_plan(valid_lengths, segment_starts, &plan)
         if status == LAYOUT_OK:
             if plan.segments > 0:
-                memcpy(&spans[0, 0], plan.spans, 3 * plan.segments * sizeof(Py_ssize_t))
+                memcpy(&spans[0, 0], plan.spans, plan.segments * sizeof(Span))
             free_plan(&plan)
     return status, plan.bad_row, plan.bad_column, plan.segments
 
@@ -476,6 +484,19 @@ cdef struct Operand:
     Py_ssize_t cell
 
 
+cdef struct Operands:
+    # The arrays of one call; the forward sets the first five, the backward all nine.
+    Operand q               # [rows, heads, T, d]
+    Operand k               # [rows, kv_heads, T, d]
+    Operand v               # [rows, kv_heads, T, d]
+    Operand out             # [rows, heads, T, d]
+    Operand lse             # [rows, heads, T]
+    Operand dout            # [rows, heads, T, d]
+    Operand dq              # [rows, heads, T, d]
+    Operand dk              # [rows, kv_heads, T, d]
+    Operand dv              # [rows, kv_heads, T, d]
+
+
 cdef struct Group:
     # One work item's operands: a row's key/value head and the query heads of its group.
     # Pointers are at the row's first cell; ``*_head`` step between the group's query heads,
@@ -653,42 +674,49 @@ cdef int thread_count(int threads, Py_ssize_t items, Py_ssize_t work) noexcept n
     return <int>count if count > 1 else 1
 
 
-cdef Py_ssize_t item_group(Py_ssize_t item, const Plan *plan, Py_ssize_t kv_heads,
-                           Py_ssize_t group, const Operand *operands, Py_ssize_t count,
-                           size_t itemsize, Group *g) noexcept nogil:
+cdef inline void *first_cell(const Operand *x, Py_ssize_t row, Py_ssize_t head,
+                             size_t itemsize) noexcept nogil:
+    """The first cell of ``x[row, head]``."""
+    return <char *>x.data + (row * x.row + head * x.head) * <Py_ssize_t>itemsize
+
+
+cdef const Span *item_group(Py_ssize_t item, bint backward, const Plan *plan,
+                            Py_ssize_t kv_heads, Py_ssize_t group, const Operands *x,
+                            size_t itemsize, Group *g) noexcept nogil:
     """Point ``g`` at work item ``item``: segment order[item // kv_heads], key/value head
-    item % kv_heads. ``operands`` are q, k, v, out, lse, dout, dq, dk, dv (the first
-    ``count``). Returns the span index."""
-    cdef Py_ssize_t span = plan.order[item // kv_heads]
-    cdef Py_ssize_t r = plan.spans[3 * span], kv = item % kv_heads, n
-    cdef void *pointers[9]
-    cdef Py_ssize_t head
-    for n in range(count):
-        head = kv if n in (1, 2, 7, 8) else kv * group
-        pointers[n] = <char *>operands[n].data + (
-            r * operands[n].row + head * operands[n].head) * <Py_ssize_t>itemsize
-    g.q, g.k, g.v, g.out, g.lse = pointers[0], pointers[1], pointers[2], pointers[3], pointers[4]
-    if count > 5:
-        g.dout, g.dq, g.dk, g.dv = pointers[5], pointers[6], pointers[7], pointers[8]
+    item % kv_heads and its group's query heads from ``kv * group`` on. Returns the
+    segment."""
+    cdef const Span *span = &plan.spans[plan.order[item // kv_heads]]
+    cdef Py_ssize_t r = span.row, kv = item % kv_heads, h = kv * group
+    g.q = first_cell(&x.q, r, h, itemsize)
+    g.k = first_cell(&x.k, r, kv, itemsize)
+    g.v = first_cell(&x.v, r, kv, itemsize)
+    g.out = first_cell(&x.out, r, h, itemsize)
+    g.lse = first_cell(&x.lse, r, h, itemsize)
+    if backward:
+        g.dout = first_cell(&x.dout, r, h, itemsize)
+        g.dq = first_cell(&x.dq, r, h, itemsize)
+        g.dk = first_cell(&x.dk, r, kv, itemsize)
+        g.dv = first_cell(&x.dv, r, kv, itemsize)
     return span
 
 
-cdef void describe_group(const Operand *operands, Py_ssize_t count, Py_ssize_t group,
+cdef void describe_group(const Operands *x, bint backward, Py_ssize_t group,
                          Group *g) noexcept nogil:
     """The strides of a work item (the same for every item of a call)."""
     g.heads = group
-    g.q_head, g.ldq = operands[0].head, operands[0].cell
-    g.ldk, g.ldv = operands[1].cell, operands[2].cell
-    g.out_head, g.ldo = operands[3].head, operands[3].cell
-    g.lse_head, g.lse_cell = operands[4].head, operands[4].cell
-    if count > 5:
-        g.dout_head, g.lddout = operands[5].head, operands[5].cell
-        g.dq_head, g.lddq = operands[6].head, operands[6].cell
-        g.lddk, g.lddv = operands[7].cell, operands[8].cell
+    g.q_head, g.ldq = x.q.head, x.q.cell
+    g.ldk, g.ldv = x.k.cell, x.v.cell
+    g.out_head, g.ldo = x.out.head, x.out.cell
+    g.lse_head, g.lse_cell = x.lse.head, x.lse.cell
+    if backward:
+        g.dout_head, g.lddout = x.dout.head, x.dout.cell
+        g.dq_head, g.lddq = x.dq.head, x.dq.cell
+        g.lddk, g.lddv = x.dk.cell, x.dv.cell
 
 
 cdef void run_item(Py_ssize_t item, bint backward, const Plan *plan, Py_ssize_t kv_heads,
-                   Py_ssize_t group, const Operand *operands, Py_ssize_t d, Py_ssize_t tile,
+                   Py_ssize_t group, const Operands *operands, Py_ssize_t d, Py_ssize_t tile,
                    real scale, real *scratch, Interrupt *state, bint caller,
                    double *seconds) noexcept nogil:
     """Forward or backward of work item ``item`` (see ``item_group``); profiled into this
@@ -701,19 +729,19 @@ cdef void run_item(Py_ssize_t item, bint backward, const Plan *plan, Py_ssize_t 
         clock.bucket = clock.other = DS_OTHER if backward else FORWARD_OTHER
         clock.last = seqpack_monotonic_seconds()
         timing = &clock
-    describe_group(operands, 9 if backward else 5, group, &g)
-    cdef Py_ssize_t span = item_group(item, plan, kv_heads, group, operands,
-                                      9 if backward else 5, sizeof(real), &g)
+    describe_group(operands, backward, group, &g)
+    cdef const Span *span = item_group(item, backward, plan, kv_heads, group, operands,
+                                       sizeof(real), &g)
     if backward:
-        backward_segment(&g, plan.spans[3 * span + 1], plan.spans[3 * span + 2], d, tile,
-                         scale, scratch, state, caller, timing)
+        backward_segment(&g, span.start, span.end, d, tile, scale, scratch, state, caller,
+                         timing)
     else:
-        forward_segment(&g, plan.spans[3 * span + 1], plan.spans[3 * span + 2], d, tile,
-                        scale, scratch, state, caller, timing)
+        forward_segment(&g, span.start, span.end, d, tile, scale, scratch, state, caller,
+                        timing)
     charge(timing, 0)
 
 
-cdef int run(bint backward, const Operand *operands, Py_ssize_t kv_heads, Py_ssize_t group,
+cdef int run(bint backward, const Operands *operands, Py_ssize_t kv_heads, Py_ssize_t group,
              Py_ssize_t width, Py_ssize_t d, const Py_ssize_t[::1] valid_lengths,
              const Py_ssize_t[:, ::1] segment_starts, real scale, int threads, Plan *plan,
              Interrupt *state) noexcept nogil:
@@ -748,12 +776,12 @@ cdef int run(bint backward, const Operand *operands, Py_ssize_t kv_heads, Py_ssi
         free_plan(plan)
         return OUT_OF_MEMORY
     if backward:
-        for o in range(6, 9):
-            zero_padding(operands[o], kv_heads if o > 6 else heads, width, d, valid_lengths,
-                         sizeof(real))
+        zero_padding(operands.dq, heads, width, d, valid_lengths, sizeof(real))
+        zero_padding(operands.dk, kv_heads, width, d, valid_lengths, sizeof(real))
+        zero_padding(operands.dv, kv_heads, width, d, valid_lengths, sizeof(real))
     else:
-        zero_padding(operands[3], heads, width, d, valid_lengths, sizeof(real))
-        zero_padding(operands[4], heads, width, 1, valid_lengths, sizeof(real))
+        zero_padding(operands.out, heads, width, d, valid_lengths, sizeof(real))
+        zero_padding(operands.lse, heads, width, 1, valid_lengths, sizeof(real))
     if seconds != NULL:
         profile_seconds[BACKWARD_SETUP if backward else FORWARD_SETUP] += (
             seqpack_monotonic_seconds() - began)
@@ -809,21 +837,21 @@ def forward(const real[:, :, :, :] q not None, const real[:, :, :, :] k not None
     ``q``, ``out`` ``[rows, heads, T, d]``, ``k``, ``v`` ``[rows, kv_heads, T, d]`` with
     ``heads`` a multiple of ``kv_heads``; every array nonempty, its last axis contiguous
     and its other strides non-negative multiples of the item size (a T-stride of at least
-    ``d`` when T > 1); outputs free of overlap. Returns ``(status, row, column)``: 0 when
-    done, else the layout status (see ``plan_layout``) and the first offending cell, with
-    the outputs untouched. Interruptible: Ctrl-C raises ``KeyboardInterrupt`` (outputs
-    then undefined).
+    ``d`` when T > 1); outputs free of overlap. Returns ``(status, row, column)``:
+    ``LAYOUT_OK`` when done, else the ``Status`` (see ``plan_layout``) and the first
+    offending cell, with the outputs untouched. Interruptible: Ctrl-C raises
+    ``KeyboardInterrupt`` (outputs then undefined).
     """
     cdef Plan plan
     cdef Interrupt interrupt
     cdef int status
-    cdef Operand operands[5]
-    operands[0], operands[1], operands[2] = operand4(q), operand4(k), operand4(v)
-    operands[3], operands[4] = operand4(out), operand3(lse)
+    cdef Operands operands
+    operands.q, operands.k, operands.v = operand4(q), operand4(k), operand4(v)
+    operands.out, operands.lse = operand4(out), operand3(lse)
     cdef Py_ssize_t kv_heads = k.shape[1], group = q.shape[1] // k.shape[1]
     interrupt_start(&interrupt)  # an invalid layout returns before the work starts
     with nogil:
-        status = run(False, operands, kv_heads, group, q.shape[2], q.shape[3],
+        status = run(False, &operands, kv_heads, group, q.shape[2], q.shape[3],
                            valid_lengths, segment_starts, <real>scale, threads, &plan, &interrupt)
     interrupt_finish(&interrupt)
     return status, plan.bad_row, plan.bad_column
@@ -841,14 +869,14 @@ def backward(const real[:, :, :, :] q not None, const real[:, :, :, :] k not Non
     cdef Plan plan
     cdef Interrupt interrupt
     cdef int status
-    cdef Operand operands[9]
-    operands[0], operands[1], operands[2] = operand4(q), operand4(k), operand4(v)
-    operands[3], operands[4], operands[5] = operand4(out), operand3(lse), operand4(dout)
-    operands[6], operands[7], operands[8] = operand4(dq), operand4(dk), operand4(dv)
+    cdef Operands operands
+    operands.q, operands.k, operands.v = operand4(q), operand4(k), operand4(v)
+    operands.out, operands.lse, operands.dout = operand4(out), operand3(lse), operand4(dout)
+    operands.dq, operands.dk, operands.dv = operand4(dq), operand4(dk), operand4(dv)
     cdef Py_ssize_t kv_heads = k.shape[1], group = q.shape[1] // k.shape[1]
     interrupt_start(&interrupt)  # an invalid layout returns before the work starts
     with nogil:
-        status = run(True, operands, kv_heads, group, q.shape[2], q.shape[3],
+        status = run(True, &operands, kv_heads, group, q.shape[2], q.shape[3],
                            valid_lengths, segment_starts, <real>scale, threads, &plan, &interrupt)
     interrupt_finish(&interrupt)
     return status, plan.bad_row, plan.bad_column

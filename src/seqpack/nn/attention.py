@@ -34,16 +34,6 @@ from .kernel_arguments import floats, layout_arrays, outputs, scale_of
 from .ops import batched_matmul, scale, swap_last_axes
 from .softmax import causal_layout, range_softmax
 
-# Kernel status codes (see seqpack._attention) and the messages they become.
-_LAYOUT_ERRORS = {
-    1: "valid_lengths[{row}] = {length} is outside [0, {width}]",
-    2: "segment_starts[{row}, {column}] = {start} for valid query {column} of row {row} "
-    "is outside [0, {column}]",
-    3: "segment_starts[{row}, {column}] = {start} neither starts a segment at column "
-    "{column} nor continues the segment of column {previous} (start {previous_start}): "
-    "segments must be contiguous",
-}
-_OUT_OF_MEMORY = 4
 _kernels = None
 
 
@@ -56,22 +46,25 @@ def _kernel():
     return _kernels
 
 
-def _raise_for(status, row, column, lengths, starts):
-    if status == _OUT_OF_MEMORY:
+def _check_status(status, row, column, lengths, starts):
+    """Raise the error a kernel's status (``seqpack.nn._attention.Status``) stands for,
+    naming the first offending row and column; return for ``LAYOUT_OK``."""
+    Status = _kernel().Status
+    if status == Status.LAYOUT_OK:
+        return
+    if status == Status.OUT_OF_MEMORY:
         raise OutOfMemoryError("range attention could not allocate its work plan or scratch")
     width = starts.shape[1]
+    start = starts[row, column] if width else 0
     previous = max(column - 1, 0)
-    raise InvalidInputError(
-        _LAYOUT_ERRORS[status].format(
-            row=row,
-            column=column,
-            length=lengths[row],
-            width=width,
-            start=starts[row, column] if width else 0,
-            previous=previous,
-            previous_start=starts[row, previous] if width else 0,
-        )
-    )
+    raise InvalidInputError({
+        Status.BAD_LENGTH: f"valid_lengths[{row}] = {lengths[row]} is outside [0, {width}]",
+        Status.BAD_START: f"segment_starts[{row}, {column}] = {start} for valid query {column} "
+        f"of row {row} is outside [0, {column}]",
+        Status.BROKEN_SEGMENT: f"segment_starts[{row}, {column}] = {start} neither starts a "
+        f"segment at column {column} nor continues the segment of column {previous} (start "
+        f"{starts[row, previous] if width else 0}): segments must be contiguous",
+    }[status])
 
 
 def segment_spans(valid_lengths, segment_starts) -> np.ndarray:
@@ -87,8 +80,7 @@ def segment_spans(valid_lengths, segment_starts) -> np.ndarray:
     lengths, starts = layout_arrays(valid_lengths, starts, rows, width)
     spans = np.empty((rows * width + 1, 3), dtype=np.intp)
     status, row, column, count = _kernel().plan_layout(lengths, starts, spans)
-    if status:
-        _raise_for(status, row, column, lengths, starts)
+    _check_status(status, row, column, lengths, starts)
     return spans[:count].copy()
 
 
@@ -125,8 +117,7 @@ def range_attention_forward(q, k, v, valid_lengths, segment_starts, *, threads=N
         lse.fill(0)
         return out, lse
     status, row, column = _kernel().forward(q, k, v, lengths, starts, out, lse, threads, scale)
-    if status:
-        _raise_for(status, row, column, lengths, starts)
+    _check_status(status, row, column, lengths, starts)
     return out, lse
 
 
@@ -162,8 +153,7 @@ def range_attention_backward(q, k, v, out, lse, dout, valid_lengths, segment_sta
     status, row, column = _kernel().backward(
         q, k, v, out, lse, dout, lengths, starts, dq, dk, dv, threads, scale
     )
-    if status:
-        _raise_for(status, row, column, lengths, starts)
+    _check_status(status, row, column, lengths, starts)
     return dq, dk, dv
 
 
