@@ -13,6 +13,8 @@ from seqpack import BatchBinding, BatchDocument, Decoder, DecoderConfig, Sequenc
 from seqpack.chapters.fixtures import chapter_examples, packed_batch, padded_batch
 from seqpack.chapters.trace import Comparison, SeparateExecution, within_tolerance
 
+from helpers import randomize
+
 BINDING = BatchBinding.fixture()
 SEEDS = range(100)
 PROFILES = {"small": DecoderConfig.small(), "large": DecoderConfig.large()}
@@ -39,14 +41,6 @@ def random_examples(rng, max_predictions):
             short = BatchDocument(f"doc{index}", [0, *content[: predictions - 1], 1])
             examples.append(SequenceExample.from_document(f"ex{index}", short, BINDING))
     return examples
-
-
-def randomize(decoder, rng):
-    for name, value in decoder.named_parameters().items():
-        if name.endswith("norm"):
-            value[...] = 1.0 + rng.normal(0.0, 0.2, value.shape)
-        else:
-            value[...] = rng.normal(0.0, 0.4, value.shape)
 
 
 @pytest.mark.slow

@@ -67,11 +67,6 @@ def test_head_dim_past_the_tile_budget_is_refused():
 # --- memory ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def binding():
-    return sp.BatchBinding.fixture()
-
-
 def big_packed_batch(binding, rows=8, width=512):
     rng = np.random.default_rng(2)
     lengths = rng.integers(20, 200, 40)

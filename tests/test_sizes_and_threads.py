@@ -15,11 +15,6 @@ TRAIN = sp.Partition.TRAIN
 SCALARS = [int, np.int32, np.int64, np.uint64]
 
 
-@pytest.fixture(scope="module")
-def binding():
-    return sp.BatchBinding.fixture()
-
-
 def table_of(lengths, binding):
     """One document per prediction length, content ID 5."""
     documents = [[0] + [5] * (n - 1) + [1] for n in lengths]

@@ -35,13 +35,10 @@ SHOWN_COLUMNS = 48
 
 
 def _refused_inputs() -> str:
-    """The paragraph of pack_corpus's docstring that lists the inputs it refuses."""
-    import inspect
+    """The inputs ``pack`` refuses, from the table its docstring shows too."""
+    from .io.job import REFUSED_INPUTS
 
-    from .io.writer import pack_corpus
-
-    (paragraph,) = [text for text in inspect.getdoc(pack_corpus).split("\n\n") if text.startswith("Refused inputs")]
-    return " ".join(paragraph.replace("``", "'").split())
+    return "Refused inputs: " + "; ".join(REFUSED_INPUTS) + "."
 
 
 def _add_pack(commands) -> None:
@@ -234,16 +231,18 @@ def _pack(args) -> int:
         except (OSError, UnicodeDecodeError) as error:
             raise InvalidInputError(f"{args.chat_template}: cannot read the chat template: "
                                     f"{getattr(error, 'strerror', None) or error}") from None
-    common = dict(tokenizer=tokenizer, config=config, policy=args.policy, partition=data.Partition(args.partition),
-                  long="cut" if args.cut_long or args.sample else "error", framed=args.framed, force=args.force,
-                  completion_only_loss=not args.no_completion_only_loss, chat_template=template,
-                  assistant_only_loss=args.assistant_only_loss,
-                  template_limits=TemplateLimits(
-                      TemplateLimits.seconds if args.template_seconds is None else args.template_seconds,
-                      TemplateLimits.characters if args.template_characters is None else args.template_characters))
+    job = io.PackJob.of(
+        readers, args.out, tokenizer=tokenizer, binding=binding, config=config, policy=args.policy,
+        partition=data.Partition(args.partition), long="cut" if args.cut_long or args.sample else "error",
+        framed=args.framed, completion_only_loss=not args.no_completion_only_loss, chat_template=template,
+        assistant_only_loss=args.assistant_only_loss,
+        template_limits=TemplateLimits(
+            TemplateLimits.seconds if args.template_seconds is None else args.template_seconds,
+            TemplateLimits.characters if args.template_characters is None else args.template_characters),
+        shards=args.shards, threads=args.threads, progress=not args.quiet, force=args.force)
     stamp = fmt.manifest_stamp(args.out)
     try:
-        status = _pack_and_report(args, readers, binding, common)
+        status = _pack_and_report(args, job)
         args.signals.check()
         return status
     except (KeyboardInterrupt, Terminated):
@@ -255,10 +254,9 @@ def _pack(args) -> int:
         raise
 
 
-def _pack_and_report(args, readers, binding, common) -> int:
-    """Pack with the chosen engine, then print the report (or the manifest)."""
+def _pack_and_report(args, job) -> int:
+    """Run ``job`` with the chosen engine, then print the report (or the manifest)."""
     from . import io
-    from .io.progress import Progress
     from .ray import supervisor
 
     try:
@@ -269,26 +267,18 @@ def _pack_and_report(args, readers, binding, common) -> int:
                 raise missing_extra("the Ray engine", "ray")
             return supervisor.run_supervised(args.argv, args.out)
         if args.engine == "ray":
-            from .ray import pack_corpus as pack_on_ray
+            from .ray import run_on_ray
 
             if os.environ.get(supervisor.DRIVER_VARIABLE) == "1":
                 supervisor.die_with_supervisor()
-
-            manifest = pack_on_ray(readers, args.out, binding=binding, shards=args.shards, address=args.address,
-                                   workers=args.workers, progress=not args.quiet, threads=args.threads or 1, **common)
-        elif args.shards is not None:
-            from .io.shards import pack_sharded
-
-            manifest = pack_sharded(readers, args.out, binding=binding, shards=args.shards, progress=not args.quiet,
-                                    threads=args.threads, **common)
+            manifest = run_on_ray(job, address=args.address, workers=args.workers)
         else:
-            manifest = io.pack_corpus(readers, args.out, binding=binding, progress=Progress(enabled=not args.quiet),
-                                      threads=args.threads, **common)
+            manifest = io.job.run_job(job)
     except OSError as error:
         raise InvalidInputError(_pack_os_error(error, args.out)) from None
     except DecodeLimitError as error:
         raise DecodeLimitError(f"{error} (--max-document-tokens raises the limit)", error.position) from None
-    for directory in (d for reader in readers if isinstance(reader, io.TextFiles) for d in reader.skipped):
+    for directory in (d for reader in job.readers if isinstance(reader, io.TextFiles) for d in reader.skipped):
         print(f"seqpack: skipped {directory}: a packed dataset, not text", file=sys.stderr)
     supervision = manifest.get("supervision") or {}
     if supervision.get("mismatched_prompts"):

@@ -3,13 +3,60 @@
 Every error the library raises derives from :class:`SeqpackError`. Errors caused by
 the caller's input or limits also derive from :class:`ValueError`, so code that
 already catches ``ValueError`` keeps working.
+
+Code that handles an error reads its fields (``kind``, ``path``, ``line``, ``context``
+and each class's own), never its message, and names where it happened with
+:meth:`SeqpackError.within`, never by editing ``args``.
 """
 
 from __future__ import annotations
 
 
+def _rebuilt(cls, args: tuple) -> "SeqpackError":
+    """An error of ``cls`` with ``args``, without its ``__init__`` (unpickling sets the fields)."""
+    error = cls.__new__(cls)
+    error.args = args
+    return error
+
+
 class SeqpackError(Exception):
-    """Base class of every seqpack error."""
+    """Base class of every seqpack error.
+
+    * ``message``: the text it was raised with;
+    * ``kind``: a short identifier that callers branch on, for the few errors one must
+      tell apart from others of its class (``"missing-extra"``), else None;
+    * ``path`` and ``line``: the file or input at fault and the line (1-based) or row
+      (0-based) in it, as its reader counts them, when the error is tied to one;
+    * ``context``: the labels :meth:`within` added, outermost first.
+
+    ``str(error)`` is ``"label: ...: label: message"``, the context then the message,
+    and always ``args[0]``: an error rebuilt from its class, ``str`` and ``vars`` (as
+    the Ray engine sends it) reads the same, and every error pickles (subclass fields too).
+    """
+
+    def __init__(self, message: str = "", *, kind: str | None = None, path: str | None = None,
+                 line: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.kind = kind
+        self.path = path
+        self.line = line
+        self.context: tuple[str, ...] = ()
+
+    def within(self, label, *, path=None, line: int | None = None) -> "SeqpackError":
+        """Name where the error happened: ``label`` goes before the message (and before
+        any label added earlier, which names a place inside this one). ``path`` and
+        ``line`` are recorded when the error names no path yet: the innermost place wins.
+        Returns the error, to ``raise error.within(...)``."""
+        label = str(label)
+        self.context = (label, *self.context)
+        self.args = (f"{label}: {self.args[0] if self.args else ''}", *self.args[1:])
+        if path is not None and self.path is None:
+            self.path, self.line = str(path), line
+        return self
+
+    def __reduce__(self):
+        return _rebuilt, (type(self), self.args), self.__dict__
 
 
 class InvalidInputError(SeqpackError, ValueError):
@@ -28,8 +75,8 @@ class TokenizerError(InvalidInputError):
     sequence is at fault (for example an empty one).
     """
 
-    def __init__(self, message: str, position: int | None = None):
-        super().__init__(message)
+    def __init__(self, message: str, position: int | None = None, **fields):
+        super().__init__(message, **fields)
         self.position = position
 
 
@@ -47,8 +94,8 @@ class CapacityError(InvalidInputError):
     ``cells`` is what the batch or example needs and ``maximum`` the configured limit.
     """
 
-    def __init__(self, message: str, cells: int, maximum: int):
-        super().__init__(message)
+    def __init__(self, message: str, cells: int, maximum: int, **fields):
+        super().__init__(message, **fields)
         self.cells = cells
         self.maximum = maximum
 
@@ -59,8 +106,8 @@ class MemoryBudgetError(InvalidInputError):
     Raised before anything large is allocated; ``required`` and ``maximum`` are bytes.
     """
 
-    def __init__(self, message: str, required: int, maximum: int):
-        super().__init__(message)
+    def __init__(self, message: str, required: int, maximum: int, **fields):
+        super().__init__(message, **fields)
         self.required = required
         self.maximum = maximum
 
@@ -76,7 +123,7 @@ class VerificationError(SeqpackError):
     not tied to a cell).
     """
 
-    def __init__(self, message: str, row: int | None = None, column: int | None = None):
-        super().__init__(message)
+    def __init__(self, message: str, row: int | None = None, column: int | None = None, **fields):
+        super().__init__(message, **fields)
         self.row = row
         self.column = column

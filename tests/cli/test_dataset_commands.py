@@ -1,7 +1,6 @@
 """``seqpack pack | stats | verify | show`` run as a user runs them: outputs, figures, every error, crashes."""
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -10,24 +9,9 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
+from helpers import one_error_line, run, seqpack_command
+
 SVG = "{http://www.w3.org/2000/svg}"
-
-
-def seqpack_command():
-    script = shutil.which("seqpack", path=os.path.dirname(sys.executable))
-    assert script, "the seqpack console script is not installed beside this Python (pip install the package)"
-    return script
-
-
-def run(*args, cwd=None):
-    return subprocess.run([seqpack_command(), *map(str, args)], capture_output=True, text=True, timeout=300, cwd=cwd)
-
-
-def one_error_line(result, status=1):
-    assert result.returncode == status, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("seqpack: error: "), result.stderr
-    return lines[0]
 
 
 @pytest.fixture
@@ -147,7 +131,7 @@ def test_errors_exit_with_one_line(tmp_path, docs, args, status, message):
 
 
 def test_pre_tokenized_jsonl_needs_no_ids_field_and_takes_framed(tmp_path):
-    # Issue 35: TRL's pre-tokenized JSONL ({"input_ids", "completion_mask"}) is found by name, as in Parquet.
+    # TRL's pre-tokenized JSONL ({"input_ids", "completion_mask"}) is found by name, as in Parquet: no --ids-field.
     records = [{"input_ids": [0, 70, 71, 72, 1], "completion_mask": [0, 0, 1, 1, 1]},
                {"input_ids": [0, 80, 81, 1], "completion_mask": [0, 1, 1, 1]}]
     (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -211,8 +195,8 @@ KILLERS = {
     # Three moments of a pack: while reading (after a chunk was staged), while writing the
     # part (tokens.bin written, the tables not yet), after the rename, before the manifest.
     "reading": "seqpack.io.progress.Progress.reading",
-    "writing": "seqpack.io.format.write_array",
-    "publishing": "seqpack.io.format.signals_deferred",
+    "writing": "seqpack.io.publish.write_array",
+    "publishing": "seqpack.io.publish.signals_deferred",
 }
 KILL_SCRIPT = """
 import importlib, os, signal, sys
@@ -255,7 +239,7 @@ def test_interrupt_and_full_disk_remove_the_partial_output(tmp_path, docs):
     for failure, status, message in ((
             "raise KeyboardInterrupt", 130, "seqpack: interrupted"),
             ("raise OSError(28, 'No space left on device', 'staged')", 1, "cannot write: No space left on device")):
-        script = (f"import seqpack.io.format as f\ndef boom(*a, **k):\n    {failure}\nf.HashingFile.write = boom\n"
+        script = (f"import seqpack.io.publish as f\ndef boom(*a, **k):\n    {failure}\nf.HashingFile.write = boom\n"
                   "from seqpack.cli import main\nimport sys\nsys.exit(main(sys.argv[1:]))")
         result = subprocess.run([sys.executable, "-c", script, "pack", str(docs), "--out", str(tmp_path / "out"),
                                  "--cut-long", "--quiet"], capture_output=True, text=True, timeout=120)
@@ -292,7 +276,7 @@ def test_the_readme_training_snippet_runs_on_a_packed_directory(tmp_path, docs, 
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     (block,) = re.findall(r"```python corpus\n(.*?)```", readme, flags=re.S)
     assert run("pack", docs, "--out", "stdlib/", "--cut-long", "--quiet", cwd=tmp_path).returncode == 0
     monkeypatch.chdir(tmp_path)
@@ -306,13 +290,14 @@ def test_the_readme_training_snippet_runs_on_a_packed_directory(tmp_path, docs, 
 SIGNAL_AT_STEP_SCRIPT = """
 import os, shutil, signal, sys
 from seqpack import cli
-from seqpack.io import format as fmt
+from seqpack.io import publish
 step, number = sys.argv[1], getattr(signal, sys.argv[2])
-renames, real_rename, real_rmtree, real_print_stats = [], os.rename, shutil.rmtree, cli._print_stats
+out = os.path.abspath(sys.argv[sys.argv.index("--out") + 1])
+real_rename, real_rmtree, real_print_stats = os.rename, shutil.rmtree, cli._print_stats
 def rename(source, target):
     real_rename(source, target)
-    renames.append(target)
-    if step == "staging renamed in" and len(renames) == 2 or step == "manifest renamed in" and len(renames) == 3:
+    if (step == "staging renamed in" and os.path.abspath(target) == out
+            or step == "manifest renamed in" and os.path.basename(target) == "manifest.json"):
         os.kill(os.getpid(), number)
 def rmtree(path, *args, **kwargs):
     if step == "old dataset removed" and ".seqpack-old-" in str(path):
@@ -322,7 +307,7 @@ def print_stats(*args):
     if step == "report printed":
         os.kill(os.getpid(), number)
     real_print_stats(*args)
-fmt.os.rename, fmt.shutil.rmtree, cli._print_stats = rename, rmtree, print_stats
+publish.os.rename, publish.shutil.rmtree, cli._print_stats = rename, rmtree, print_stats
 sys.exit(cli.main(sys.argv[3:]))
 """
 

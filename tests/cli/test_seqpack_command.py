@@ -15,19 +15,9 @@ import numpy as np
 import pytest
 import gzip
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from helpers import one_error_line, run, seqpack_command, write_megatron
 
-
-def seqpack_command():
-    """The console script installed beside this interpreter."""
-    script = shutil.which("seqpack", path=os.path.dirname(sys.executable))
-    assert script, "the seqpack console script is not installed beside this Python (pip install the package)"
-    return script
-
-
-def run(*args, timeout=300, stdout=subprocess.PIPE, env=None):
-    return subprocess.run([seqpack_command(), *map(str, args)], stdout=stdout, stderr=subprocess.PIPE, text=True,
-                          timeout=timeout, env=env)
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def test_version():
@@ -150,7 +140,7 @@ def test_bench_attention_json_on_the_fixture_shape():
 @pytest.mark.slow
 @pytest.mark.bench
 def test_bench_attention_runs_each_cpu_path_named_and_each_head_size():
-    # Issue 42: the benchmark shows which CPU path ran and sets paths and head sizes side by side.
+    # The benchmark names the CPU path each row ran, and sets paths and head sizes side by side.
     from seqpack.nn import _attention
 
     paths = _attention.cpu_paths()
@@ -195,7 +185,6 @@ def test_bench_corpus_json_reports_every_workload_and_the_floor_of_workload_a():
     in_memory = seconds["TRL pack_dataset(strategy='bfd') on the table in memory"]
     to_disk = seconds["TRL: Dataset.from_parquet + pack_dataset(bfd) + save_to_disk"]
     assert floor["ceilings"] == pytest.approx({"TRL in memory": in_memory / longer, "TRL to disk": to_disk / longer})
-
 
 
 @pytest.mark.slow
@@ -394,10 +383,10 @@ def test_a_ctrl_c_python_loses_mid_pack_is_answered_by_what_is_on_disk(tmp_path,
     import signal
     import weakref
 
-    import seqpack.io
+    import seqpack.io.job
     from seqpack import cli
 
-    pack = seqpack.io.pack_corpus
+    pack = seqpack.io.job.run_job
 
     def losing(*args, **kwargs):
         if lost_in == "an except clause":
@@ -410,7 +399,7 @@ def test_a_ctrl_c_python_loses_mid_pack_is_answered_by_what_is_on_disk(tmp_path,
             assert reference() is None
         return pack(*args, **kwargs)
 
-    monkeypatch.setattr(seqpack.io, "pack_corpus", losing)
+    monkeypatch.setattr(seqpack.io.job, "run_job", losing)
     unraisable = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
     out = tmp_path / "out"
@@ -422,13 +411,6 @@ def test_a_ctrl_c_python_loses_mid_pack_is_answered_by_what_is_on_disk(tmp_path,
     monkeypatch.setattr(seqpack.io, "verify_dataset", lambda *args, **kwargs: swallowed_sigint())
     assert cli.main(["verify", str(out), "--quiet"]) == 130
     assert capsys.readouterr().err == "seqpack: interrupted\n"
-
-
-def one_error_line(result, status):
-    assert result.returncode == status, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("seqpack: error: "), result.stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize("fixture", ["padded", "packed"])
@@ -578,8 +560,6 @@ def test_a_negative_show_batch_or_row_is_a_usage_error(flag):
 
 def test_pack_reads_a_megatron_prefix(tmp_path):
     """``pack --help`` says a prefix is an INPUT; it used to fail 'meg: no such file or directory'."""
-    from test_io_readers import write_megatron
-
     write_megatron(tmp_path / "meg", [[5, 6, 7], [8, 9]])
     result = run("pack", tmp_path / "meg", "--out", tmp_path / "out", "--quiet", "--json")
     assert result.returncode == 0, result.stderr

@@ -237,11 +237,6 @@ TRAIN = sp.Partition.TRAIN
 
 
 @pytest.fixture(scope="module")
-def binding():
-    return sp.BatchBinding.fixture()
-
-
-@pytest.fixture(scope="module")
 def examples(binding):
     documents = [sp.BatchDocument(f"d{i}", [0] + [99 + j for j in range(i % 5 + 1)] + [1]) for i in range(12)]
     return [sp.SequenceExample.from_document(f"e{i}", d, binding) for i, d in enumerate(documents)]

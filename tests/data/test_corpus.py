@@ -20,11 +20,6 @@ CAPACITY = 2048
 
 
 @pytest.fixture(scope="module")
-def binding():
-    return sp.BatchBinding.fixture()
-
-
-@pytest.fixture(scope="module")
 def corpus(binding):
     return stdlib_table(binding, capacity=CAPACITY)
 

@@ -7,11 +7,6 @@ import seqpack as sp
 
 
 @pytest.fixture(scope="module")
-def binding():
-    return sp.BatchBinding.fixture()
-
-
-@pytest.fixture(scope="module")
 def long_document():
     return sp.BatchDocument("long", [0, 100, 101, 102, 1], sp.Partition.VALIDATION)
 

@@ -16,7 +16,7 @@ from seqpack import BatchDocument, Decoder, DecoderConfig, InvalidInputError, Se
 from seqpack.chapters.fixtures import packed_batch, padded_batch
 from seqpack.chapters.trace import Comparison, SeparateExecution
 from seqpack.nn.loss import masked_nll
-from test_equivalence import randomize
+from helpers import randomize
 
 TRAIN = sp.Partition.TRAIN
 BINDING = sp.BatchBinding.fixture()
@@ -250,3 +250,58 @@ def test_flips_describe_supervision_and_its_placed_ranges(bits, data):
         assert joined[at] == before and np.array_equal(joined[at + 1 : at + y - x], supervised[x + 1 : y])
         before, at = joined[at + y - x - 1], at + y - x
     assert np.array_equal(placed, flips_of(joined))  # the fewest flips: canonical
+
+
+def trl_reference(tokens, offsets, columns, completion_only_loss):
+    """TRL's rule token by token: the first entry that breaks it (columns in sorted order),
+    else each token's supervision and the columns applied."""
+    firsts = set(offsets.tolist())
+    for name in sorted(columns):
+        for j, value in enumerate(columns[name].tolist()):
+            if name == "labels":
+                wrong = j not in firsts and value not in (-100, tokens[j])
+            else:
+                wrong = value not in (0, 1)
+            if wrong:
+                return (name, j), None, None
+    applied = tuple(name for name in sorted(columns) if name != "completion_mask" or completion_only_loss)
+    supervised = [all(columns[name][j] != -100 if name == "labels" else columns[name][j] == 1 for name in applied)
+                  for j in range(len(tokens))]
+    return None, supervised, applied
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=5), st.sets(st.sampled_from(
+    ["labels", "completion_mask", "assistant_masks"])), st.booleans(), st.data())
+def test_trl_rule_against_a_token_by_token_reference(lengths, names, completion_only_loss, data):
+    from seqpack.data.supervision import trl_fault, trl_supervised
+
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    n = int(offsets[-1])
+    tokens = np.array(data.draw(st.lists(st.integers(3, 6), min_size=n, max_size=n)), dtype=np.int64)
+    columns = {}
+    for name in sorted(names):
+        if name == "labels":  # mostly valid: the token or -100, now and then another ID
+            choice = data.draw(st.lists(st.sampled_from(["token", "ignored", "other"]), min_size=n, max_size=n))
+            values = [{"token": t, "ignored": -100, "other": 9}[c] for t, c in zip(tokens.tolist(), choice)]
+        else:
+            values = data.draw(st.lists(st.sampled_from([0, 1, 1, 1, 2]), min_size=n, max_size=n))
+        columns[name] = np.array(values, dtype=np.int64)
+    fault, supervised, applied = trl_reference(tokens, offsets, columns, completion_only_loss)
+    assert trl_fault(tokens, offsets, columns) == fault
+    if fault is None:
+        found, names_applied = trl_supervised(tokens, columns, completion_only_loss=completion_only_loss)
+        assert found.tolist() == supervised and names_applied == applied
+
+
+def test_trl_rule_reads_no_label_at_a_first_token_and_checks_masks_it_does_not_apply():
+    from seqpack.data.supervision import IGNORE_INDEX, trl_fault, trl_supervised
+
+    tokens, offsets = np.array([5, 6, 7, 8, 9]), np.array([0, 3, 5])
+    labels = np.array([12345, 6, IGNORE_INDEX, 777, 9])  # entries 0 and 3 start documents: no targets
+    assert trl_fault(tokens, offsets, {"labels": labels}) is None
+    supervised, applied = trl_supervised(tokens, {"labels": labels, "completion_mask": np.array([0, 0, 1, 1, 1])},
+                                         completion_only_loss=False)
+    assert supervised[[1, 2, 4]].tolist() == [True, False, True] and applied == ("labels",)
+    assert trl_fault(tokens, offsets, {"completion_mask": np.array([0, 0, 1, 3, 1])}) == ("completion_mask", 3)
+    assert trl_fault(tokens, offsets, {"labels": np.array([5, 6, 8, 8, 9])}) == ("labels", 2)

@@ -1,8 +1,4 @@
-"""Columnar examples: ExampleTable validation (each error beside its passing twin) and table == list packing.
-
-Also the shared builders other test modules import: random documents as a table
-and as the equivalent list of SequenceExample.
-"""
+"""Columnar examples: ExampleTable validation (each error beside its passing twin) and table == list packing."""
 
 import numpy as np
 import pytest
@@ -12,98 +8,13 @@ from hypothesis import strategies as st
 import seqpack as sp
 from seqpack.packing.placement import POLICIES
 
+from helpers import BIG, assert_same_batches, both_paths, corpora, example_list, flat, table_of
+
 pytestmark = pytest.mark.kernel
 
 TRAIN = sp.Partition.TRAIN
-BIG = 1 << 30
-FIELDS = ("inputs", "targets", "positions", "segments", "segment_starts",
-          "token_valid", "target_valid", "loss_mask", "valid_lengths")
 DIGEST = sp.SplitReceipt.fixture().digest
 MERGED = 258  # the fixture's first merge: two bytes ("e ")
-
-
-@pytest.fixture(scope="module")
-def binding():
-    return sp.BatchBinding.fixture()
-
-
-def flat(documents):
-    """``(token_ids, offsets)`` of documents given as token lists."""
-    sizes = [len(d) for d in documents]
-    tokens = np.concatenate([np.asarray(d, dtype=np.int64) for d in documents]) if documents else []
-    return tokens, np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-
-
-def predicting(lengths):
-    """Whole framed documents with the given prediction counts (each at least 2)."""
-    return [[0, *(10 + k % 200 for k in range(n - 1)), 1] for n in lengths]
-
-
-def table_of(texts, binding, **options):
-    """A table over ``texts`` (token lists); ``options`` are ``from_arrays`` keywords."""
-    return sp.ExampleTable.from_arrays(*flat(texts), binding, **options)
-
-
-def example_list(documents, binding, ranges=None, which=None, ids=None):
-    """The SequenceExample list equivalent to ``ExampleTable.from_arrays`` with the same arguments."""
-    if ranges is None:
-        ranges = [(0, len(d)) for d in documents]
-    if which is None:
-        which = range(len(ranges))
-    docs = [sp.BatchDocument(f"d{i}", d) for i, d in enumerate(documents)]
-    names = ids if ids is not None else [f"#{i}" for i in range(len(ranges))]
-    return [sp.SequenceExample.from_range(name, docs[d], tuple(r), binding)
-            for name, d, r in zip(names, which, ranges)]
-
-
-@st.composite
-def corpora(draw, max_documents=6, max_content=16):
-    """Random framed documents and examples over them.
-
-    Returns ``(documents, options)``: ``options`` are ``from_arrays`` keywords, with
-    whole documents, one range per document, or ranges mapped to documents (reused).
-    """
-    count = draw(st.integers(1, max_documents))
-    documents = [[0, *draw(st.lists(st.integers(2, 265), min_size=1, max_size=max_content)), 1]
-                 for _ in range(count)]
-    mode = draw(st.sampled_from(["whole", "ranges", "mapped"]))
-    options = {}
-    if mode != "whole":
-        which = (list(range(count)) if mode == "ranges"
-                 else draw(st.lists(st.integers(0, count - 1), min_size=1, max_size=10)))
-        ranges = []
-        for d in which:
-            size = len(documents[d])
-            start = draw(st.integers(0, size - 2))
-            ranges.append([start, draw(st.integers(start + 2, size))])
-        options["ranges"] = ranges
-        if mode == "mapped":
-            options["documents"] = which
-    examples = len(options.get("ranges", documents))
-    if draw(st.booleans()):
-        options["ids"] = [f"x{i}" for i in range(examples)]
-    return documents, options
-
-
-def both_paths(documents, options, binding):
-    """The table and the equivalent SequenceExample list."""
-    table = table_of(documents, binding, **options)
-    examples = example_list(documents, binding, options.get("ranges"), options.get("documents"),
-                            options.get("ids"))
-    return table, examples
-
-
-def assert_same_batches(left, right):
-    """Equal field arrays, occurrences and shapes, batch by batch; every batch verifies."""
-    left, right = list(left), list(right)
-    assert len(left) == len(right)
-    for a, b in zip(left, right):
-        assert a.shape == b.shape
-        for field in FIELDS:
-            np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
-        assert a.occurrences == b.occurrences
-        a.verify()
-        b.verify()
 
 
 # --- table == list ---------------------------------------------------------------------

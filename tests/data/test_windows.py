@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import BatchDocument, InvalidInputError, Partition
+from seqpack import BatchDocument, CapacityError, InvalidInputError, Partition
 from seqpack.data import BatchOrder, CausalWindowConfig, MiniBatchConfig, MiniBatchEpoch
 
 SHORT = BatchDocument("short", [0, 99, 1])
@@ -177,3 +177,13 @@ def test_bad_configs(build, match):
 def test_smallest_valid_configs():
     assert CausalWindowConfig(1, 1).window_count(2) == 1
     assert MiniBatchConfig(1, BatchOrder.SHUFFLED, 0).seed == 0
+
+
+def test_refuse_long_names_the_first_item_over_the_limit():
+    from seqpack.data.windows import refuse_long
+
+    refuse_long(np.array([3, 4, 4]), 4, str)  # at the limit: nothing to refuse
+    refuse_long(np.zeros(0, np.int64), 4, str)
+    with pytest.raises(CapacityError, match=r"^item 1 has 6 predictions; max_width is 4 \(cut it\)$") as caught:
+        refuse_long(np.array([4, 6, 9]), 4, lambda index: f"item {index}", limit_name="max_width", hint=" (cut it)")
+    assert (caught.value.cells, caught.value.maximum) == (6, 4)

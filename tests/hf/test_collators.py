@@ -270,7 +270,7 @@ def test_num_items_in_batch_sums_over_gloo_ranks():
 def test_packing_collator_refuses_what_it_would_ignore():
     """Keys that agree with supervising every target change nothing; padding, labels that
     are not one per token and unknown keys are errors naming the feature (the supervision
-    keys' own rules: tests/test_hf_sft.py)."""
+    keys' own rules: tests/hf/test_sft.py)."""
     docs = documents()
     identity = sp.ByteTokenizer().identity
     collator = sph.PackingCollator(sp.PackConfig(capacity=CAPACITY, rows_per_batch=8), tokenizer_identity=identity)

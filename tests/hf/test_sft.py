@@ -23,6 +23,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="seqpack.hf needs PyTorch: pip install 'seqpack[hf]'")
 pytest.importorskip("transformers", reason="seqpack.hf needs transformers: pip install 'seqpack[hf]'")
 
+from helpers import CONVERSATIONS, TEMPLATES, TOOL_CALL, TOOLS, train_chat_bpe, train_tokenizer
 from hf_cases import CAPACITY, LENGTHS, binding, close, documents, float64_norms, model
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -385,7 +386,6 @@ def test_sft_trainer_with_packing_collator_trains_on_the_completions(tmp_path):
     pytest.importorskip("tokenizers", reason="the test trains a tokenizer: pip install 'seqpack[hf]'")
     trl_modules()
     from datasets import Dataset
-    from test_hf_trainer import train_tokenizer
     from transformers import PreTrainedTokenizerFast
     from trl import SFTConfig, SFTTrainer
 
@@ -445,20 +445,19 @@ def test_sft_trainer_with_packing_collator_trains_on_the_completions(tmp_path):
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
 @pytest.mark.parametrize("name", ["chatml", "zephyr", "llama2", "tools"])
 def test_sft_trainer_with_packing_collator_trains_on_conversations_and_counts_tokens_as_trl(tmp_path, name):
-    """Issue 41: conversations from templates with an EOS per turn (and no BOS from the
-    tokenizer) were refused by PackingCollator, and TRL's ``num_tokens`` counted one row's
-    width per step. A short ``SFTTrainer`` run on TRL's own preparation of them trains under
-    seqpack attention, and ``num_tokens`` equals that of TRL's padding-free run of the same steps."""
+    """PackingCollator takes conversations from templates with an EOS per turn (and no BOS
+    from the tokenizer), and TRL's ``num_tokens`` counts their tokens, not one row's width per
+    step: a short ``SFTTrainer`` run on TRL's own preparation of them trains under seqpack
+    attention, and ``num_tokens`` equals that of TRL's padding-free run of the same steps."""
     trl_modules()
     pytest.importorskip("tokenizers", reason="the test trains a tokenizer: pip install 'seqpack[hf]'")
     from datasets import Dataset
-    from test_io_supervision import CONVERSATIONS, TEMPLATES, TOOL_CALL, TOOLS, train_bpe
     from transformers import PreTrainedTokenizerFast
     from trl import SFTConfig, SFTTrainer
 
     from seqpack.io import TokenizerFile
 
-    path = train_bpe(tmp_path, "bpe", bos_post_processor=name == "llama2")
+    path = train_chat_bpe(tmp_path, "bpe", bos_post_processor=name == "llama2")
     eos = "<|im_end|>" if name == "chatml" else "<|eos|>"
     tokenizer = TokenizerFile(path, eos=eos)
     if name == "tools":

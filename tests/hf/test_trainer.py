@@ -15,21 +15,8 @@ from hf_cases import model
 
 import seqpack as sp
 import seqpack.hf as sph
-from seqpack.io.tokenizer_file import TokenizerFile
 
-
-def train_tokenizer(texts, path):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=["<unk>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    source = path / "corpus.txt"
-    source.write_text("\n".join(texts))
-    tokenizer.train([str(source)], trainer)
-    tokenizer.save(str(path / "tokenizer.json"))
-    return TokenizerFile(path / "tokenizer.json", bos="<s>", eos="</s>")
+from helpers import train_tokenizer
 
 
 @pytest.mark.slow

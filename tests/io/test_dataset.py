@@ -10,9 +10,10 @@ import seqpack as sp
 from helpers import reseal
 from seqpack import io
 from seqpack.io import format as fmt
+from seqpack.io import publish
 from seqpack.io.chunk_encoder import ChunkEncoder
 from seqpack.io.progress import Progress
-from seqpack.io.writer import Stage, describe_binding, manifest_of, stage_documents, write_part
+from seqpack.io.writer import TokenSpool, describe_binding, encode_documents, manifest_of, write_part
 from seqpack.packing.placement import POLICIES
 import shutil
 from seqpack.data.corpus import stdlib_table
@@ -105,17 +106,18 @@ def test_several_parts_number_examples_globally(tmp_path):
     for index, texts in enumerate(halves):
         reader = io.TextFiles([write_texts(tmp_path / f"docs{index}", texts)])
         encoder = ChunkEncoder(BINDING, TOKENIZER, reader.inputs)
-        stage = Stage(staging / f"staged{index}", fmt.token_dtype(258), limit=100)  # spills to the file
-        staged = stage_documents([reader], encoder, stage, capacity=64, long="cut", progress=Progress(False))
-        part = write_part(staging / fmt.part_name(index), staged, config, "best-fit-decreasing", "cut", Progress(False))
+        spool = TokenSpool(staging / f"spooled{index}", fmt.token_dtype(258), limit=100)  # spills to the file
+        encoded = encode_documents([reader], encoder, spool, capacity=64, long="cut", progress=Progress(False))
+        part = write_part(staging / fmt.part_name(index), encoded, config, "best-fit-decreasing", "cut",
+                          Progress(False))
         part["name"] = fmt.part_name(index)
         parts.append(part)
-        stage.discard()
+        spool.discard()
     inputs = [{"name": f"input{i}", "kind": "text", "unit": None} for i in range(sum(len(h) for h in halves))]
     manifest = manifest_of(parts, binding=describe_binding(BINDING, TOKENIZER), partition=sp.Partition.TRAIN,
                            config=config, policy="best-fit-decreasing", dtype=fmt.token_dtype(258), long="cut",
                            inputs=inputs)
-    fmt.publish(staging, tmp_path / "packed", manifest, force=False)
+    publish.publish(staging, tmp_path / "packed", manifest, force=False)
     dataset = io.open_dataset(tmp_path / "packed")
     io.verify_dataset(tmp_path / "packed")
     first_part = dataset.parts[0]
@@ -171,8 +173,8 @@ def test_storage_is_compact(tmp_path):
 
 def two_part_copy(tmp_path, edit=None):
     """A two-part dataset (two shards, two batches each), its manifest passed through ``edit``."""
-    from seqpack.io.shards import pack_sharded
-    pack_sharded([io.TextFiles([write_texts(tmp_path / "docs", corpus(40, seed=4))])], tmp_path / "packed",
+    from seqpack.io import pack_corpus
+    pack_corpus([io.TextFiles([write_texts(tmp_path / "docs", corpus(40, seed=4))])], tmp_path / "packed",
                  binding=BINDING, tokenizer=TOKENIZER, config=sp.PackConfig(64, 4), shards=2, long="cut")
     path = tmp_path / "packed" / fmt.MANIFEST
     manifest = json.loads(path.read_text())
@@ -216,7 +218,7 @@ def test_a_token_outside_the_vocabulary_is_refused_when_its_batch_is_filled(tmp_
     tokens[3] = 60000
     tokens.tofile(path)
     manifest = json.loads((target / fmt.MANIFEST).read_text())
-    manifest["parts"][0]["files"]["tokens.bin"]["sha256"] = io.tokenizer_file.file_sha256(path)
+    manifest["parts"][0]["files"]["tokens.bin"]["sha256"] = publish.file_sha256(path)
     reseal(target, manifest)
     dataset = io.open_dataset(target)
     with pytest.raises(sp.InvalidInputError, match=r"tokens\.bin: batch 0 holds a token outside the vocabulary"):
@@ -255,11 +257,11 @@ def test_a_dataset_of_more_parts_than_file_descriptors_opens_and_reads(tmp_path)
     import subprocess
     import sys
 
-    from seqpack.io.shards import pack_sharded
+    from seqpack.io import pack_corpus
 
     path = tmp_path / "docs.jsonl"
     path.write_text("".join(json.dumps({"text": "x" * (50 + i % 150)}) + "\n" for i in range(400)))
-    manifest = pack_sharded([io.JsonLines(path)], tmp_path / "ds", binding=BINDING, tokenizer=TOKENIZER,
+    manifest = pack_corpus([io.JsonLines(path)], tmp_path / "ds", binding=BINDING, tokenizer=TOKENIZER,
                             config=sp.PackConfig(64, 2), shards=40, long="cut")
     assert len(manifest["parts"]) == 40
     run = subprocess.run([sys.executable, "-c", MANY_PARTS_UNDER_A_LOW_FD_LIMIT, str(tmp_path / "ds")],
@@ -288,8 +290,8 @@ for opened in (dataset, copy):
 @pytest.mark.parametrize("name, size", [("tokens.bin", 1000), ("tokens.bin", 0), ("occurrences.npy", 200),
                                         ("examples.npy", 128)])
 def test_a_file_that_shrinks_under_an_open_dataset_is_an_error_not_a_bus_error(tmp_path, name, size):
-    """From a hostile sweep (issue 33): reading a batch after tokens.bin was truncated
-    killed the process with SIGBUS (rc 135); now each batch read checks the mapped sizes."""
+    """Reading a batch after a file under the open dataset was truncated is an error, not
+    a SIGBUS that kills the process (rc 135): each batch read checks the mapped sizes."""
     import subprocess
     import sys
 

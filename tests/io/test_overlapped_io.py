@@ -10,7 +10,7 @@ import pytest
 
 import seqpack as sp
 from seqpack import io
-from seqpack.io import format as fmt
+from seqpack.io import publish
 from seqpack.io.readers import read_ahead
 
 TOKENIZER = sp.ByteTokenizer()
@@ -122,8 +122,8 @@ def test_closing_while_another_thread_reads_waits_for_the_read():
 
 def test_sync_behind_writes_the_same_bytes_and_digest(tmp_path):
     rng = np.random.default_rng(0)
-    blocks = [rng.integers(0, 256, size=n, dtype=np.uint8) for n in (3 << 20, 100, 2 << 20, fmt.PARALLEL_HASH_BYTES, 7)]
-    target = fmt.HashingFile(tmp_path / "file.bin")
+    blocks = [rng.integers(0, 256, size=n, dtype=np.uint8) for n in (3 << 20, 100, 2 << 20, publish.PARALLEL_HASH_BYTES, 7)]
+    target = publish.HashingFile(tmp_path / "file.bin")
     for block in blocks:
         target.write(block)
     record = target.close()
@@ -136,21 +136,21 @@ def test_a_failed_sync_behind_raises_from_the_next_write_or_close(tmp_path, monk
     def failing_sync(descriptor):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(fmt, "DATA_SYNC", failing_sync)
-    block = np.zeros(fmt.PARALLEL_HASH_BYTES, dtype=np.uint8)
-    target = fmt.HashingFile(tmp_path / "next-write.bin")
+    monkeypatch.setattr(publish, "DATA_SYNC", failing_sync)
+    block = np.zeros(publish.PARALLEL_HASH_BYTES, dtype=np.uint8)
+    target = publish.HashingFile(tmp_path / "next-write.bin")
     target.write(block)  # starts the sync that fails
     with pytest.raises(OSError, match="No space left"):
         target.write(block)
     target.abandon()  # nothing in flight is left running, nothing raised
 
-    target = fmt.HashingFile(tmp_path / "close.bin")
+    target = publish.HashingFile(tmp_path / "close.bin")
     target.write(block)
     with pytest.raises(OSError, match="No space left"):
         target.close()
     target.abandon()
 
-    target = fmt.HashingFile(tmp_path / "abandon.bin")
+    target = publish.HashingFile(tmp_path / "abandon.bin")
     target.write(block)
     target.abandon()  # a failed sync of an abandoned file is ignored
 

@@ -13,8 +13,8 @@ from seqpack.io.readers import MEGATRON_DTYPES, MEGATRON_HEADER, MEGATRON_MAGIC
 import os
 import time
 import warnings
-from test_cli import one_error_line
-from test_cli import run
+
+from helpers import one_error_line, run, write_megatron
 
 TOKENIZER = sp.ByteTokenizer()
 BINDING = sp.BatchBinding.for_tokenizer(TOKENIZER, split="tests")
@@ -45,22 +45,6 @@ def documents_of(dataset):
 
 def expected_documents(texts):
     return [[0] + content_ids(t) + [1] for t in texts]
-
-
-def write_megatron(prefix, documents, dtype=np.uint16):
-    """A Megatron indexed dataset ``PREFIX.idx/.bin`` (the layout of ECOSYSTEM.md)."""
-    dtype = np.dtype(dtype)
-    code = {np.dtype(v): k for k, v in MEGATRON_DTYPES.items()}[dtype]
-    lengths = np.array([len(d) for d in documents], dtype=np.int32)
-    pointers = np.concatenate(([0], np.cumsum(lengths[:-1].astype(np.int64) * dtype.itemsize)))
-    with open(f"{prefix}.bin", "wb") as handle:
-        for document in documents:
-            handle.write(np.asarray(document, dtype=dtype).tobytes())
-    with open(f"{prefix}.idx", "wb") as handle:
-        handle.write(MEGATRON_MAGIC + (1).to_bytes(8, "little") + bytes([code]))
-        handle.write(len(documents).to_bytes(8, "little") + (len(documents) + 1).to_bytes(8, "little"))
-        handle.write(lengths.tobytes() + pointers.astype(np.int64).tobytes()
-                     + np.arange(len(documents) + 1, dtype=np.int64).tobytes())
 
 
 def test_text_jsonl_and_ids_give_the_same_documents(tmp_path):
@@ -271,7 +255,6 @@ def test_megatron_bad_sequences_are_named(tmp_path, patch, message):
         pack(tmp_path, io.Megatron(tmp_path / "m"))
 
 
-
 def patch_megatron_header(prefix, field, value):
     """Overwrite one field of ``PREFIX.idx``'s header (by its name in ``MEGATRON_HEADER``)."""
     path = f"{prefix}.idx"
@@ -374,7 +357,6 @@ def test_a_dangling_link_in_a_directory_is_named(tmp_path):
     with pytest.raises(sp.InvalidInputError, match=r"gone\.txt: not a regular file \(a dangling link"):
         io.TextFiles(directory)
     assert io.TextFiles(directory, "a*").paths == [directory / "a.txt"]
-
 
 
 LOOP = r"a symbolic link that loops \(it points, directly or through others, back to itself\)"
@@ -518,7 +500,7 @@ def test_damage_in_a_sharded_parquet_file_is_one_error(tmp_path):
     pa = pyarrow()
     import pyarrow.parquet as pq
 
-    from seqpack.io.shards import pack_sharded
+    from seqpack.io import pack_corpus
 
     path = tmp_path / "c.parquet"
     pq.write_table(pa.table({"text": [f"document number {i} " * 3 for i in range(20000)]}), path,
@@ -539,7 +521,7 @@ def test_damage_in_a_sharded_parquet_file_is_one_error(tmp_path):
     else:
         pytest.fail("no damage that pyarrow notices")
     with pytest.raises(sp.InvalidInputError, match=rf"{path} row \d+: cannot read as parquet"):
-        pack_sharded([io.reader_for(path)], tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER,
+        pack_corpus([io.reader_for(path)], tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER,
                      config=sp.PackConfig(2048, 2), shards=2, long="cut")
     assert not (tmp_path / "out").exists()
 
@@ -903,7 +885,7 @@ def test_a_jsonl_line_without_the_field_says_which_flag_names_it(tmp_path, recor
 
 
 def test_jsonl_records_of_input_ids_alone_are_read_as_ids_as_in_parquet(tmp_path):
-    # Issue 35: TRL's pre-tokenized JSONL ({"input_ids", "completion_mask"}) needed --ids-field.
+    # TRL's pre-tokenized JSONL ({"input_ids", "completion_mask"}) is read as IDs without --ids-field.
     lines = tmp_path / "ids.jsonl"
     lines.write_text(json.dumps({"input_ids": [5, 6], "completion_mask": [0, 1]}) + "\n"
                      + json.dumps({"input_ids": [7], "completion_mask": [1]}) + "\n")
@@ -924,3 +906,17 @@ def test_reader_for_takes_a_megatron_prefix(tmp_path):
     assert isinstance(reader, io.Megatron) and reader.index_path == tmp_path / "meg.idx"
     with pytest.raises(sp.InvalidInputError, match="nothing: no such file or directory"):
         io.reader_for(tmp_path / "nothing")
+
+
+def test_a_file_pyarrow_cannot_read_as_parquet_is_named(tmp_path):
+    pyarrow()
+    from seqpack.io.readers import open_parquet
+
+    fake = tmp_path / "fake.parquet"
+    fake.write_bytes(b"not parquet at all")
+    message = rf"^{re.escape(str(fake))}: cannot read as parquet: "
+    with pytest.raises(sp.InvalidInputError, match=message) as caught:
+        open_parquet(str(fake))
+    assert caught.value.path == str(fake)
+    with pytest.raises(sp.InvalidInputError, match=message):
+        list(io.ArrowBatches(fake).chunks(0))

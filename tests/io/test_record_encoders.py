@@ -24,16 +24,7 @@ from seqpack.io.record_encoders import (
     encode_prompt_completion,
 )
 
-CORPUS = [
-    "Question: what is two plus two? Answer: four.",
-    "hello world, hello there, world peace",
-    "The quick brown fox jumps over the lazy dog.",
-    "unbelievable understanding underneath",
-    "Ünïcödé text survives",
-    "ab ba aab abba  baab a.b ab. ba. aa bb",
-    'weather? sunny {"city": "Paris"} get_weather It is sunny.',
-] * 20
-SPECIALS = ["<unk>", "<|bos|>", "<|eos|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
+from helpers import CONVERSATIONS, TEMPLATES, TOOL_CALL, TOOLS, train_chat_bpe, trl_rows
 
 #: Prompt-completion records, each with why it is here.
 RECORDS = [
@@ -51,66 +42,11 @@ RECORDS = [
     ("a<|eos|>b", "c<|eos|>d"),  # EOS inside the prompt and the completion: content
 ]
 
-#: Chat templates that end each assistant turn with EOS, as real ones do; each marks the assistant's tokens.
-TEMPLATES = {
-    # ChatML, packed with --eos '<|im_end|>': every turn ends with it.
-    "chatml": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}"
-               "{% generation %}{{ m['content'] }}<|im_end|>{% endgeneration %}{% else %}{{ m['content'] }}"
-               "<|im_end|>{% endif %}\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
-    # Zephyr: an EOS after every turn, the user's too.
-    "zephyr": ("{% for m in messages %}<|{{ m['role'] }}|>\n{% if m['role'] == 'assistant' %}{% generation %}"
-               "{{ m['content'] }}{{ eos_token }}{% endgeneration %}{% else %}{{ m['content'] }}{{ eos_token }}"
-               "{% endif %}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"),
-    # Llama 2: a BOS before every user turn and an EOS after every answer.
-    "llama2": ("{% for m in messages %}{% if m['role'] == 'user' %}{{ bos_token }}[INST] {{ m['content'] }} [/INST]"
-               "{% elif m['role'] == 'assistant' %}{% generation %} {{ m['content'] }} {{ eos_token }}"
-               "{% endgeneration %}{% else %}<<SYS>>{{ m['content'] }}<</SYS>>{% endif %}{% endfor %}"),
-    # Tool calls rendered from the message's own keys, the tools list from the record.
-    "tools": ("{% if tools %}tools: {{ tools | tojson }}\n{% endif %}{% for m in messages %}<{{ m['role'] }}>"
-              "{% if m['role'] == 'assistant' %}{% generation %}{% if m['tool_calls'] %}"
-              "{{ m['tool_calls'] | tojson }}{% else %}{{ m['content'] }}{% endif %}{{ eos_token }}"
-              "{% endgeneration %}{% else %}{{ m['content'] }}{% if m['name'] %} ({{ m['name'] }}){% endif %}"
-              "{% endif %}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"),
-}
-CONVERSATIONS = [
-    [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hello world"}],
-    [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the fox?"},
-     {"role": "assistant", "content": "lazy dog"}, {"role": "user", "content": "ok"},
-     {"role": "assistant", "content": "four."}],
-    [{"role": "user", "content": "ab"}, {"role": "assistant", "content": ""}],  # an empty answer
-]
-TOOL_CALL = [{"role": "user", "content": "weather?"},
-             {"role": "assistant", "content": "", "tool_calls": [
-                 {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-             {"role": "tool", "content": "sunny", "name": "get_weather"},
-             {"role": "assistant", "content": "It is sunny."}]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the weather of a city"}}]
-
-
-def train_bpe(root, name: str, bos_post_processor: bool):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    corpus = root / "train.txt"
-    corpus.write_text("\n".join(CORPUS))
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=330, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train([str(corpus)], trainer)
-    if bos_post_processor:  # Llama's: "<s> $A"
-        bos = tokenizer.token_to_id("<|bos|>")
-        tokenizer.post_processor = processors.TemplateProcessing(single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B",
-                                                                 special_tokens=[("<|bos|>", bos)])
-    path = root / f"{name}.json"
-    tokenizer.save(str(path))
-    return path
-
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
     root = tmp_path_factory.mktemp("bpe")
-    return {"llama": train_bpe(root, "llama", True), "qwen": train_bpe(root, "qwen", False)}
+    return {"llama": train_chat_bpe(root, "llama", True), "qwen": train_chat_bpe(root, "qwen", False)}
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen"])
@@ -125,26 +61,6 @@ def documents(result):
     """``(tokens, supervised)`` of each document."""
     cuts = result.offsets[1:-1]
     return list(zip(np.split(result.tokens, cuts), np.split(result.supervised, cuts)))
-
-
-def trl_rows(bound, tmp_path, records, *, template=None, eos="<|eos|>", **config):
-    """TRL's own preparation of ``records``: the rows of a constructed ``SFTTrainer``'s train dataset."""
-    pytest.importorskip("torch", reason="TRL needs PyTorch: pip install 'seqpack[hf]'")
-    datasets = pytest.importorskip("datasets", reason="TRL's datasets come with the bench extra: "
-                                                      "pip install 'seqpack[bench]'")
-    trl = pytest.importorskip("trl", reason="the TRL oracle needs the bench extra: pip install 'seqpack[bench]'")
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    datasets.disable_progress_bars()
-    processing = PreTrainedTokenizerFast(tokenizer_file=str(bound.path), eos_token=eos, pad_token="<|pad|>",
-                                         bos_token=bound.token_text(bound.bos_id))
-    processing.chat_template = template
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=bound.vocabulary_size, hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
-    args = trl.SFTConfig(output_dir=str(tmp_path), report_to=[], max_length=None, use_cpu=True, bf16=False, **config)
-    trainer = trl.SFTTrainer(model=model, args=args, processing_class=processing,
-                             train_dataset=datasets.Dataset.from_list(records))
-    return list(trainer.train_dataset)
 
 
 def assert_equals_trl(result, rows):
@@ -162,8 +78,8 @@ def assert_equals_trl(result, rows):
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")  # TRL's SFTConfig
 @pytest.mark.parametrize("completion_only_loss", [True, False])
 def test_prompt_completion_equals_trl_sft_trainer(bound, tmp_path, completion_only_loss):
-    # Issue 41: a tokenizer without BOS got one TRL does not add (0 of 400 records matched), and an
-    # EOS at the end of a completion or inside it was refused.
+    # A tokenizer without BOS gets none (TRL adds none), and an EOS at the end of a completion or
+    # inside it is content, not refused.
     records = [{"prompt": p, "completion": c} for p, c in RECORDS]
     rows = trl_rows(bound, tmp_path, records, completion_only_loss=completion_only_loss)
     result = encode_prompt_completion(bound, [p for p, _ in RECORDS], [c for _, c in RECORDS],
@@ -233,7 +149,7 @@ def test_prompt_completion_refusals(bound):
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
 @pytest.mark.parametrize("assistant_only_loss", [True, False])
 def test_conversations_with_an_eos_per_turn_equal_trl(bound, tmp_path, name, assistant_only_loss):
-    # Issue 41: a template that ends each turn with EOS was refused ("control token 2 (EOS) ... inside").
+    # A template that ends each turn with EOS is taken, not refused ("control token 2 (EOS) ... inside").
     eos = "<|im_end|>" if name == "chatml" else "<|eos|>"
     tokenizer = TokenizerFile(bound.path, eos=eos)
     conversations = [TOOL_CALL, TOOL_CALL[:2]] if name == "tools" else CONVERSATIONS
@@ -257,7 +173,7 @@ def test_conversations_with_an_eos_per_turn_equal_trl(bound, tmp_path, name, ass
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
 @pytest.mark.parametrize("assistant_only_loss, completion_only_loss", [(False, True), (True, True), (False, False)])
 def test_conversational_prompt_completion_equals_trl(bound, tmp_path, assistant_only_loss, completion_only_loss):
-    # Issue 41: prompt and completion as lists of messages were refused ("field 'prompt' is not a string").
+    # Prompt and completion as lists of messages are taken, not refused ("field 'prompt' is not a string").
     template = TEMPLATES["zephyr"]
     prompts = [c[:-1] for c in CONVERSATIONS]
     completions = [c[-1:] for c in CONVERSATIONS]
@@ -292,12 +208,12 @@ def test_conversation_refusals_and_limits(bound):
                "{% generation %}x{% endgeneration %}")
     with pytest.raises(sp.InvalidInputError, match=r"conversation 1: the chat template failed: too long"):
         encode_conversations(bound, CONVERSATIONS, chat_template=failing)
-    # Issue 41: a tokenizer failure after rendering named no record.
+    # A tokenizer failure after rendering names the record.
     unknown = "{% generation %}{{ messages[0]['content'] }}{% endgeneration %}"
     odd = [[{"role": "user", "content": "ab"}], [{"role": "user", "content": "ab\ud800"}]]
     with pytest.raises(sp.InvalidInputError, match=r"^conversation 1: the (tokenizer|chat template) failed"):
         encode_conversations(bound, odd, chat_template=unknown)
-    # Issue 41: templates were unbounded (nested loops ran until Ctrl-C; 30 M characters took 13 GB).
+    # Templates are bounded in time and size (unbounded, nested loops ran until Ctrl-C; 30 M characters took 13 GB).
     loops = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
              "{% generation %}x{% endgeneration %}")
     with pytest.raises(sp.InvalidInputError, match=r"^conversation 0: .* the limit is 0.3 s \(raise it with --templ"):

@@ -12,7 +12,7 @@ import seqpack as sp
 from seqpack import io
 from seqpack.errors import InvalidInputError
 from seqpack.io.render import batch_svg, batch_text
-from seqpack.io.shards import pack_sharded
+from seqpack.io import pack_corpus
 from seqpack.io.stats import dataset_stats, stats_svg
 
 from helpers import write_jsonl
@@ -27,12 +27,12 @@ def corpus(tmp_path):
     rng = np.random.default_rng(1)
     directory = tmp_path / "in"
     directory.mkdir()
-    return [write_jsonl(directory / f"p{i}.jsonl", ["a" * int(n) for n in rng.integers(1, 40, 30)])
+    return [write_jsonl(directory / f"p{i}.jsonl", [{"text": "a" * int(n)} for n in rng.integers(1, 40, 30)])
             for i in range(3)]
 
 
 def sharded(paths, out):
-    return pack_sharded([io.JsonLines(p) for p in paths], out, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
+    return pack_corpus([io.JsonLines(p) for p in paths], out, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
                         shards=3, long="cut")
 
 
@@ -101,7 +101,7 @@ def test_stats_figure_bins_label_exactly_what_they_count(corpus, tmp_path):
             assert inside.sum() == int(count), (low, high, close, count)
 
 
-# From the e21037a review: printable() escaped a name's ordinary text (NBSP, joiners, marks) too.
+# printable() escapes only what cannot be shown: a name's ordinary text (NBSP, joiners, marks) stays as it is.
 def test_printable_escapes_only_what_cannot_be_shown():
     """Control characters, line separators, undecodable bytes and noncharacters are escaped;
     wide spaces, joiners and marks (a name's ordinary text) are kept."""

@@ -15,6 +15,8 @@ from seqpack import io
 from seqpack.io import readers
 from seqpack.io.readers import SavedDataset
 
+from helpers import write_jsonl
+
 
 def pyarrow():
     return pytest.importorskip("pyarrow",
@@ -53,12 +55,6 @@ RECORDS = {
          "labels": [3, -100, 2**40]},
     ],
 }
-
-
-def write_jsonl(path, records, blank_lines=False):
-    lines = [json.dumps(record, ensure_ascii=bool(i % 2)) + "\n" for i, record in enumerate(records)]
-    path.write_text(("\n" if blank_lines else "").join(lines), encoding="utf-8")
-    return path
 
 
 def write_parquet(path, records, **options):
@@ -137,7 +133,7 @@ def test_each_kind_reads_the_same_from_jsonl_parquet_and_a_saved_dataset(tmp_pat
 
 
 def test_each_record_is_read_by_trls_precedence_ids_then_prompts_then_messages_then_text(tmp_path):
-    # Issue 41: text won over every other field, and TRL's .map(tokenize) keeps the text column.
+    # Text does not win over the other fields: TRL's .map(tokenize) keeps the text column beside the IDs.
     both = tmp_path / "both.jsonl"
     write_jsonl(both, [{"text": "t", "prompt": "p", "completion": "c", "messages": []}])
     assert io.JsonLines(both).record_kind == "prompt-completion"
@@ -188,8 +184,8 @@ def test_masks_are_carried_exactly_and_per_record(tmp_path):
     bare = write_jsonl(tmp_path / "bare.jsonl", [{"input_ids": [5, 6]}])
     (chunk,) = io.JsonLines(bare, ids_field="input_ids").chunks(0)
     assert chunk.masks is None and chunk.masked is None
-    # Issue 41: the first record alone decided the mask columns. Each record's masks are its own: a
-    # record without a mask holds 1s (its own IDs as labels) there, which change nothing.
+    # Each record's masks are its own, not decided by the first record: a record without a
+    # mask holds 1s (its own IDs as labels) there, which change nothing.
     later = write_jsonl(tmp_path / "later.jsonl", [{"input_ids": [10, 11, 12]},
                                                    {"input_ids": [20, 21, 22, 23], "completion_mask": [0, 0, 0, 1]},
                                                    {"input_ids": [6, 7], "labels": [-100, 7]}])
@@ -213,7 +209,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 
 def test_messages_keep_every_key_and_records_their_tools(tmp_path):
-    # Issue 41: keys other than role and content were dropped, and so was TRL's tools column.
+    # Keys other than role and content are kept, and so is TRL's tools column.
     records = [{"messages": TOOL_CALL, "tools": json.dumps(TOOLS), "chat_template_kwargs": {"style": "brief"}},
                {"messages": TOOL_CALL[:1], "tools": None}]
     path = write_jsonl(tmp_path / "tools.jsonl", records)

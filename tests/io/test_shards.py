@@ -1,5 +1,6 @@
-"""The sharded serial path (seqpack.io.shards), which the Ray engine must equal byte for byte:
-shard plans, one part per shard, global ordinals, errors naming shard, file and line."""
+"""Shards packed serially (seqpack.io.shards, run by seqpack.io.job), which the Ray engine must
+equal byte for byte: shard plans, one part per shard, global ordinals, errors naming shard,
+file and line."""
 
 import io as io_module
 import json
@@ -17,7 +18,8 @@ import seqpack as sp
 from seqpack import io
 from seqpack.errors import InvalidInputError, SeqpackError
 from seqpack.io import format as fmt
-from seqpack.io.shards import ShardJob, ShardProgress, Unit, pack_shard, pack_sharded, plan_shards, run_serially
+from seqpack.io.job import PackJob, SerialRunner
+from seqpack.io.shards import ShardProgress, Unit, pack_shard, plan_shards
 
 from helpers import write_jsonl
 
@@ -35,7 +37,7 @@ def jsonl_corpus(directory, files=6, per_file=25, seed=0):
     for number in range(files):
         sizes = np.clip(rng.lognormal(np.log(30), 1.0, per_file).astype(int), 1, 200)
         texts = ["".join(map(chr, rng.integers(97, 123, size=n))) for n in sizes]
-        paths.append(write_jsonl(directory / f"part{number}.jsonl", texts))
+        paths.append(write_jsonl(directory / f"part{number}.jsonl", [{"text": t} for t in texts]))
     return paths
 
 
@@ -44,8 +46,9 @@ def readers(paths):
 
 
 def sharded(paths, out, shards, policy="best-fit-decreasing", run=None):
-    return pack_sharded(readers(paths), out, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=shards,
-                        policy=policy, long="cut", run=run)
+    job = PackJob.of(readers(paths), out, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=shards,
+                     policy=policy, long="cut")
+    return io.job.run_job(job, run)
 
 
 def examples(dataset):
@@ -76,14 +79,14 @@ def test_plan_is_contiguous_balanced_and_drops_empty_shards(tmp_path):
 def test_a_large_unsplittable_input_goes_to_the_shard_of_its_middle_byte(tmp_path):
     big = tmp_path / "big.txt"
     big.write_text("x" * 6200)
-    small = [write_jsonl(tmp_path / f"s{i}.jsonl", ["y" * 50] * 10) for i in range(3)]
+    small = [write_jsonl(tmp_path / f"s{i}.jsonl", [{"text": "y" * 50}] * 10) for i in range(3)]
     _, shards = plan_shards([io.TextFiles([big]), *readers(small)], 4)
     assert [[unit.first_input for unit in shard.units] for shard in shards] == [[0], [1, 2, 3]]
 
 
 def test_a_large_jsonl_file_is_cut_into_line_ranges_at_the_shard_boundaries(tmp_path):
-    big = write_jsonl(tmp_path / "big.jsonl", ["x" * 50] * 100)  # 100 lines of 63 bytes
-    small = [write_jsonl(tmp_path / f"s{i}.jsonl", ["y" * 50] * 10) for i in range(3)]
+    big = write_jsonl(tmp_path / "big.jsonl", [{"text": "x" * 50}] * 100)  # 100 lines of 63 bytes
+    small = [write_jsonl(tmp_path / f"s{i}.jsonl", [{"text": "y" * 50}] * 10) for i in range(3)]
     _, shards = plan_shards(readers([big, *small]), 4)  # a shard is 8190 / 4 = 2047.5 bytes
     pieces = [[(unit.first_input, unit.reader.start, unit.reader.stop, unit.reader.first_line, unit.weight)
                for unit in shard.units] for shard in shards]
@@ -111,7 +114,7 @@ def test_directory_files_are_units_and_parquet_files_are_split_by_row_groups(tmp
     inputs, shards = plan_shards(chosen, 8)
     units = [unit for shard in shards for unit in shard.units]
     assert [unit.first_input for unit in units] == [0, 1, 2, 3, 3, 3, 3] and len(inputs) == 4
-    manifest = pack_sharded(chosen, tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
+    manifest = io.pack_corpus(chosen, tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
                             shards=8, long="cut")
     io.pack_corpus([io.TextFiles([text_dir]), io.ArrowBatches(path)], tmp_path / "whole", binding=BINDING,
                    tokenizer=TOKENIZER, config=CONFIG, long="cut")
@@ -128,14 +131,14 @@ def test_directory_files_are_units_and_parquet_files_are_split_by_row_groups(tmp
 def assert_the_concatenation_of_each_shard_alone(chosen, out, count):
     """The dataset of ``chosen`` in ``count`` shards at ``out`` holds, batch by batch, the
     datasets of each shard's units packed alone, with segments counted on; return its manifest."""
-    manifest = pack_sharded(chosen, out, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=count,
+    manifest = io.pack_corpus(chosen, out, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=count,
                             policy="best-fit-decreasing", long="cut")
     _, shards = plan_shards(chosen, count)
     combined = io.open_dataset(out)
     batches, first_example = [], 0
     for shard in shards:
         alone = out.parent / f"{out.name}-alone{shard.index}"
-        pack_sharded([unit.reader for unit in shard.units], alone, binding=BINDING, tokenizer=TOKENIZER,
+        io.pack_corpus([unit.reader for unit in shard.units], alone, binding=BINDING, tokenizer=TOKENIZER,
                      config=CONFIG, shards=1, policy="best-fit-decreasing", long="cut")
         for batch in io.open_dataset(alone):
             segments = np.where(batch.segments >= 0, batch.segments + first_example, batch.segments)
@@ -179,19 +182,20 @@ def test_one_shard_holds_the_unsharded_dataset_bytes(tmp_path):
     whole = io.pack_corpus(readers(paths), tmp_path / "whole", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
                            long="cut")
     assert one["parts"][0]["files"] == whole["parts"][0]["files"]
-    assert {k: v for k, v in one.items() if k != "shards"} == whole
+    assert one == whole  # a job that names no shard count is one shard
 
 
 def test_shards_of_only_empty_documents_have_no_part_and_are_counted(tmp_path):
     """A shard whose documents are all empty is no error: it has no part, its empty
     documents are counted, and the dataset holds what the unsharded one holds."""
-    corpus = write_jsonl(tmp_path / "c.jsonl", ["some text", "more", "x" * 30, "tail", "end"] + [""] * 200)
+    lines = ["some text", "more", "x" * 30, "tail", "end"] + [""] * 200
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": line} for line in lines])
     texts = tmp_path / "texts"
     texts.mkdir()
     for number, text in enumerate(["ab", "cd"] + [""] * 6):
         (texts / f"{number}.txt").write_text(text)
     for name, reader, skipped in (("jsonl", io.JsonLines(corpus), 200), ("files", io.TextFiles(texts), 6)):
-        manifest = pack_sharded([reader], tmp_path / name, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
+        manifest = io.pack_corpus([reader], tmp_path / name, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
                                 shards=3, long="cut")
         whole = io.pack_corpus([reader], tmp_path / f"{name}-whole", binding=BINDING, tokenizer=TOKENIZER,
                                config=CONFIG, long="cut")
@@ -202,7 +206,7 @@ def test_shards_of_only_empty_documents_have_no_part_and_are_counted(tmp_path):
     (texts / "0.txt").write_text("")
     (texts / "1.txt").write_text("")
     with pytest.raises(InvalidInputError, match="the inputs hold no document with content"):
-        pack_sharded([io.TextFiles(texts)], tmp_path / "none", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
+        io.pack_corpus([io.TextFiles(texts)], tmp_path / "none", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
                      shards=3)
 
 
@@ -218,14 +222,14 @@ def test_a_bad_line_names_shard_file_and_line_and_leaves_nothing(tmp_path):
 
 
 def test_a_bad_line_in_a_later_line_range_names_its_line_in_the_file(tmp_path):
-    big = write_jsonl(tmp_path / "big.jsonl", [f"document {i}" for i in range(300)])
+    big = write_jsonl(tmp_path / "big.jsonl", [{"text": f"document {i}"} for i in range(300)])
     lines = big.read_text().splitlines(keepends=True)
     lines[250] = '{"text": "unterminated\n'
     big.write_text("".join(lines))
     _, shards = plan_shards([io.JsonLines(big)], 2)
     assert shards[1].units[0].reader.first_line < 251
     with pytest.raises(InvalidInputError, match=r"^shard 1 of 2 \(.*big.jsonl\): .*big.jsonl:251: not valid JSON"):
-        pack_sharded([io.JsonLines(big)], tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
+        io.pack_corpus([io.JsonLines(big)], tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
                      shards=2)
     assert sorted(os.listdir(tmp_path)) == ["big.jsonl"]
 
@@ -233,7 +237,8 @@ def test_a_bad_line_in_a_later_line_range_names_its_line_in_the_file(tmp_path):
 def test_a_shard_rewrites_what_an_earlier_attempt_left(tmp_path):
     paths = jsonl_corpus(tmp_path / "in", files=2)
     inputs, shards = plan_shards(readers(paths), 2)
-    job = ShardJob(BINDING, TOKENIZER, inputs, CONFIG, "next-fit", "cut", False, None)
+    job = PackJob.of(readers(paths), tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
+                     long="cut")
     staging = tmp_path / "staging"
     staging.mkdir()
     (staging / "part-00001").mkdir()
@@ -332,7 +337,7 @@ def test_a_shard_count_past_int64_products_plans_exactly(tmp_path):
 def test_a_huge_shard_count_splits_a_jsonl_file_like_one_shard_per_byte(tmp_path):
     """More shards than bytes plan as one shard per byte (every line alone), instead of
     a MemoryError or a wrapped int64."""
-    path = write_jsonl(tmp_path / "big.jsonl", ["x" * 50] * 40)
+    path = write_jsonl(tmp_path / "big.jsonl", [{"text": "x" * 50}] * 40)
     total = path.stat().st_size
     expected = plan([io.JsonLines(path)], total)
     assert len(expected) == 40
@@ -347,23 +352,26 @@ def test_a_runner_reporting_a_shard_twice_or_never_is_an_error(tmp_path):
     corpus = jsonl_corpus(tmp_path / "in", files=3)
     expected = sharded(corpus, tmp_path / "serial", 3)
 
-    def twice(job, shards, staging):
-        for index, result in run_serially(job, shards, staging):
-            yield index, result
-            yield index, result
-
-    def never(job, shards, staging):
-        for index, result in run_serially(job, shards, staging):
-            if index != 1:
+    class Twice(SerialRunner):
+        def __call__(self, *arguments):
+            for index, result in super().__call__(*arguments):
+                yield index, result
                 yield index, result
 
-    def stranger(job, shards, staging):
-        yield from run_serially(job, shards, staging)
-        yield -1, (None, 0)
+    class Never(SerialRunner):
+        def __call__(self, *arguments):
+            for index, result in super().__call__(*arguments):
+                if index != 1:
+                    yield index, result
 
-    for name, run, message in (("twice", twice, r"reported shard 0 of 3 twice"),
-                               ("never", never, r"never reported shard 1 of 3 \("),
-                               ("stranger", stranger, r"reported shard -1 of 3 \(no such shard\)")):
+    class Stranger(SerialRunner):
+        def __call__(self, *arguments):
+            yield from super().__call__(*arguments)
+            yield -1, (None, 0)
+
+    for name, run, message in (("twice", Twice(), r"reported shard 0 of 3 twice"),
+                               ("never", Never(), r"never reported shard 1 of 3 \("),
+                               ("stranger", Stranger(), r"reported shard -1 of 3 \(no such shard\)")):
         with pytest.raises(SeqpackError, match=message):
             sharded(corpus, tmp_path / name, 3, run=run)
         assert not (tmp_path / name).exists()
@@ -371,12 +379,12 @@ def test_a_runner_reporting_a_shard_twice_or_never_is_an_error(tmp_path):
         sum(p.stat().st_size for p in corpus)
 
 
-# Regression: pack_sharded took one path instead of a list of readers.
-def test_pack_sharded_refuses_one_input_instead_of_a_list(tmp_path):
+# Regression: a sharded pack took one path instead of a list of inputs.
+def test_a_sharded_pack_refuses_one_input_instead_of_a_list(tmp_path):
     (tmp_path / "a.txt").write_text("some text")
-    binding = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="audit")
-    with pytest.raises(sp.InvalidInputError, match="readers must be a list of readers"):
-        pack_sharded(str(tmp_path / "a.txt"), tmp_path / "out", binding=binding, tokenizer=binding.tokenizer,
+    binding = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="one-path")
+    with pytest.raises(sp.InvalidInputError, match="inputs must be a list of readers or paths"):
+        io.pack_corpus(str(tmp_path / "a.txt"), tmp_path / "out", binding=binding, tokenizer=binding.tokenizer,
                      config=sp.PackConfig(64, 2), shards=2)
     assert not (tmp_path / "out").exists()
 
@@ -427,7 +435,7 @@ def test_ray_pack_corpus_fails_fast_on_an_unreachable_address(tmp_path):
     process, where no Ray is initialized yet (one already running would be used whatever
     the address)."""
     pytest.importorskip("ray", reason="the Ray engine needs the ray extra")
-    path = write_jsonl(tmp_path / "a.jsonl", ["some text"])
+    path = write_jsonl(tmp_path / "a.jsonl", [{"text": "some text"}])
     port = closed_port()
     for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
         run = subprocess.run([sys.executable, "-c", FAILS_FAST, str(path), str(tmp_path / "out"), address],

@@ -2,7 +2,7 @@
 
 The oracle is the in-memory path: the records encoded by
 ``seqpack.io.record_encoders.encode_prompt_completion`` (itself checked against TRL in
-``test_io_supervision.py``) as an ``ExampleTable`` with ``supervised=``, packed by
+``tests/io/test_record_encoders.py``) as an ``ExampleTable`` with ``supervised=``, packed by
 ``seqpack.pack`` under the same policy. The dataset on disk must give the same batches,
 loss masks included, and its counts must be the supervised ones.
 """
@@ -20,7 +20,7 @@ from seqpack import InvalidInputError
 from seqpack.data import window_ranges
 from seqpack.io import format as fmt
 from seqpack.io.readers import DocumentChunk, Input
-from helpers import reseal, train_bpe
+from helpers import reseal, train_bpe, trl_rows
 
 pytest.importorskip("tokenizers", reason="a tokenizers file needs the hf extra: pip install 'seqpack[hf]'")
 from seqpack.io import TokenizerFile, open_dataset, pack_corpus, verify_dataset  # noqa: E402
@@ -147,14 +147,14 @@ def test_completion_only_loss_false_supervises_the_prompts(tmp_path, tokenizer, 
 
 
 def test_sharded_parts_carry_the_supervision_of_a_serial_pack(tmp_path, tokenizer, binding):
-    from seqpack.io.shards import pack_sharded
+    from seqpack.io import pack_corpus
 
     records = random_records(6, 90)
     config = sp.PackConfig(96, 2)
 
     serial = pack_corpus([Records(records)], tmp_path / "serial", binding=binding, tokenizer=tokenizer, config=config)
     readers = [Records(records[i : i + 30], name=f"records-{i}.jsonl") for i in range(0, 90, 30)]
-    sharded = pack_sharded(readers, tmp_path / "sharded", binding=binding, tokenizer=tokenizer, config=config,
+    sharded = pack_corpus(readers, tmp_path / "sharded", binding=binding, tokenizer=tokenizer, config=config,
                            shards=3)
     assert sharded["format_version"] == 2 and len(sharded["parts"]) == 3
     assert sharded["counts"]["supervised_targets"] == serial["counts"]["supervised_targets"]
@@ -165,10 +165,10 @@ def test_sharded_parts_carry_the_supervision_of_a_serial_pack(tmp_path, tokenize
 
 
 def test_a_text_shard_beside_supervised_ones_gets_an_empty_supervision_file(tmp_path, tokenizer, binding):
-    from seqpack.io.shards import pack_sharded
+    from seqpack.io import pack_corpus
 
     readers = [Texts(random_records(7, 20), name="texts.jsonl"), Records(random_records(8, 20))]
-    manifest = pack_sharded(readers, tmp_path / "out", binding=binding, tokenizer=tokenizer,
+    manifest = pack_corpus(readers, tmp_path / "out", binding=binding, tokenizer=tokenizer,
                             config=sp.PackConfig(96, 2), shards=2)
     assert manifest["format_version"] == 2 and len(manifest["parts"]) == 2
     assert manifest["parts"][0]["supervised_targets"] == manifest["parts"][0]["valid_targets"]
@@ -351,11 +351,11 @@ def test_conversations_are_supervised_on_the_assistant_mask(tmp_path, tokenizer,
     with pytest.raises(InvalidInputError, match=r"lonely.jsonl:2: no assistant token to supervise"):
         pack_corpus([sp.io.reader_for(lonely)], tmp_path / "bad", binding=binding, tokenizer=tokenizer,
                     config=sp.PackConfig(64, 2), chat_template=TEMPLATE, assistant_only_loss=True)
-    # Issue 41: the manifest recorded completion_only_loss: true for a conversation dataset.
+    # The manifest of a conversation dataset records assistant_only_loss, not completion_only_loss.
     supervision = open_dataset(out).supervision
     assert (supervision["completion_only_loss"], supervision["assistant_only_loss"]) == (None, True)
     assert supervision["applied"] == ["conversation"] and supervision["chat_template_sha256"] is not None
-    # Issue 41: a template that renders without end names the line and the flag that bounds it.
+    # A template that renders without end is stopped, naming the line and the flag that bounds it.
     slow = TEMPLATE.replace("{{ bos_token }}", "{% for i in range(100000) %}{% for j in range(100000) %}"
                                                "{% endfor %}{% endfor %}", 1)
     late = write_records(tmp_path / "late.jsonl", [{"messages": conversations[0]}] * 3)
@@ -435,7 +435,7 @@ def occurrences(directory) -> dict:
 def test_random_masks_survive_shards(tmp_path_factory, files, cut, seed):
     # The shards a Ray run packs (run serially here; test_ray_pipeline checks that Ray gives
     # the same bytes): every occurrence's tokens and loss mask are those of one serial pack.
-    from seqpack.io.shards import pack_sharded
+    from seqpack.io import pack_corpus
 
     rng = np.random.default_rng(seed)
     directory = tmp_path_factory.mktemp("shards")
@@ -450,7 +450,7 @@ def test_random_masks_survive_shards(tmp_path_factory, files, cut, seed):
     common = dict(binding=byte_binding, tokenizer=byte_binding.tokenizer, config=sp.PackConfig(8 if cut else 48, 2),
                   long="cut" if cut else "error")
     serial = pack_corpus([sp.io.reader_for(p) for p in paths], directory / "serial", **common)
-    sharded = pack_sharded([sp.io.reader_for(p) for p in paths], directory / "sharded", shards=len(paths), **common)
+    sharded = pack_corpus([sp.io.reader_for(p) for p in paths], directory / "sharded", shards=len(paths), **common)
     kept = ("documents", "examples", "tokens", "valid_targets", "supervised_targets", "skipped_unsupervised_windows")
     assert [sharded["counts"][key] for key in kept] == [serial["counts"][key] for key in kept]
     assert sharded["supervision"] == serial["supervision"]
@@ -504,7 +504,7 @@ def test_a_version_2_manifest_without_its_seal_is_refused(tmp_path, tokenizer, b
     manifest = pack_corpus([Records(random_records(14))], out, binding=binding, tokenizer=tokenizer,
                            config=sp.PackConfig(96, 3))
     assert manifest["format_version"] == 2 and verify_dataset(out)["sealed"] is True
-    unsealed(out, manifest)  # issue 41: verify said "the manifest has no seal (an older seqpack wrote it)"
+    unsealed(out, manifest)  # not "no seal (an older seqpack wrote it)": a version-2 manifest is always sealed
     message = (r"manifest\.json: no seal, but a version-2 manifest is always sealed by the seqpack that writes it, "
                r"so its seal was removed")
     with pytest.raises(InvalidInputError, match=message):
@@ -521,7 +521,7 @@ def test_a_lowered_version_is_refused_while_the_manifest_holds_what_version_2_wr
     out = tmp_path / "out"
     manifest = pack_corpus([Records(random_records(15))], out, binding=binding, tokenizer=tokenizer,
                            config=sp.PackConfig(96, 3))
-    # Issue 41: version 1, and the seal, the supervision record and every supervision.npy gone.
+    # Version 1, and the seal, the supervision record and every supervision.npy gone: still refused.
     lowered = dict(json.loads(json.dumps(manifest)), format_version=1)
     lowered.pop("supervision")
     for part in lowered["parts"]:
@@ -550,8 +550,8 @@ def test_a_lowered_version_is_refused_while_the_manifest_holds_what_version_2_wr
 
 
 def test_a_mask_only_a_later_jsonl_record_has_is_applied(tmp_path, tokenizer, binding):
-    # Issue 41: after {"input_ids": [...]} on line 1, line 2's completion_mask was dropped and the
-    # dataset written as version 1, every target supervised.
+    # A completion_mask that only line 2 has, after {"input_ids": [...]} on line 1, is applied: the
+    # dataset is version 2, and not every target is supervised.
     source = write_records(tmp_path / "later.jsonl", [
         {"input_ids": [10, 11, 12, 13, 14, 15]},
         {"input_ids": [20, 21, 22, 23], "completion_mask": [0, 0, 0, 1]},
@@ -572,9 +572,7 @@ def test_a_mask_only_a_later_jsonl_record_has_is_applied(tmp_path, tokenizer, bi
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
 def test_the_command_line_packs_trls_ids_for_a_tokenizer_without_bos(tmp_path, tokenizer):
-    # Issue 41: the command line put a BOS TRL does not add before every record: 0 of 400 matched.
-    from test_io_supervision import trl_rows
-
+    # The command line adds no BOS that TRL does not add: every record's IDs and masks are TRL's.
     from seqpack.cli import main
 
     records = [{"prompt": p, "completion": c} for p, c in random_records(21, 40)]

@@ -81,29 +81,29 @@ def test_unpickled_copies_share_one_tokenizer_and_encode_the_same(tmp_path, toke
 
 
 def test_threads_unpickling_at_once_share_the_cache_safely(monkeypatch, tokenizer_file):
-    from seqpack.io import encoding
+    from seqpack.io import tokenizer_file as tokenizer_module
 
     bound = io.TokenizerFile(tokenizer_file, bos="<|bos|>", eos="<|eos|>")
     parsed = json.loads(bound.tokenizer.to_str())
-    texts = [json.dumps(parsed, indent=indent) for indent in range(encoding._UNPICKLED_KEPT + 3)]
+    texts = [json.dumps(parsed, indent=indent) for indent in range(tokenizer_module._UNPICKLED_KEPT + 3)]
     expected = bound.tokenizer.encode(TEXTS[0]).ids
-    monkeypatch.setattr(encoding, "_UNPICKLED", {})
+    monkeypatch.setattr(tokenizer_module, "_UNPICKLED", {})
     previous = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
     try:
         with ThreadPoolExecutor(max_workers=8) as pool:
-            built = list(pool.map(encoding._unpickled_tokenizer, texts * 100))
+            built = list(pool.map(tokenizer_module._unpickled_tokenizer, texts * 100))
     finally:
         sys.setswitchinterval(previous)
     assert all(tokenizer.encode(TEXTS[0]).ids == expected for tokenizer in built)
-    assert len(encoding._UNPICKLED) == encoding._UNPICKLED_KEPT
+    assert len(tokenizer_module._UNPICKLED) == tokenizer_module._UNPICKLED_KEPT
 
 
 def test_unpickling_without_tokenizers_names_the_extra(monkeypatch, tokenizer_file):
-    from seqpack.io import encoding
+    from seqpack.io import tokenizer_file as tokenizer_module
 
     data = pickle.dumps(io.TokenizerFile(tokenizer_file, bos="<|bos|>", eos="<|eos|>"))
-    monkeypatch.setattr(encoding, "_UNPICKLED", {})
+    monkeypatch.setattr(tokenizer_module, "_UNPICKLED", {})
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # as on a worker without the extra
     with pytest.raises(sp.InvalidInputError, match=r"needs the 'hf' extra"):
         pickle.loads(data)
@@ -218,7 +218,7 @@ def test_a_directory_or_an_id_past_int32_is_named(tmp_path):
 
 
 def test_verify_with_a_tokenizer_file_detects_a_different_one(tmp_path, tokenizer_file):
-    """From a hostile sweep (issue 33): a tokenizer file changed since the pack went unnoticed."""
+    """verify notices a tokenizer file changed since the pack (naming it) and passes the one packed with."""
     import subprocess
 
 

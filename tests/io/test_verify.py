@@ -13,6 +13,7 @@ import seqpack as sp
 from helpers import reseal
 from seqpack import io
 from seqpack.io import format as fmt
+from seqpack.io import publish
 from seqpack.io.stats import dataset_stats
 
 TOKENIZER = sp.ByteTokenizer()
@@ -70,7 +71,7 @@ def test_an_incomplete_pack_is_refused(packed, tmp_path):
 
 def rewrite(target, name, array):
     """Replace a part file and record its new checksum: only the rules can catch it now."""
-    record = fmt.write_array(target / "part-00000" / name, array)
+    record = publish.write_array(target / "part-00000" / name, array)
     manifest = json.loads((target / "manifest.json").read_text())
     manifest["parts"][0]["files"][name] = record
     reseal(target, manifest)
@@ -123,7 +124,7 @@ def test_tokens_out_of_vocabulary_are_refused(packed, tmp_path):
     tokens[5] = 400
     tokens.tofile(path)
     manifest = json.loads((target / "manifest.json").read_text())
-    manifest["parts"][0]["files"]["tokens.bin"]["sha256"] = io.tokenizer_file.file_sha256(path)
+    manifest["parts"][0]["files"]["tokens.bin"]["sha256"] = publish.file_sha256(path)
     reseal(target, manifest)
     with pytest.raises(sp.VerificationError, match=r"tokens\.bin: a token lies outside the vocabulary"):
         io.verify_dataset(target)
@@ -153,13 +154,13 @@ def test_a_malformed_manifest_is_one_clear_error(packed, tmp_path, damage, messa
 @pytest.fixture(scope="module")
 def two_parts(tmp_path_factory):
     """Two shards of one JSONL file, two batches each (what ``seqpack pack --shards 2`` writes)."""
-    from seqpack.io.shards import pack_sharded
+    from seqpack.io import pack_corpus
     root = tmp_path_factory.mktemp("two-parts")
     rng = np.random.default_rng(5)
     lines = [json.dumps({"text": "".join(rng.choice(list("abcdefgh "), size=int(rng.integers(3, 26))))})
              for _ in range(40)]
     (root / "c.jsonl").write_text("\n".join(lines) + "\n")
-    pack_sharded([io.JsonLines(root / "c.jsonl")], root / "packed", binding=BINDING, tokenizer=TOKENIZER,
+    pack_corpus([io.JsonLines(root / "c.jsonl")], root / "packed", binding=BINDING, tokenizer=TOKENIZER,
                  config=sp.PackConfig(32, 8), shards=2)
     return root / "packed"
 
@@ -253,7 +254,7 @@ def test_a_file_the_manifest_does_not_list_fails_verify(tmp_path, add, name):
         io.verify_dataset(out)
 
 
-# From a hostile sweep (issue 33): verify said ok to each of these hand edits.
+# verify refuses each of these hand edits of a sealed manifest, naming the edited key.
 @pytest.mark.parametrize("key, value, named", [
     ("binding.limits.max_tokens", 3, r"binding\.limits\.max_tokens \(edited\)"),
     ("binding.split_receipt_digest", "0" * 64, r"binding\.split_receipt_digest \(edited\)"),
@@ -302,7 +303,7 @@ def test_a_manifest_from_before_seals_opens_and_verifies_unsealed(two_parts, tmp
 
 
 def test_a_version_1_part_holding_a_supervision_file_is_refused(two_parts, tmp_path):
-    # Issue 41: a file only version 2 writes, left in a dataset whose version was lowered to 1.
+    # A file only version 2 writes, left in a dataset whose version was lowered to 1, is refused.
     target = edited(two_parts, tmp_path, "seal", DELETE, sealed=False)
     leftover = target / "part-00001" / fmt.SUPERVISION_FILE
     np.save(leftover, np.zeros(0, np.uint32))

@@ -29,15 +29,15 @@ def pack(readers, out, **options):
 @pytest.mark.parametrize("given", ["str", "path", "reader"])
 def test_pack_corpus_refuses_one_input_instead_of_a_list(tmp_path, text, given):
     readers = {"str": str(text), "path": text, "reader": io.TextFiles([text])}[given]
-    with pytest.raises(sp.InvalidInputError, match="readers must be a list of readers, not one"):
+    with pytest.raises(sp.InvalidInputError, match="inputs must be a list of readers or paths, not one"):
         pack(readers, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
-# Regression: an item of readers that is not a reader was a foreign error.
+# Regression: an item of the inputs that is neither a path nor a reader was a foreign error.
 def test_pack_corpus_names_an_item_that_is_not_a_reader(tmp_path, text):
-    with pytest.raises(sp.InvalidInputError, match=r"readers\[1\] is a PosixPath, not a reader"):
-        pack([io.TextFiles([text]), text], tmp_path / "out")
+    with pytest.raises(sp.InvalidInputError, match=r"inputs\[1\] is a dict, not a path or a reader"):
+        pack([io.TextFiles([text]), {"text": "hello"}], tmp_path / "out")
 
 
 # Regression: the passing twin of the list check: readers given as a generator.
@@ -49,9 +49,9 @@ def test_pack_corpus_reads_readers_given_as_a_generator(tmp_path, text):
 # Regression: a binding, tokenizer, out or progress of the wrong type was a foreign error.
 def test_pack_corpus_checks_binding_tokenizer_and_out(tmp_path, text):
     with pytest.raises(sp.InvalidInputError, match="binding must be a BatchBinding"):
-        pack([io.TextFiles([text])], tmp_path / "out", binding=None)
+        pack([io.TextFiles([text])], tmp_path / "out", binding="tests")
     with pytest.raises(sp.InvalidInputError, match="tokenizer must be"):
-        pack([io.TextFiles([text])], tmp_path / "out", tokenizer=None)
+        pack([io.TextFiles([text])], tmp_path / "out", tokenizer="bytes")
     with pytest.raises(sp.InvalidInputError, match="out must be a path"):
         pack([io.TextFiles([text])], None)
     with pytest.raises(sp.InvalidInputError, match="progress must be"):
@@ -90,7 +90,7 @@ def test_a_truthy_non_bool_framed_is_refused(tmp_path):
 def test_pack_without_a_list_keeps_an_existing_dataset(tmp_path, text):
     pack([io.TextFiles([text])], tmp_path / "out")
     before = (tmp_path / "out" / "part-00000" / "tokens.bin").read_bytes()
-    with pytest.raises(sp.InvalidInputError, match="readers must be a list of readers, not one"):
+    with pytest.raises(sp.InvalidInputError, match="inputs must be a list of readers or paths, not one"):
         pack(io.TextFiles([text]), tmp_path / "out", force=True)
     assert (tmp_path / "out" / "part-00000" / "tokens.bin").read_bytes() == before
     assert np.array_equal(io.open_dataset(tmp_path / "out").example(0).document.token_ids,
@@ -132,7 +132,7 @@ def test_the_bytes_bar_counts_in_the_units_it_shows(monkeypatch):
 def test_a_publish_stopped_at_any_step_puts_the_old_dataset_back(tmp_path, text, monkeypatch, step, failure):
     """A full disk or Ctrl-C while publishing left the old dataset under a hidden name and
     the output without a manifest (or gone)."""
-    from seqpack.io import format as fmt
+    from seqpack.io import publish
 
     out = tmp_path / "out"
     (tmp_path / "b.txt").write_text("a second document")
@@ -153,9 +153,9 @@ def test_a_publish_stopped_at_any_step_puts_the_old_dataset_back(tmp_path, text,
     def dump(*args, **kwargs):
         raise failure
 
-    monkeypatch.setattr(fmt.os, "rename", rename)
+    monkeypatch.setattr(publish.os, "rename", rename)
     if kind == "manifest":
-        monkeypatch.setattr(fmt.json, "dump", dump)
+        monkeypatch.setattr(publish.json, "dump", dump)
     with pytest.raises(type(failure)):
         pack([io.TextFiles([text, text.parent / "b.txt"])], out, force=True)
     monkeypatch.undo()

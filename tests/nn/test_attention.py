@@ -14,25 +14,14 @@ from hypothesis import strategies as st
 from seqpack import InvalidInputError
 from seqpack.nn.attention import range_attention_backward, range_attention_forward, segment_spans
 
+from helpers import assert_close, mixed_layout, permitted, starts_from_lengths
+
 pytestmark = pytest.mark.kernel
 
 WIDTHS = [1, 2, 3, 17, 63, 64, 65, 127, 128, 129, 200]
 
 
 # --- oracle -------------------------------------------------------------------------
-
-
-def permitted(valid_lengths, segment_starts):
-    """Dense [rows, T, T] permission and [rows, T] activity, straight from the rule."""
-    width = segment_starts.shape[1]
-    column = np.arange(width)
-    active = column[None, :] < np.asarray(valid_lengths)[:, None]  # [rows, T]
-    starts = np.where(active, segment_starts, 0)
-    keys, queries = column[None, None, :], column[None, :, None]
-    mask = (  # [rows, T(query), T(key)]
-        active[:, :, None] & active[:, None, :] & (keys >= starts[:, :, None]) & (keys <= queries)
-    )
-    return mask, active
 
 
 def reference_forward(q, k, v, valid_lengths, segment_starts):
@@ -65,43 +54,7 @@ def reference_backward(q, k, v, dout, valid_lengths, segment_starts):
     return dq, dk, dv
 
 
-def assert_close(actual, expected, name):
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    limit = 1e-10 + 1e-9 * np.maximum(np.abs(actual), np.abs(expected))
-    bad = np.argwhere(~(np.abs(actual - expected) <= limit))
-    assert bad.size == 0, f"{name} differs at {tuple(bad[0])}: {actual[tuple(bad[0])]} vs {expected[tuple(bad[0])]}"
-
-
 # --- layouts ------------------------------------------------------------------------
-
-
-def starts_from_lengths(segment_lengths, width, rng):
-    """One row's starts for consecutive segments; inactive columns hold junk."""
-    row = rng.integers(-5, width + 5, size=width)
-    column = 0
-    for length in segment_lengths:
-        row[column : column + length] = column
-        column += length
-    return row, column
-
-
-def mixed_layout(width, rng):
-    """Rows: one segment filling the row, all padding, one-token segments, random cuts."""
-    rows = []
-    rows.append([width])
-    rows.append([])
-    rows.append([1] * min(width, 5))
-    cuts, left = [], int(rng.integers(0, width + 1))
-    while left:
-        length = int(rng.integers(1, left + 1))
-        cuts.append(length)
-        left -= length
-    rows.append(cuts)
-    starts = np.empty((len(rows), width), dtype=np.int64)
-    lengths = np.empty(len(rows), dtype=np.int64)
-    for r, segment_lengths in enumerate(rows):
-        starts[r], lengths[r] = starts_from_lengths(segment_lengths, width, rng)
-    return lengths, starts
 
 
 def tensors(rng, shape, dtype=np.float64, count=4):

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from test_attention import assert_close, mixed_layout, permitted, starts_from_lengths
+from helpers import assert_close, mixed_layout, permitted, starts_from_lengths
 
 from seqpack import InvalidInputError
 from seqpack.nn.attention import range_attention_backward, range_attention_forward

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from test_attention import mixed_layout
+from helpers import mixed_layout
 
 from seqpack.bench.attention import fused_method, non_gemm_share, print_profile, profile
 from seqpack.bench.workloads import workload

@@ -10,7 +10,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from test_attention import mixed_layout
+from helpers import mixed_layout
 
 from seqpack import InvalidInputError
 from seqpack.nn.attention import range_attention_backward, range_attention_forward

@@ -98,7 +98,7 @@ needs_avx512 = pytest.mark.skipif(
     reason=f"this CPU runs only {', '.join(_attention.cpu_paths())}: no AVX-512 path to compare")
 
 
-# Issue 42: the AVX-512 tile products (two strips of B per block) keep each element's chain.
+# The AVX-512 tile products (two strips of B per block) keep each element's chain: the same bits as every path.
 @needs_avx512
 @pytest.mark.parametrize("head_dim", [13, 32, 64, 128])
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])

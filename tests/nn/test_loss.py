@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from seqpack import BindingError, DecodeLimits, InvalidInputError, masked_loss
 from seqpack.nn import _loss
 from seqpack.nn.autograd import Tensor
-from seqpack.data.binding import BatchBinding
 from seqpack.chapters.fixtures import chapter_batch
 from seqpack.chapters.probe import gold_probabilities
 from seqpack.chapters.probe import constructed_logits, loss_probe
@@ -78,11 +77,6 @@ def test_stable_for_huge_logits():
     loss = masked_nll(logits, np.array([[0]]), np.array([[True]]))
     assert loss.loss_sum == pytest.approx(math.log1p(math.exp(-1000.0)), abs=1e-300)
     assert np.isfinite(loss.target_losses).all()
-
-
-@pytest.fixture(scope="module")
-def binding():
-    return BatchBinding.fixture()
 
 
 @pytest.mark.parametrize(

@@ -13,18 +13,12 @@ from seqpack.data import _validate
 from seqpack.layout import _fill as _layout
 from seqpack import packing
 from seqpack.layout.fields import FieldArrays, supervision_bytes
-from test_policies import random_table
-from test_table import BIG, assert_same_batches, example_list
+from helpers import BIG, assert_same_batches, example_list, random_table
 
 pytestmark = pytest.mark.kernel
 
 TRAIN = sp.Partition.TRAIN
 STORED = ("inputs", "targets", "positions", "segments", "token_valid", "target_valid", "loss_mask", "valid_lengths")
-
-
-@pytest.fixture(scope="module")
-def binding():
-    return sp.BatchBinding.fixture()
 
 
 @pytest.fixture(scope="module")

@@ -24,11 +24,6 @@ TRAIN = sp.Partition.TRAIN
 BIG = 1 << 30
 
 
-@pytest.fixture(scope="module")
-def binding():
-    return sp.BatchBinding.fixture()
-
-
 def make(name, tokens, binding):
     return sp.SequenceExample.from_document(name, sp.BatchDocument(name, tokens), binding)
 

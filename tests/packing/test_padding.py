@@ -12,11 +12,6 @@ pytestmark = pytest.mark.kernel
 TRAIN = sp.Partition.TRAIN
 
 
-@pytest.fixture(scope="module")
-def binding():
-    return sp.BatchBinding.fixture()
-
-
 def example(name, tokens, binding, partition=TRAIN, source_range=None):
     document = sp.BatchDocument(name, tokens, partition)
     if source_range is None:

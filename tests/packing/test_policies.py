@@ -9,28 +9,13 @@ from hypothesis import strategies as st
 
 import seqpack as sp
 from seqpack.packing.placement import POLICIES
-from test_table import BIG, assert_same_batches, example_list, predicting
+
+from helpers import BIG, assert_same_batches, example_list, predicting, random_table
 
 pytestmark = pytest.mark.kernel
 
 TRAIN = sp.Partition.TRAIN
 DECREASING = ("first-fit-decreasing", "best-fit-decreasing")
-
-
-@pytest.fixture(scope="module")
-def binding():
-    return sp.BatchBinding.fixture()
-
-
-def random_table(lengths, binding, seed=0):
-    """Whole-document examples with the given prediction counts (each at least 2) and random content."""
-    rng = np.random.default_rng(seed)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    offsets = np.concatenate(([0], np.cumsum(lengths + 1)))
-    tokens = rng.integers(2, 266, size=int(offsets[-1]), dtype=np.int32)
-    tokens[offsets[:-1]] = 0
-    tokens[offsets[1:] - 1] = 1
-    return sp.ExampleTable.from_arrays(tokens, offsets, binding)
 
 
 def global_placements(epoch_batches, max_rows):

@@ -9,16 +9,11 @@ from hypothesis import strategies as st
 
 import seqpack as sp
 
-from test_table import BIG, assert_same_batches, both_paths, corpora, example_list, predicting, table_of
+from helpers import BIG, assert_same_batches, both_paths, corpora, example_list, predicting, table_of
 
 pytestmark = pytest.mark.kernel
 
 TRAIN = sp.Partition.TRAIN
-
-
-@pytest.fixture(scope="module")
-def binding():
-    return sp.BatchBinding.fixture()
 
 
 def streamed(items, binding, config):

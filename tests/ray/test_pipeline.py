@@ -23,16 +23,17 @@ from seqpack import io  # noqa: E402
 from seqpack.cli import main  # noqa: E402
 from seqpack.errors import InvalidInputError  # noqa: E402
 from seqpack.io import format as fmt  # noqa: E402
-from seqpack.io.shards import pack_sharded  # noqa: E402
+from seqpack.io import publish  # noqa: E402
+from seqpack.io.job import PackJob, run_job  # noqa: E402
 from seqpack.ray import pack_corpus, pipeline  # noqa: E402
-from seqpack.ray.pipeline import ray_runner  # noqa: E402
+from seqpack.ray.pipeline import RayRunner  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 TOKENIZER = sp.ByteTokenizer()
 BINDING = sp.BatchBinding.for_tokenizer(TOKENIZER, split="corpus")
 CONFIG = sp.PackConfig(128, 4)
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +64,8 @@ def corpus(tmp_path_factory):
 
 
 def serial(readers, out, shards):
-    return pack_sharded(readers, out, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=shards,
-                        policy="best-fit-decreasing", long="cut")
+    return io.pack_corpus(readers, out, binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=shards,
+                          policy="best-fit-decreasing", long="cut")
 
 
 def on_ray(readers, out, shards):
@@ -219,11 +220,12 @@ def test_the_command_line_engine_ray_equals_serial_shards(cluster, corpus, tmp_p
     assert_same_bytes(tmp_path / "serial", tmp_path / "ray")
     runners = []
 
-    def recording_runner(ray_module, **options):
-        runners.append(options)
-        return ray_runner(ray_module, **options)
+    class RecordingRunner(RayRunner):
+        def __init__(self, ray_module, **options):
+            runners.append(options)
+            super().__init__(ray_module, **options)
 
-    monkeypatch.setattr(pipeline, "ray_runner", recording_runner)
+    monkeypatch.setattr(pipeline, "RayRunner", RecordingRunner)
     assert main([*common, "--out", str(tmp_path / "one"), "--engine", "ray", "--workers", "1"]) == 0
     assert json.loads(capsys.readouterr().out) == serial_manifest
     assert runners == [{"cpus_per_task": 1, "max_retries": 3, "workers": 1, "shutdown": False}]  # its cluster
@@ -370,7 +372,7 @@ def test_a_signal_raised_inside_rays_wait_arrives_as_itself():
 
 
 class InProcessRay:
-    """Enough of Ray's API for ``ray_runner``: each task runs when it is submitted, in this
+    """Enough of Ray's API for ``RayRunner``: each task runs when it is submitted, in this
     process; ``shutdown`` raises ``interrupt`` (a Ctrl-C while Ray stops) and records the call."""
 
     exceptions = ray.exceptions
@@ -417,19 +419,19 @@ def test_ray_is_shut_down_before_the_dataset_is_published(corpus, tmp_path):
     now shuts Ray down once the last shard is in, so the Ctrl-C leaves nothing."""
     readers = [io.JsonLines(p) for p in corpus[:3]]
     fake = InProcessRay(interrupt=KeyboardInterrupt())
+    job = PackJob.of(readers, tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=3,
+                     long="cut")
     with pytest.raises(KeyboardInterrupt):
-        pack_sharded(readers, tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=3,
-                     long="cut", run=ray_runner(fake, cpus_per_task=1, max_retries=0, shutdown=True))
+        run_job(job, RayRunner(fake, cpus_per_task=1, max_retries=0, shutdown=True))
     assert fake.calls == ["task"] * 3 + ["shutdown"]
     assert os.listdir(tmp_path) == []  # no output, no hidden partial sibling
     fake = InProcessRay()
-    manifest = pack_sharded(readers, tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG,
-                            shards=3, long="cut", run=ray_runner(fake, cpus_per_task=1, max_retries=0, shutdown=True))
+    manifest = run_job(job, RayRunner(fake, cpus_per_task=1, max_retries=0, shutdown=True))
     assert fake.calls == ["task"] * 3 + ["shutdown"] and len(manifest["parts"]) == 3
     assert io.open_dataset(tmp_path / "out").report().valid_targets == manifest["report"]["valid_targets"]
 
 
-# --- signals at every moment of a command-line Ray run (issue 33) --------------------------
+# --- signals at every moment of a command-line Ray run: the old dataset kept, no process left
 
 def _marked_processes(mark: str) -> list[int]:
     """Processes whose environment holds ``SEQPACK_TEST_RUN=mark`` (a run's own, Ray's included)."""
@@ -520,7 +522,7 @@ def test_a_later_pack_removes_what_a_killed_ray_run_left(signal_corpus, tmp_path
     out = tmp_path / "out"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)
-    host = fmt._host()
+    host = publish._host()
     partial = tmp_path / f".out.seqpack-partial-{host}-{pid}-0123456789ab"
     (partial / "part-00000").mkdir(parents=True)
     live = tmp_path / f".other.seqpack-partial-{host}-{os.getpid()}-0123456789ab"
@@ -543,8 +545,8 @@ def test_a_quiet_ray_run_prints_nothing_and_leaves_no_process(signal_corpus, tmp
 
 
 def test_supervision_on_ray_is_byte_identical_to_serial_shards(cluster, tmp_path):
-    # Issue 35: pre-tokenized records with TRL's completion_mask (prompts long enough that
-    # some --cut-long windows hold no supervised target and are left out).
+    # Pre-tokenized records with TRL's completion_mask, prompts long enough that some --cut-long
+    # windows hold no supervised target: Ray leaves out the windows the serial path leaves out.
     rng = np.random.default_rng(35)
     (tmp_path / "in").mkdir()
     paths = []

@@ -19,19 +19,9 @@ torch = pytest.importorskip("torch", reason="seqpack.torch needs PyTorch: pip in
 import seqpack.torch as st  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from packed_cases import packed_plan, random_predictions  # noqa: E402
+from helpers import ids, plan  # noqa: E402
 
-TESTS = Path(__file__).resolve().parent
-
-
-def plan(count=60, seed=3):
-    """A plan of about 20 one-row batches with uneven target counts."""
-    return packed_plan(random_predictions(np.random.default_rng(seed), count, 12), 16, 1, seed)
-
-
-def ids(items) -> list:
-    """Each batch item named by the first segment of each of its rows (unique per batch)."""
-    return [tuple(item["segments"][:, 0].tolist()) for item in items]
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def expected_ids(source, numbers) -> list:
@@ -259,7 +249,7 @@ RESUME_IN_A_FRESH_PROCESS = """
 import json, sys
 sys.path.insert(0, {tests!r})
 import seqpack.torch as st
-from test_torch_datasets import ids, plan
+from helpers import ids, plan
 dataset = st.IterableBatchDataset(plan(), seed=9)
 dataset.load_state_dict(json.loads(sys.stdin.read()))
 print(json.dumps(ids(dataset)))

@@ -348,7 +348,7 @@ def test_step_target_count_takes_the_list_of_micro_batches_only():
 
 
 def test_a_window_may_hold_a_micro_batch_without_supervised_targets():
-    # Issue 35: prompt-only micro-batches (every label -100) are legal inside a step that has
+    # Prompt-only micro-batches (every label -100) are legal inside a step that has
     # supervised targets elsewhere; the step's count and gradients are those of the others.
     window = list(packed_plan(PREDICTIONS, 16, 2))[:2]
     prompts_only = {name: value.clone() for name, value in st.tensors(window[1]).items()}

@@ -30,7 +30,6 @@ import sys
 import numpy as np
 
 from .._arguments import check_int
-
 from .._threads import default_threads
 from ..errors import InvalidInputError
 from ..nn import _attention

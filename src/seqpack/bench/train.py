@@ -45,7 +45,6 @@ import time
 import numpy as np
 
 from .._arguments import check_int
-
 from .._threads import kernel_threads
 from ..data.binding import BatchBinding, Partition
 from ..data.table import ExampleTable

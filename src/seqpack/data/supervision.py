@@ -4,13 +4,23 @@ A supervision array is a bool array aligned with a token array: ``supervised[j]`
 says whether token ``j``, as a target, counts in the loss. A source range's first
 token is never one of its targets, so its value is never read. ``None`` means every
 target is supervised (no array is stored, and every count equals the prediction count).
+
+TRL's records say it with per-token columns (:func:`trl_supervised`, one rule for the
+corpus encoder and the Trainer collator alike): masks of 0 and 1 and ``labels`` that are
+the token or :data:`IGNORE_INDEX`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from ..errors import InvalidInputError
+
+#: The label of a token that is no supervised target: PyTorch's ``cross_entropy``
+#: ``ignore_index`` and the -100 of transformers' and TRL's labels.
+IGNORE_INDEX = -100
 
 
 def as_supervision(values, length: int, name: str) -> np.ndarray | None:
@@ -45,6 +55,47 @@ def target_counts(supervised: np.ndarray | None, begins: np.ndarray, ends: np.nd
     counts = ends - begins - 1 if supervised is None else range_target_counts(flips_of(supervised), begins, ends)
     counts.flags.writeable = False
     return counts
+
+
+def trl_supervised(tokens: np.ndarray, columns: Mapping[str, np.ndarray], *,
+                   completion_only_loss: bool) -> tuple[np.ndarray, tuple[str, ...]]:
+    """TRL's rule for pre-tokenized records: token ``j`` of ``tokens``, as a target, is
+    supervised when every applied mask column is 1 there and its ``labels`` entry (if
+    any) is not :data:`IGNORE_INDEX`. ``completion_mask`` applies under
+    ``completion_only_loss``, ``assistant_masks`` and ``labels`` always. ``columns`` are
+    aligned with ``tokens`` and obey the rule (:func:`trl_fault` finds what does not); a
+    record without one of them holds 1s there (its own IDs as labels): no effect.
+
+    Returns the bool array and the names of the columns applied, sorted.
+    """
+    supervised = np.ones(tokens.shape[0], dtype=np.bool_)
+    applied = []
+    for name in sorted(columns):
+        column = columns[name]
+        if name == "completion_mask" and not completion_only_loss:
+            continue
+        supervised &= column != IGNORE_INDEX if name == "labels" else column == 1
+        applied.append(name)
+    return supervised, tuple(applied)
+
+
+def trl_fault(tokens: np.ndarray, offsets: np.ndarray, columns: Mapping[str, np.ndarray]) -> tuple[str, int] | None:
+    """The first entry of ``columns`` that breaks TRL's rule, as ``(column name, flat
+    index)``, or None: a mask value other than 0 and 1 (every column but ``labels``, applied
+    or not), or a label that is neither :data:`IGNORE_INDEX` nor its token (packing keeps
+    no other label). ``offsets`` (int64, rising from 0) bound the documents of ``tokens``: a
+    document's first token is no target, so its label is never read. Columns are checked
+    in sorted order of their names."""
+    for name in sorted(columns):
+        column = columns[name]
+        if name == "labels":
+            wrong = np.flatnonzero((column != IGNORE_INDEX) & (column != tokens))
+            wrong = wrong[~np.isin(wrong, offsets)]  # (an index equal to an offset starts a document)
+        else:
+            wrong = np.flatnonzero((column != 0) & (column != 1))
+        if wrong.size:
+            return name, int(wrong[0])
+    return None
 
 
 def gathered(parts: list[np.ndarray | None], lengths: list[int]) -> np.ndarray | None:

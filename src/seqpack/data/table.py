@@ -14,15 +14,14 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .._arguments import INT32_MAX, check_bool, check_int, integer_array
-
 from .._threads import check_threads, kernel_threads
-from ..errors import CapacityError, InvalidInputError, SeqpackError
+from ..errors import InvalidInputError, SeqpackError
 from . import _validate
 from .binding import BatchBinding, Partition, check_expectations
 from .documents import BatchDocument
 from .examples import SequenceExample
 from .supervision import as_supervision, target_counts
-from .windows import window_ranges
+from .windows import refuse_long, window_ranges
 
 LONG_DOCUMENTS = ("error", "cut")
 # Token arrays at least this long are validated by every kernel thread.
@@ -190,15 +189,11 @@ class ExampleTable:
         offsets = np.concatenate(([0], np.cumsum(lengths)))
         tokens = np.concatenate(documents)
         if long == "error":
-            too_long = np.flatnonzero(lengths - 1 > capacity)
-            if too_long.size:
-                index = int(too_long[0])
+            def text(index: int) -> str:
                 name = names[index] if names is not None else f"#{index}"
-                raise CapacityError(
-                    f"text {name!r} (index {index}) has {lengths[index] - 1} predictions; capacity is "
-                    f"{capacity} (long='cut' cuts it into overlapping windows)",
-                    cells=int(lengths[index] - 1), maximum=capacity,
-                )
+                return f"text {name!r} (index {index})"
+
+            refuse_long(lengths - 1, capacity, text, hint=" (long='cut' cuts it into overlapping windows)")
             return cls.from_arrays(tokens, offsets, binding, partition=partition, ids=names)
         which, ranges = window_ranges(lengths, capacity)
         cut_ids = None
@@ -233,8 +228,7 @@ class ExampleTable:
         try:
             binding.validate_document(tokens, as_given=as_given)
         except SeqpackError as error:
-            error.args = (f"{name}document {document}: {error}",)
-            raise
+            raise error.within(f"{name}document {document}")
         raise AssertionError(f"document {document} failed the bulk check but passed the per-document one")
 
     def __len__(self) -> int:

@@ -2,7 +2,8 @@
 
 :func:`window_ranges` cuts long documents into overlapping source ranges that each
 fit a row, so packing never truncates; :func:`document_examples` applies it, or not, to
-a corpus's documents. The rest is the
+a corpus's documents, and :func:`refuse_long` names the first that does not fit when
+they are not cut. The rest is the
 older complete-window policy, kept for contrast with variable-length examples:
 
 A window of context length ``L`` starting at ``s`` pairs inputs ``tokens[s:s+L]``
@@ -14,15 +15,27 @@ shorter than ``L + 1`` tokens supplies none. Windows never cross documents.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .._arguments import INT32_MAX, check_int, integer_array
-from ..errors import InvalidInputError
+from ..errors import CapacityError, InvalidInputError
 from .binding import Partition, check_partition
 from .documents import BatchDocument, as_int32_tokens
+
+
+def refuse_long(predictions: np.ndarray, limit: int, name: Callable[[int], str], *, limit_name: str = "capacity",
+                hint: str = "") -> None:
+    """Raise a :class:`~seqpack.errors.CapacityError` for the first item of
+    ``predictions`` (each item's prediction count) with more than ``limit``:
+    ``"{name(index)} has {count} predictions; {limit_name} is {limit}{hint}"``."""
+    if predictions.size and predictions.max() > limit:
+        index = int(np.argmax(predictions > limit))
+        count = int(predictions[index])
+        raise CapacityError(f"{name(index)} has {count} predictions; {limit_name} is {limit}{hint}",
+                            cells=count, maximum=limit)
 
 
 def window_ranges(lengths, capacity: int) -> tuple[np.ndarray, np.ndarray]:

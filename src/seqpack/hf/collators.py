@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..data.binding import BatchBinding, Partition
+from ..data.supervision import IGNORE_INDEX, trl_fault, trl_supervised
 from ..data.table import ExampleTable
 from ..errors import CapacityError, InvalidInputError
 from ..layout.exports import cumulative_lengths
@@ -37,7 +38,7 @@ from ..packing.config import PackConfig
 from ..packing.planning import pack
 from ..torch.attention import int_array
 from ..torch.counts import micro_batches, step_target_count
-from ..torch.tensors import IGNORE_INDEX, batch_tensors, check_batch
+from ..torch.tensors import batch_tensors, check_batch
 
 
 def _row(values: np.ndarray, dtype) -> torch.Tensor:
@@ -49,7 +50,7 @@ def flat(batch) -> dict:
     """The batch's examples flattened as ``DataCollatorWithFlattening`` flattens them.
 
     ``batch``: a padded or packed batch, or its ``seqpack.torch.tensors`` dict as
-    ``seqpack.torch.PackedDataset`` and ``IterableBatchDataset`` yield it (the same result).
+    ``seqpack.torch.BatchDataset`` and ``IterableBatchDataset`` yield it (the same result).
 
     Keys, dtypes and values of ``DataCollatorWithFlattening(return_flash_attn_kwargs=True,
     return_seq_idx=True)`` called on ``[{"input_ids": tokens}, ...]`` with each
@@ -96,7 +97,7 @@ def rows(batch) -> dict:
     implementations ignore it) and ``use_cache=False``. No ``attention_mask``.
 
     ``batch``: a padded or packed batch, or its ``seqpack.torch.tensors`` dict as
-    ``seqpack.torch.PackedDataset`` and ``IterableBatchDataset`` yield it (the same result).
+    ``seqpack.torch.BatchDataset`` and ``IterableBatchDataset`` yield it (the same result).
     """
     fields = batch_tensors(batch)
     lengths = fields["valid_lengths"]
@@ -162,21 +163,11 @@ def _per_token(index: int, key: str, value, length: int, kinds: str, what: str) 
     return array
 
 
-def _mask(index: int, key: str, value, length: int) -> np.ndarray:
-    """A 0/1 mask (bool, integers or floats) as bool."""
-    array = _per_token(index, key, value, length, "biuf", "0s and 1s")
-    outside = np.flatnonzero((array != 0) & (array != 1))
-    if outside.size:
-        raise InvalidInputError(f"feature {index}: {key}[{int(outside[0])}] is {array[outside[0]]}; a mask "
-                                f"holds 0 and 1")
-    return array.astype(bool)
-
-
 def _supervision(index: int, feature: dict, document: np.ndarray, completion_only_loss) -> np.ndarray:
-    """Which of ``document``'s tokens, as targets, ``feature`` supervises: every given mask
-    1 and the label, if given, not -100 (``PackingCollator``'s rule)."""
+    """Which of ``document``'s tokens, as targets, ``feature`` supervises: TRL's rule
+    (:func:`~seqpack.data.supervision.trl_supervised`), ``PackingCollator``'s."""
     length = document.shape[0]
-    supervised = np.ones(length, dtype=bool)
+    columns = {}
     for key, value in feature.items():
         if key == "input_ids":
             continue
@@ -185,25 +176,23 @@ def _supervision(index: int, feature: dict, document: np.ndarray, completion_onl
                 f"feature {index} carries {key!r}, which PackingCollator does not use "
                 f"(known keys: {', '.join(['input_ids', *_FEATURE_KEYS])})"
             )
+        integers = key == "labels"
+        columns[key] = _per_token(index, key, value, length, "iu" if integers else "biuf",
+                                  "integers" if integers else "0s and 1s")
+    fault = trl_fault(document, np.array([0, length]), columns)  # (attention_mask is a 0/1 mask too)
+    if fault is not None:
+        key, j = fault
         if key == "labels":
-            labels = _per_token(index, key, value, length, "iu", "integers")
-            kept = labels != IGNORE_INDEX
-            differing = np.flatnonzero(kept[1:] & (labels[1:] != document[1:])) + 1
-            if differing.size:
-                j = int(differing[0])
-                raise InvalidInputError(
-                    f"feature {index}: labels[{j}] is {labels[j]} but input_ids[{j}] is {document[j]}: a packed "
-                    f"target is the document's next token, so labels may only copy input_ids or be -100"
-                )
-            supervised &= kept
-        elif key == "attention_mask":
-            if not _mask(index, key, value, length).all():
-                raise InvalidInputError(f"feature {index}: attention_mask must be all ones: each feature must be "
-                                        f"one unpadded document")
-        else:
-            mask = _mask(index, key, value, length)
-            if key == "assistant_masks" or completion_only_loss is not False:
-                supervised &= mask
+            raise InvalidInputError(
+                f"feature {index}: labels[{j}] is {columns[key][j]} but input_ids[{j}] is {document[j]}: a packed "
+                f"target is the document's next token, so labels may only copy input_ids or be -100"
+            )
+        raise InvalidInputError(f"feature {index}: {key}[{j}] is {columns[key][j]}; a mask holds 0 and 1")
+    attention = columns.pop("attention_mask", None)
+    if attention is not None and not attention.all():
+        raise InvalidInputError(f"feature {index}: attention_mask must be all ones: each feature must be "
+                                f"one unpadded document")
+    supervised, _ = trl_supervised(document, columns, completion_only_loss=completion_only_loss is not False)
     if length > 1 and not supervised[1:].any():
         raise InvalidInputError(
             f"feature {index}: none of its {length - 1} targets is supervised (labels -100 or a mask 0 at every "

@@ -3,10 +3,11 @@
 Readers (:mod:`seqpack.io.readers`) stream documents from text files, JSONL,
 Parquet/Arrow, in-memory tables and Megatron datasets; :mod:`seqpack.io.tokenizer_file`
 tokenizes them (the byte tokenizer, or a Hugging Face ``tokenizers`` file bound by
-identity); :func:`pack_corpus` writes the packed dataset crash-safely
-(:mod:`seqpack.io.format` documents the files); :func:`open_dataset` opens it as lazy
-batches with a plan's interface; :func:`verify_dataset` checks it; :mod:`seqpack.io.stats`
-and :mod:`seqpack.io.render` report and draw it.
+identity); :func:`pack_corpus` writes the packed dataset crash-safely, in one part or
+one per shard (:mod:`seqpack.io.job` runs it; :mod:`seqpack.io.format` documents the
+files, :mod:`seqpack.io.publish` how they are published); :func:`open_dataset` opens
+it as lazy batches with a plan's interface; :func:`verify_dataset` checks it;
+:mod:`seqpack.io.stats` and :mod:`seqpack.io.render` report and draw it.
 """
 
 from ..packing.batches import PackedBatches
@@ -15,10 +16,10 @@ from .tokenizer_file import TokenizerFile
 from .readers import ArrowBatches, JsonLines, Megatron, TextFiles, reader_for
 from .templates import TemplateLimits
 from .verify import verify_dataset
-from .writer import pack_corpus
+from .job import PackJob, pack_corpus
 
 __all__ = [
-    "ArrowBatches", "JsonLines", "Megatron", "PackedBatches", "PackedDataset", "TemplateLimits", "TextFiles",
+    "ArrowBatches", "JsonLines", "Megatron", "PackJob", "PackedBatches", "PackedDataset", "TemplateLimits", "TextFiles",
     "TokenizerFile",
     "open_dataset", "pack_corpus", "reader_for", "verify_dataset",
 ]

@@ -6,7 +6,8 @@ are framed too (or taken as already framed), unless they carry masks: TRL's prep
 records are taken as given, as their masks describe them. Prompt-completion records and
 conversations are encoded as TRL encodes them (:mod:`seqpack.io.record_encoders`), with
 their supervision, and taken as given. Every chunk is validated in one kernel pass, and
-an error names the document's file and line (or row).
+an error names the document's file and line (or row), and records them as its ``path``
+and ``line``.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._arguments import INT32_MAX, check_bool
-
 from .._threads import kernel_threads
 from ..data import _validate
 from ..data.binding import BatchBinding
-from ..data.supervision import target_counts
-from ..errors import InvalidInputError, SeqpackError
+from ..data.supervision import target_counts, trl_fault, trl_supervised
+from ..errors import InvalidInputError, SeqpackError, TokenizerError
 from .tokenizer_file import TokenizerFailure, TokenizerFile, frame, frame_where
 from .readers import DocumentChunk, Input
 from .record_encoders import (
@@ -31,9 +31,6 @@ from .record_encoders import (
     encode_prompt_completion,
 )
 from .templates import TemplateLimits
-
-#: The ``labels`` value of a token that is no supervised target (PyTorch's ignore index).
-IGNORE_LABEL = -100
 
 
 def _document_of(offsets: np.ndarray, index: int) -> int:
@@ -110,6 +107,16 @@ class ChunkEncoder:
     def where(self, chunk: DocumentChunk, index: int) -> str:
         return self.inputs[int(chunk.inputs[index])].where(int(chunk.locations[index]))
 
+    def located(self, error: SeqpackError, input_index, location) -> SeqpackError:
+        """``error`` named by the document at ``location`` of input ``input_index``
+        (``"data.jsonl:7: message"``), which it records as its ``path`` and ``line``."""
+        item, location = self.inputs[int(input_index)], int(location)
+        return error.within(item.where(location), path=item.name, line=location if item.unit is not None else None)
+
+    def refused(self, chunk: DocumentChunk, index: int, message: str) -> InvalidInputError:
+        """The error for document ``index`` of ``chunk``, named by its place."""
+        return self.located(InvalidInputError(message), chunk.inputs[index], chunk.locations[index])
+
     def encode(self, chunk: DocumentChunk) -> Encoded:
         if chunk.prompts is not None or chunk.conversations is not None:
             return self._supervised_records(chunk)
@@ -118,11 +125,11 @@ class ChunkEncoder:
         if chunk.ids is not None:
             values, offsets = chunk.ids
             if values.size and values.dtype.kind not in "iu":
-                raise InvalidInputError(f"{self.where(chunk, 0)}: token IDs must be integers, not {values.dtype}")
+                raise self.refused(chunk, 0, f"token IDs must be integers, not {values.dtype}")
             self._check_int32(chunk, values, offsets)
             if isinstance(self.tokenizer, TokenizerFile) and (bad := self.tokenizer.first_unknown(values)) >= 0:
-                raise InvalidInputError(f"{self.where(chunk, _document_of(offsets, bad))}: token ID {int(values[bad])} "
-                                        f"names no token of {self.tokenizer.path.name} (a gap in its IDs)")
+                raise self.refused(chunk, _document_of(offsets, bad), f"token ID {int(values[bad])} names no token "
+                                   f"of {self.tokenizer.path.name} (a gap in its IDs)")
             if chunk.masks:
                 supervised, supervision = self._masked(chunk, values, offsets)
                 as_given = chunk.masked if chunk.masked is not None else np.ones(len(chunk), dtype=bool)
@@ -140,9 +147,11 @@ class ChunkEncoder:
             try:
                 content, offsets = self.tokenizer.encode(texts)
             except TokenizerFailure as failure:
-                where = (self.where(chunk, failure.index) if failure.index is not None
-                         else f"{self.where(chunk, 0)} to {self.where(chunk, len(texts) - 1)}")
-                raise InvalidInputError(f"{where}: {failure}") from None
+                if failure.index is not None:
+                    raise self.refused(chunk, failure.index, str(failure)) from None
+                every = f"{self.where(chunk, 0)} to {self.where(chunk, len(texts) - 1)}"
+                error = InvalidInputError(str(failure)).within(every, path=self.inputs[int(chunk.inputs[0])].name)
+                raise error from None
             tokens, offsets = frame(content, offsets, binding.bos_id, binding.eos_id)
         elif not self.tokenizer.merges:  # bytes: ID = byte + 2, no merges to apply
             data, offsets = chunk.joined_bytes()
@@ -155,49 +164,30 @@ class ChunkEncoder:
         return self._validated(chunk, tokens, offsets, supervised, supervision, as_given=as_given)
 
     def _masked(self, chunk: DocumentChunk, values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, tuple]:
-        """TRL's rule for pre-tokenized records: a token is a supervised target when every
-        applied mask column is 1 there and its label (if any) is not -100; a label must
-        otherwise be the token itself (packing keeps no other label). ``completion_mask``
-        applies under ``completion_only_loss``, ``assistant_masks`` always. A record
-        without a mask column holds 1s (or its own IDs as labels) there: no effect."""
-        supervised = np.ones(values.shape[0], dtype=np.bool_)
-        applied = []
-        for name in sorted(chunk.masks):
-            column = chunk.masks[name]
-            if name == "completion_mask" and not self.supervision.completion_only_loss:
-                continue
+        """TRL's rule for pre-tokenized records (:func:`~seqpack.data.supervision.trl_supervised`)
+        on the chunk's mask columns; the first entry that breaks it is an error naming its record."""
+        fault = trl_fault(values, offsets, chunk.masks)
+        if fault is not None:
+            name, at = fault
+            document = _document_of(offsets, at)
+            entry = f"{name}[{at - int(offsets[document])}] is {int(chunk.masks[name][at])}"
             if name == "labels":
-                wrong = np.flatnonzero((column != IGNORE_LABEL) & (column != values))
-                if wrong.size:
-                    at = int(wrong[0])
-                    document = _document_of(offsets, at)
-                    raise InvalidInputError(
-                        f"{self.where(chunk, document)}: labels[{at - int(offsets[document])}] is {int(column[at])}, "
-                        f"neither -100 nor its input_ids token {int(values[at])}: a packed document's targets "
-                        f"are its own tokens")
-                supervised &= column != IGNORE_LABEL
-            else:
-                wrong = np.flatnonzero((column != 0) & (column != 1))
-                if wrong.size:
-                    at = int(wrong[0])
-                    document = _document_of(offsets, at)
-                    raise InvalidInputError(f"{self.where(chunk, document)}: {name}[{at - int(offsets[document])}] "
-                                            f"is {int(column[at])}; a mask holds 0 and 1")
-                supervised &= column == 1
-            applied.append(name)
-        return supervised, tuple(applied)
+                raise self.refused(chunk, document, f"{entry}, neither -100 nor its input_ids token {int(values[at])}: "
+                                                    f"a packed document's targets are its own tokens")
+            raise self.refused(chunk, document, f"{entry}; a mask holds 0 and 1")
+        return trl_supervised(values, chunk.masks, completion_only_loss=self.supervision.completion_only_loss)
 
     def _supervised_records(self, chunk: DocumentChunk) -> Encoded:
         """Prompt-completion records or conversations, encoded as TRL encodes them."""
         options = self.supervision
         if not isinstance(self.tokenizer, TokenizerFile):
-            raise InvalidInputError(f"{self.where(chunk, 0)}: prompt-completion records and conversations need a "
-                                    f"tokenizers file (--tokenizer FILE), not the byte tokenizer")
+            raise self.refused(chunk, 0, "prompt-completion records and conversations need a tokenizers file "
+                                         "(--tokenizer FILE), not the byte tokenizer")
         rendered = chunk.conversations is not None or chunk.conversational
         if rendered and options.chat_template is None:
             what = "conversations (a 'messages' field)" if chunk.conversations is not None else \
                 "conversational prompt-completion records (lists of messages)"
-            raise InvalidInputError(f"{self.where(chunk, 0)}: {what} need a chat template: --chat-template FILE.jinja")
+            raise self.refused(chunk, 0, f"{what} need a chat template: --chat-template FILE.jinja")
         template = {"chat_template": options.chat_template, "tools": chunk.tools,
                     "template_kwargs": chunk.template_kwargs, "limits": options.template_limits}
         try:
@@ -215,7 +205,7 @@ class ChunkEncoder:
                                                    completion_only_loss=options.completion_only_loss)
                 supervision = ("prompt-completion",)
         except RecordError as error:
-            raise InvalidInputError(f"{self.where(chunk, error.index)}: {error.detail}") from None
+            raise self.refused(chunk, error.index, error.detail) from None
         return self._validated(chunk, encoded.tokens, encoded.offsets, encoded.supervised, supervision,
                                encoded.mismatched, as_given=np.ones(len(chunk), dtype=bool))
 
@@ -225,7 +215,7 @@ class ChunkEncoder:
         try:
             return text.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise InvalidInputError(f"{self.where(chunk, index)}: not UTF-8 text (byte {error.start})") from None
+            raise self.refused(chunk, index, f"not UTF-8 text (byte {error.start})") from None
 
     def _check_int32(self, chunk: DocumentChunk, values: np.ndarray, offsets: np.ndarray) -> None:
         if not values.size or np.can_cast(values.dtype, np.int32):
@@ -234,8 +224,7 @@ class ChunkEncoder:
         if low >= -INT32_MAX - 1 and high <= INT32_MAX:
             return
         bad = np.flatnonzero((values < -INT32_MAX - 1) | (values > INT32_MAX))[0]
-        raise InvalidInputError(f"{self.where(chunk, _document_of(offsets, bad))}: token ID {int(values[bad])} "
-                                f"does not fit int32")
+        raise self.refused(chunk, _document_of(offsets, bad), f"token ID {int(values[bad])} does not fit int32")
 
     def _validated(self, chunk: DocumentChunk, tokens: np.ndarray, offsets: np.ndarray, supervised=None,
                    supervision: tuple = (), mismatched=None, *, as_given: np.ndarray | None = None) -> Encoded:
@@ -283,16 +272,16 @@ class ChunkEncoder:
             if supervised is not None:
                 self._check_supervised(encoded)
             return encoded
-        where = self.inputs[int(inputs[document])].where(int(locations[document]))
         try:
             binding.validate_document(tokens[int(offsets[document]): int(offsets[document + 1])],
                                       as_given=bool(given[document]))
         except SeqpackError as error:
-            message = f"{where}: {error}"
-            if chunk.ids is not None and not self.framed and not given[document] and "position" in message \
-                    and binding.bos_id is not None:
-                message += " (positions count the BOS seqpack put before the IDs: the IDs' own index is one less)"
-            raise type(error)(message) from None
+            if isinstance(error, TokenizerError) and error.position is not None and chunk.ids is not None \
+                    and not self.framed and not given[document] and binding.bos_id is not None:
+                error = type(error)(f"{error} (positions count the BOS seqpack put before the IDs: the IDs' own "
+                                    f"index is one less)", error.position)
+            raise self.located(error, inputs[document], locations[document]) from None
+        where = self.inputs[int(inputs[document])].where(int(locations[document]))
         raise AssertionError(f"{where}: failed the bulk check but passed the per-document one")
 
     def _check_supervised(self, encoded: Encoded) -> None:
@@ -302,7 +291,7 @@ class ChunkEncoder:
         none = np.flatnonzero(target_counts(encoded.supervised, starts, ends) == 0)
         if none.size:
             document = int(none[0])
-            where = self.inputs[int(encoded.inputs[document])].where(int(encoded.locations[document]))
-            raise InvalidInputError(f"{where}: none of the document's {int(ends[document] - starts[document] - 1)} "
-                                    f"targets is supervised ({', '.join(encoded.supervision)}): it would add "
-                                    f"nothing to the loss")
+            error = InvalidInputError(f"none of the document's {int(ends[document] - starts[document] - 1)} targets "
+                                      f"is supervised ({', '.join(encoded.supervision)}): it would add nothing to "
+                                      f"the loss")
+            raise self.located(error, encoded.inputs[document], encoded.locations[document])

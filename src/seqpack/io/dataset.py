@@ -34,7 +34,6 @@ from pathlib import Path
 import numpy as np
 
 from .._arguments import batch_number, check_bool
-
 from .._threads import check_threads
 
 from ..layout.counts import permitted_edges
@@ -148,6 +147,7 @@ class Part:
                                         f"{name}; only version {fmt.FORMAT_VERSION} writes one")
         self._dtype, self._document_count = dtype, int(record["documents"])
         self._maps, self._views = None, {}  # the arrays over the files, and their maps by file name
+        self._derive_index(config.rows_per_batch)
         self._check_placements(config)
         self._check_supervision()
         self._check_examples(config, long, record)
@@ -217,11 +217,34 @@ class Part:
             raise InvalidInputError(f"{path}: {self._sizes[name]} bytes, not the {rows} rows its header declares")
         return self._map(name, dtype, shape, offset)
 
+    def _derive_index(self, rows_per_batch: int) -> None:
+        """The index arrays the batches read, each in placement order: every placement's
+        example (``ordinals``), ``rows``, ``starts``, ``lengths`` (its predictions) and
+        ``targets`` (its supervised predictions: all of them without supervision), where
+        each placed example's tokens begin in ``tokens.bin`` (``token_offsets``, one more
+        for the end) and each batch's first placement (``bounds``, one more for the end).
+
+        Nothing is checked here and nothing fails on a damaged file: the ``_check_*``
+        methods called after it refuse one, reading these arrays."""
+        ordinals, rows, starts = (np.ascontiguousarray(self.occurrences[:, k]) for k in range(3))
+        # An ordinal out of range is refused by _check_placements; clipped, it reads no row outside the table.
+        spans = self.examples[np.clip(ordinals, 0, max(self.example_count - 1, 0))]
+        sizes = spans[:, 2] - spans[:, 1]
+        offsets = np.zeros(self.example_count + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        self.ordinals, self.rows, self.starts = ordinals, rows, starts
+        self.lengths = sizes - 1
+        self.token_offsets = offsets
+        self.bounds = np.append(np.searchsorted(rows, np.arange(self.batch_count, dtype=np.int64) * rows_per_batch),
+                                self.example_count)
+        self.targets = range_target_counts(self.flips, offsets[:-1], offsets[1:]) if self.supervised else self.lengths
+
     def _check_placements(self, config: PackConfig) -> None:
         """What the fill kernel trusts: every example placed once, rows 0, 1... each used
         and in order, every placement inside its row, each row's examples tiling its
         prefix, and the token file holding every example."""
-        ordinals, rows, starts = (np.ascontiguousarray(self.occurrences[:, k]) for k in range(3))
+        ordinals, rows, starts, offsets = self.ordinals, self.rows, self.starts, self.token_offsets
+        sizes = self.lengths + 1  # each placed example's source tokens
         where = f"{self.directory / 'occurrences.npy'}"
         if self.example_count and (ordinals.min() < 0 or ordinals.max() >= self.example_count):
             raise InvalidInputError(f"{where}: an example ordinal lies outside [0, {self.example_count})")
@@ -231,8 +254,6 @@ class Part:
         if not self.example_count or rows[0] != 0 or rows[-1] != self.row_count - 1 \
                 or np.any((steps < 0) | (steps > 1)):
             raise InvalidInputError(f"{where}: the placements do not fill rows 0 to {self.row_count - 1} in order")
-        spans = self.examples[ordinals]
-        sizes = spans[:, 2] - spans[:, 1]
         if np.any(sizes < 2) or np.any(starts < 0) or np.any(starts + sizes - 1 > config.capacity):
             bad = int(np.flatnonzero((sizes < 2) | (starts < 0) | (starts + sizes - 1 > config.capacity))[0])
             raise InvalidInputError(f"{where}: placement {bad} does not lie inside a row of {config.capacity} columns")
@@ -243,24 +264,15 @@ class Part:
         if not np.array_equal(starts, expected):
             bad = int(np.flatnonzero(starts != expected)[0])
             raise InvalidInputError(f"{where}: placement {bad} leaves a gap or overlaps in row {int(rows[bad])}")
-        offsets = np.zeros(self.example_count + 1, dtype=np.int64)
-        np.cumsum(sizes, out=offsets[1:])
         if offsets[-1] != self.tokens.shape[0]:
             raise InvalidInputError(
                 f"{self.directory / 'tokens.bin'}: {self.tokens.shape[0]} tokens; the examples need {offsets[-1]}"
             )
-        self.ordinals, self.rows, self.starts = ordinals, rows, starts
-        self.token_offsets = offsets
-        self.lengths = sizes - 1  # predictions, in placement order
-        per_batch = config.rows_per_batch
-        self.bounds = np.append(np.searchsorted(rows, np.arange(self.batch_count, dtype=np.int64) * per_batch),
-                                self.example_count)
 
     def _check_supervision(self) -> None:
         """What the fill and the loss trust of ``supervision.npy``: flips that rise inside the
         token file, none on an example's first token (the canonical form the writer makes),
         and a supervised target in every example."""
-        self.targets = self.lengths
         if not self.supervised:
             return
         flips, where = self.flips, self.directory / fmt.SUPERVISION_FILE
@@ -271,7 +283,6 @@ class Part:
         if on_first.size:
             raise InvalidInputError(f"{where}: flip {int(on_first[0])} falls on an example's first token, "
                                     f"which is no target")
-        self.targets = range_target_counts(flips, firsts, self.token_offsets[1:])
         none = np.flatnonzero(self.targets == 0)
         if none.size:
             raise InvalidInputError(f"{where}: placement {int(none[0])} has no supervised target")

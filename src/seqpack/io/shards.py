@@ -1,15 +1,14 @@
-"""Packing a corpus in shards: one part per shard, the same bytes whoever packs it.
+"""Shards of a corpus: plans, and one part packed per shard, the same bytes whoever packs it.
 
 :func:`plan_shards` splits the readers' inputs into at most ``count`` contiguous shards
 of about equal input bytes, in input order: whole files (a directory's files one by
 one), Parquet files by row groups, and JSONL files of at least a shard's bytes by line
 ranges cut near the shard boundaries. :func:`pack_shard` packs one shard on its own into
-one part (placement policies apply within a shard, never across shards).
-:func:`pack_sharded` runs the shards, one after another here or through a runner (as
-``seqpack.ray`` does on a cluster), and publishes the dataset only once every part is
-complete, the manifest last (see :mod:`seqpack.io.format`). A part depends only on its
-shard and the settings, so the dataset's bytes do not depend on which process packed
-which shard, on the number of workers or on the order in which they finished.
+one part (placement policies apply within a shard, never across shards); the driver
+(:func:`seqpack.io.job.run_job`) has a runner pack every shard, here or on a cluster,
+and publishes the dataset once every part is complete. A part depends only on its
+shard and the job, so the dataset's bytes do not depend on which process packed which
+shard, on the number of workers or on the order in which they finished.
 """
 
 from __future__ import annotations
@@ -18,18 +17,16 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .._arguments import check_int, is_int
-from ..data.binding import BatchBinding, Partition
-from ..errors import InvalidInputError, SeqpackError
-from ..packing.config import PackConfig
+from .._arguments import check_int
+from ..errors import SeqpackError
 from . import format as fmt
-from .chunk_encoder import ChunkEncoder, SupervisionOptions
+from .chunk_encoder import ChunkEncoder
 from .progress import Progress
 from .readers import (
     ArrowBatches,
@@ -39,13 +36,11 @@ from .readers import (
     Reader,
     SavedDataset,
     TextFiles,
-    import_pyarrow,
+    open_parquet,
     record_chunks,
     record_columns,
 )
-from .templates import TemplateLimits
-from .writer import (STAGED_TOKENS, Stage, check_arguments, check_readers, describe_binding, manifest_of,
-                     no_content, output_path, stage_documents, supervise_part, write_part)
+from .writer import SPOOL_FILE, TokenSpool, encode_documents, no_content, write_part
 
 #: What the manifest says about placement in a sharded dataset.
 PLACEMENT_SCOPE = "each shard (part) is placed on its own; rows and batches never span shards"
@@ -64,12 +59,8 @@ class RowGroups:
         self.inputs = [Input(str(path), "parquet", "row")]
 
     def chunks(self, first_input: int) -> Iterator[DocumentChunk]:
-        pa = import_pyarrow()
         where = self.inputs[0]
-        try:
-            handle = pa.parquet.ParquetFile(where.name, memory_map=True)
-        except (pa.ArrowInvalid, OSError) as error:
-            raise InvalidInputError(f"{where.name}: cannot read as parquet: {error}") from None
+        handle = open_parquet(where.name)
         fields = record_columns(handle.schema_arrow, self.text_field, self.ids_field, where.name)
         batches = handle.iter_batches(batch_size=ArrowBatches.BATCH_ROWS, row_groups=list(self.groups),
                                       columns=list(fields.read))
@@ -120,12 +111,8 @@ def units_of(reader: Reader, first_input: int) -> list[Unit]:
     if isinstance(reader, TextFiles):
         return [Unit(TextFiles([path]), first_input + i, path.stat().st_size) for i, path in enumerate(reader.paths)]
     if isinstance(reader, ArrowBatches) and reader.inputs[0].kind == "parquet":
-        pa = import_pyarrow()
         name = reader.inputs[0].name
-        try:
-            metadata = pa.parquet.ParquetFile(name, memory_map=True).metadata
-        except (pa.ArrowInvalid, OSError) as error:
-            raise InvalidInputError(f"{name}: cannot read as parquet: {error}") from None
+        metadata = open_parquet(name).metadata
         units, row = [], 0
         for group in range(metadata.num_row_groups):
             info = metadata.row_group(group)
@@ -198,23 +185,10 @@ def plan_shards(readers: list[Reader], count: int | None) -> tuple[list[Input], 
     return inputs, shards
 
 
-@dataclass(frozen=True)
-class ShardJob:
-    """What every shard is packed with (sent once to every worker)."""
-
-    binding: BatchBinding
-    tokenizer: object
-    inputs: list[Input]
-    config: PackConfig
-    policy: str
-    long: str
-    framed: bool
-    threads: int | None
-    supervision: SupervisionOptions = SupervisionOptions()
-
-
-def pack_shard(job: ShardJob, shard: Shard, staging: Path) -> tuple[dict, int]:
-    """Pack ``shard`` into ``staging/part-NNNNN``; return its part record and input bytes.
+def pack_shard(job, shard: Shard, staging: Path, progress: Progress | None = None) -> tuple[dict, int]:
+    """Pack ``shard`` of ``job`` (a :class:`~seqpack.io.job.PackJob`) into
+    ``staging/part-NNNNN``; return its part record and input bytes. ``progress`` (default:
+    none) shows the reading and writing.
 
     The part is written under a fresh hidden name and renamed into place last, replacing
     whatever an earlier attempt at the same shard (a killed worker) may have left; the
@@ -224,42 +198,32 @@ def pack_shard(job: ShardJob, shard: Shard, staging: Path) -> tuple[dict, int]:
     name = fmt.part_name(shard.index)
     attempt = Path(staging) / f".{name}.attempt-{uuid.uuid4().hex[:12]}"
     attempt.mkdir()
-    quiet = Progress(enabled=False)
+    progress = progress or Progress(enabled=False)
     try:
-        encoder = ChunkEncoder(job.binding, job.tokenizer, job.inputs, framed=job.framed, threads=job.threads,
-                               supervision=job.supervision)
-        stage = Stage(attempt / STAGED_TOKENS, fmt.token_dtype(job.binding.vocabulary_size))
+        encoder = ChunkEncoder(job.binding, job.tokenizer, list(job.inputs), framed=job.framed,
+                               threads=job.threads, supervision=job.supervision)
+        spool = TokenSpool(attempt / SPOOL_FILE, fmt.token_dtype(job.binding.vocabulary_size))
         try:
-            staged = stage_documents(list(shard.units), encoder, stage, capacity=job.config.capacity, long=job.long,
-                                     progress=quiet, require_content=False)
-            if not staged.lengths.size:  # only empty documents: no part, their count kept
+            documents = encode_documents(list(shard.units), encoder, spool, capacity=job.config.capacity,
+                                         long=job.long, progress=progress)
+            if not documents.lengths.size:  # only empty documents: no part, their count kept
                 return {"name": None, "documents": 0, "tokens": 0,
-                        "skipped_empty_documents": staged.skipped_empty}, staged.input_bytes
-            record = write_part(attempt / name, staged, job.config, job.policy, job.long, quiet)
+                        "skipped_empty_documents": documents.skipped_empty}, documents.input_bytes
+            record = write_part(attempt / name, documents, job.config, job.policy, job.long, progress)
         finally:
-            stage.discard()
+            progress.close()
+            spool.discard()
         final = Path(staging) / name
         shutil.rmtree(final, ignore_errors=True)
         os.rename(attempt / name, final)
     except SeqpackError as error:
-        error.args = (f"{shard.label}: {error.args[0] if error.args else error}",) + error.args[1:]
+        if shard.count > 1:
+            raise error.within(shard.label)
         raise
     finally:
         shutil.rmtree(attempt, ignore_errors=True)
     record["name"] = name
-    return record, staged.input_bytes
-
-
-#: ``run(job, shards, staging)`` packs every shard and yields ``(shard index, (record,
-#: input bytes))`` as each finishes, in any order; on an error it stops every shard
-#: still running before raising.
-Runner = Callable[[ShardJob, list[Shard], Path], Iterator[tuple[int, tuple[dict, int]]]]
-
-
-def run_serially(job: ShardJob, shards: list[Shard], staging: Path) -> Iterator[tuple[int, tuple[dict, int]]]:
-    """The shards one after another in this process."""
-    for shard in shards:
-        yield shard.index, pack_shard(job, shard, staging)
+    return record, documents.input_bytes
 
 
 class ShardProgress(Progress):
@@ -278,69 +242,3 @@ class ShardProgress(Progress):
             self._bar.set_postfix_str(f"{self.tokens:,} tokens, {self.tokens / seconds / 1e6:.2f} M tokens/s",
                                       refresh=False)
         self.advance(1)
-
-
-def pack_sharded(readers: list[Reader], out, *, binding: BatchBinding, tokenizer, config: PackConfig,
-                 shards: int | None, policy: str = "next-fit", partition: Partition = Partition.TRAIN,
-                 long: str = "error", framed: bool = False, force: bool = False, progress: bool = False,
-                 threads: int | None = None, run: Runner | None = None, completion_only_loss: bool = True,
-                 chat_template: str | None = None, assistant_only_loss: bool = False,
-                 template_limits: TemplateLimits = TemplateLimits()) -> dict:
-    """Pack ``readers`` at ``out`` as one dataset of one part per shard; return its manifest.
-
-    The arguments are :func:`~seqpack.io.pack_corpus`'s, plus ``shards`` (at most that
-    many, or ``None`` for one per ``SHARD_BYTES``; see :func:`plan_shards`) and ``run``
-    (default :func:`run_serially`); ``progress`` draws a bar over shards and tokens. Example ordinals, documents, rows and batches
-    are global in shard order, then input order. Every runner gives the same bytes.
-    When some shard's inputs carry supervision, every part gets a supervision file
-    (those without, an empty one) and the dataset is format version 2.
-    """
-    out = output_path(out)
-    check_arguments(binding, tokenizer, config, policy, partition, long)
-    readers = check_readers(readers)
-    inputs, planned = plan_shards(readers, shards)
-    options = SupervisionOptions(completion_only_loss, chat_template, assistant_only_loss, template_limits)
-    job = ShardJob(binding, tokenizer, inputs, config, policy, long, framed, threads, options)
-    records: list = [None] * len(planned)
-    input_bytes = 0
-    with fmt.staging_directory(out, force, inputs) as staging:
-        bar = ShardProgress(len(planned), enabled=progress)
-        finished = (run or run_serially)(job, planned, staging)
-        try:
-            for index, (record, nbytes) in finished:
-                known = is_int(index) and 0 <= index < len(planned)
-                if not known or records[index] is not None:  # counted twice, the manifest's counts would be wrong
-                    raise SeqpackError(f"the runner reported shard {index!r} of {len(planned)} "
-                                       + ("twice" if known else "(no such shard)"))
-                records[index] = record
-                input_bytes += nbytes
-                bar.shard_done(record, nbytes)
-        finally:
-            finished.close()  # a runner stops its running shards before the staging directory goes
-            bar.close()
-        unfinished = [shard.label for shard, record in zip(planned, records) if record is None]
-        if unfinished:
-            raise SeqpackError(f"the runner never reported {unfinished[0]}"
-                               + (f" (and {len(unfinished) - 1} more shards)" if len(unfinished) > 1 else ""))
-        parts = [record for record in records if record["name"] is not None]
-        if not parts:
-            raise no_content()
-        # Shards of nothing but empty documents have no part; their count goes to the first part.
-        parts[0]["skipped_empty_documents"] += sum(r["skipped_empty_documents"] for r in records if r["name"] is None)
-        if any("supervision" in record for record in parts):
-            for record in parts:
-                if "supervision" not in record:
-                    supervise_part(staging / record["name"], record)
-        names = {record["name"] for record in parts}
-        for entry in staging.iterdir():  # what killed attempts left
-            if entry.name not in names:
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-        manifest = manifest_of(
-            parts, binding=describe_binding(binding, tokenizer), partition=partition, config=config, policy=policy,
-            dtype=fmt.token_dtype(binding.vocabulary_size), long=long,
-            inputs=[{"name": item.name, "kind": item.kind, "unit": item.unit} for item in inputs],
-            extra={"input_bytes": input_bytes, "shards": {"count": len(planned), "placement": PLACEMENT_SCOPE}},
-            options=options,
-        )
-        fmt.publish(staging, out, manifest, force)
-    return manifest

@@ -26,16 +26,13 @@ import numpy as np
 from .._arguments import INT32_MAX
 from ..data.tokenizer import TokenizerIdentity
 from ..errors import InvalidInputError
+from .publish import file_sha256
 from .readers import missing_extra, not_a_file
 
 
-def file_sha256(path) -> str:
-    """Lowercase hex SHA-256 of a file's bytes, read in 8 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+def _refused(path, reason: str) -> InvalidInputError:
+    """The error for the tokenizers file at ``path``: ``"path: reason"``, with ``path`` recorded."""
+    return InvalidInputError(reason).within(path, path=path)
 
 
 def _tokenizers():
@@ -100,14 +97,14 @@ class TokenizerFile:
         tokenizers = _tokenizers()
         self.path = Path(path)
         if self.path.is_dir():
-            raise InvalidInputError(f"{path}: a directory, not a tokenizers JSON file (a model directory holds "
-                                    f"one as {Path(path) / 'tokenizer.json'})")
+            raise _refused(path, f"a directory, not a tokenizers JSON file (a model directory holds one as "
+                                 f"{Path(path) / 'tokenizer.json'})")
         if not self.path.is_file():
             raise not_a_file(self.path, "no such tokenizer file")
         try:
             self.tokenizer = tokenizers.Tokenizer.from_file(str(self.path))
         except Exception as error:  # tokenizers raises its own Exception subclasses
-            raise InvalidInputError(f"{path}: not a tokenizers JSON file: {error}") from None
+            raise _refused(path, f"not a tokenizers JSON file: {error}") from None
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         if getattr(self.tokenizer.model, "dropout", None) is not None:
@@ -115,10 +112,9 @@ class TokenizerFile:
         # The highest ID + 1: a vocabulary's IDs may have gaps (get_vocab_size counts tokens).
         ids = self.tokenizer.get_vocab(with_added_tokens=True).values()
         if not ids:
-            raise InvalidInputError(f"{path}: the tokenizer has an empty vocabulary")
+            raise _refused(path, "the tokenizer has an empty vocabulary")
         if max(ids) > INT32_MAX:
-            raise InvalidInputError(f"{path}: token ID {max(ids)} does not fit int32 (a vocabulary holds at most "
-                                    f"2**31 IDs)")
+            raise _refused(path, f"token ID {max(ids)} does not fit int32 (a vocabulary holds at most 2**31 IDs)")
         self.vocabulary_size = max(ids) + 1
         #: The IDs that name a token, sorted, when some below the highest name none (else None).
         self.known_ids = np.sort(np.fromiter(ids, dtype=np.int64)) if len(ids) < self.vocabulary_size else None
@@ -133,13 +129,13 @@ class TokenizerFile:
         if isinstance(value, str):
             token = self.tokenizer.token_to_id(value)
             if token is None:
-                raise InvalidInputError(f"{self.path}: --{name} token {value!r} is not in the vocabulary")
+                raise _refused(self.path, f"--{name} token {value!r} is not in the vocabulary")
             return token
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) \
                 or not 0 <= int(value) < self.vocabulary_size:
-            raise InvalidInputError(f"{self.path}: --{name} {value!r} is not an ID in [0, {self.vocabulary_size})")
+            raise _refused(self.path, f"--{name} {value!r} is not an ID in [0, {self.vocabulary_size})")
         if self.tokenizer.id_to_token(int(value)) is None:  # a gap in the file's IDs
-            raise InvalidInputError(f"{self.path}: --{name} {int(value)} is not the ID of any token in the vocabulary")
+            raise _refused(self.path, f"--{name} {int(value)} is not the ID of any token in the vocabulary")
         return int(value)
 
     def _post_processor_bos(self) -> int | None:

@@ -86,7 +86,7 @@ def check_checksums(path: Path, manifest: dict, progress: Progress) -> int:
 
 
 def _fail(file: Path, message: str):
-    raise VerificationError(f"{file}: {message}")
+    raise VerificationError(message).within(file, path=file)
 
 
 def check_part(dataset: PackedDataset, part: Part) -> None:
@@ -170,10 +170,11 @@ def check_tokenizer(dataset: PackedDataset, file) -> None:
     try:
         found = TokenizerFile(file, bos=recorded["bos_id"], eos=recorded["eos_id"]).identity
     except InvalidInputError as error:
-        if "extra" in str(error):
+        if error.kind == "missing-extra":
             raise
-        reason = str(error).removeprefix(f"{file}: ")
-        raise VerificationError(f"{file}: not the tokenizer {dataset.path} was packed with ({reason})") from None
+        # (the reason without the file's name, which leads this message)
+        refusal = VerificationError(f"not the tokenizer {dataset.path} was packed with ({error.message})")
+        raise refusal.within(file, path=file) from None
     expected = dataset.binding.tokenizer_identity
     if found != expected:
         raise VerificationError(
@@ -211,7 +212,7 @@ def verify_dataset(path, *, tokenizer=None, progress: Progress | None = None, ba
                 try:
                     batch.verify()
                 except VerificationError as error:
-                    raise VerificationError(f"{path}: batch {number}: {error}", error.row, error.column) from None
+                    raise error.within(f"batch {number}").within(path, path=path) from None
                 progress.advance(1)
     finally:
         progress.close()

@@ -1,20 +1,19 @@
-"""Packing a corpus onto disk: read, tokenize, validate, stage, place, write a part, publish.
+"""One part of a packed dataset: read, tokenize, validate, spool, place and write it; the manifest.
 
 Documents stream through in chunks (one chunk of text at a time, plus O(1) bytes per
-document and example); their framed tokens are staged in memory up to
-``STAGE_MEMORY_BYTES`` and beyond it in a file inside the temporary output directory.
+document and example); their framed tokens are spooled in memory up to
+``SPOOL_MEMORY_BYTES`` and beyond it in a file inside the temporary output directory.
 Once every length is known, the examples (whole documents, or with ``long="cut"`` the
 overlapping windows of :func:`~seqpack.data.window_ranges`) are placed by the chosen
-policy, and the part's ``tokens.bin`` is written in placement order from the staged
+policy, and the part's ``tokens.bin`` is written in placement order from the spooled
 tokens, block by block. A document longer than a row is an error
 naming its file and line unless ``long="cut"``; nothing is ever truncated. See
-:mod:`seqpack.io.format` for the files and the crash-safe publication.
+:mod:`seqpack.io.format` for the files and :mod:`seqpack.io.job` for the driver.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from contextlib import closing
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
@@ -22,43 +21,42 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.binding import BatchBinding, Partition, check_partition
+from ..data.binding import BatchBinding, Partition
 from ..data.supervision import flips_of, placed_flips, range_target_counts
-from ..data.table import LONG_DOCUMENTS
 from ..data.tokenizer import ByteTokenizer
-from ..data.windows import document_examples
-from ..errors import CapacityError, InvalidInputError
+from ..data.windows import document_examples, refuse_long
+from ..errors import InvalidInputError
 from ..layout.sources import check_example_count
 from ..packing.config import PackConfig
 from ..packing.gather import gather_ranges
-from ..packing.placement import check_policy, place
-from ..packing.report import EfficiencyReport
+from ..packing.placement import place
+from ..packing.report import EfficiencyReport, report_counts
 from . import format as fmt
+from . import publish
 from .chunk_encoder import ChunkEncoder, Encoded, SupervisionOptions
-from .tokenizer_file import TokenizerFile
 from .progress import Progress
 from .readers import Reader, read_ahead
-from .templates import TemplateLimits
 
 #: Tokens gathered per block while writing ``tokens.bin`` in placement order.
 WRITE_BLOCK_TOKENS = 1 << 24
-STAGED_TOKENS = "staged-tokens.bin"
-#: Staged tokens kept in memory up to this many bytes; beyond it they spill to a file.
-STAGE_MEMORY_BYTES = 1 << 30
+#: The spool's file, in the temporary output directory.
+SPOOL_FILE = "spooled-tokens.bin"
+#: Spooled tokens kept in memory up to this many bytes; beyond it they spill to the file.
+SPOOL_MEMORY_BYTES = 1 << 30
 
 
-class Stage:
+class TokenSpool:
     """Framed tokens of the documents read so far, in input order: held in memory until
     they pass ``limit`` bytes, then spilled to ``path`` (in the temporary output directory).
     Their supervision is kept as flips (see :mod:`seqpack.io.format`), in memory."""
 
-    def __init__(self, path: Path, dtype: np.dtype, limit: int = STAGE_MEMORY_BYTES):
+    def __init__(self, path: Path, dtype: np.dtype, limit: int = SPOOL_MEMORY_BYTES):
         self.path, self.dtype, self.limit = path, dtype, limit
         self._held: list[np.ndarray] = []
         self._file = None
         self.nbytes = 0
         self._flips: list[np.ndarray] = []
-        self._last = True  # the supervision of the last staged token
+        self._last = True  # the supervision of the last spooled token
 
     def add(self, tokens: np.ndarray, supervised: np.ndarray | None = None) -> None:
         start = self.nbytes // self.dtype.itemsize
@@ -81,18 +79,18 @@ class Stage:
         self._file.write(memoryview(tokens).cast("B"))
 
     def flips(self) -> np.ndarray:
-        """The staged tokens' flips (int64)."""
+        """The spooled tokens' flips (int64)."""
         return np.concatenate(self._flips) if self._flips else np.zeros(0, np.int64)
 
     def pieces(self) -> list[np.ndarray]:
-        """The staged tokens: the chunks held in memory, or one memory map once spilled."""
+        """The spooled tokens: the chunks held in memory, or one memory map once spilled."""
         if self._file is None:
             return list(self._held)
         self._file.close()
         return [np.memmap(self.path, dtype=self.dtype, mode="r")]
 
     def discard(self) -> None:
-        """Drop the staged tokens (the spill file too)."""
+        """Drop the spooled tokens (the spill file too)."""
         self._held = []
         if self._file is not None:
             self._file.close()
@@ -100,7 +98,7 @@ class Stage:
 
 
 @dataclass
-class Staged:
+class EncodedDocuments:
     """Validated documents: their framed tokens back to back, in ``pieces`` (arrays that
     each hold whole documents), and per document its token count, input and place in it.
     With supervision, ``flips`` describes it, ``supervision`` names its sources, and
@@ -126,13 +124,13 @@ class Staged:
         return int(self.lengths.sum())
 
 
-def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, *, capacity: int, long: str,
-                    progress: Progress, require_content: bool = True) -> Staged:
-    """Read, tokenize and validate every document into ``stage``.
+def encode_documents(readers: list[Reader], encoder: ChunkEncoder, spool: TokenSpool, *, capacity: int, long: str,
+                     progress: Progress) -> EncodedDocuments:
+    """Read, tokenize and validate every document into ``spool``.
 
     With ``long="error"`` a document of more than ``capacity`` predictions is a
-    :class:`CapacityError` naming its file and line (or row). No document with content
-    is an error unless ``require_content`` is false (a shard of a larger corpus).
+    :class:`CapacityError` naming its file and line (or row). Readers of nothing but
+    empty documents are no error here (they may be one shard of many).
     """
     lengths, inputs, locations = [], [], []
     skipped = input_bytes = mismatched = as_given = 0
@@ -144,7 +142,7 @@ def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, 
                 document_lengths = np.diff(encoded.offsets)
                 if long == "error":
                     check_lengths(encoder, encoded, document_lengths, capacity)
-                stage.add(encoded.tokens, encoded.supervised)
+                spool.add(encoded.tokens, encoded.supervised)
                 supervision.update(encoded.supervision)
                 if encoded.mismatched is not None and encoded.mismatched.size:
                     mismatched += int(encoded.mismatched.size)
@@ -160,27 +158,19 @@ def stage_documents(readers: list[Reader], encoder: ChunkEncoder, stage: Stage, 
                 progress.reading(len(document_lengths), int(encoded.tokens.shape[0]), chunk.nbytes)
         first_input += len(reader.inputs)
     join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
-    result = Staged(stage.pieces(), join(lengths), join(inputs), join(locations), skipped, input_bytes,
-                    stage.flips() if supervision or as_given else None, tuple(sorted(supervision)), mismatched,
-                    first_mismatched, as_given)
-    if require_content and not result.lengths.size:
-        raise no_content()
-    return result
+    return EncodedDocuments(spool.pieces(), join(lengths), join(inputs), join(locations), skipped, input_bytes,
+                            spool.flips() if supervision or as_given else None, tuple(sorted(supervision)),
+                            mismatched, first_mismatched, as_given)
 
 
 def check_lengths(encoder: ChunkEncoder, encoded: Encoded, document_lengths: np.ndarray, capacity: int) -> None:
     """A :class:`CapacityError` naming the first document of ``encoded`` with more than
     ``capacity`` predictions, with the flag that cuts long documents instead."""
-    too_long = np.flatnonzero(document_lengths - 1 > capacity)
-    if too_long.size:
-        index = int(too_long[0])
-        where = encoder.inputs[int(encoded.inputs[index])].where(int(encoded.locations[index]))
-        predictions = int(document_lengths[index] - 1)
-        raise CapacityError(
-            f"{where}: the document has {predictions} predictions; capacity is {capacity} "
-            f"(--cut-long cuts long documents into overlapping windows)",
-            cells=predictions, maximum=capacity,
-        )
+    def document(index: int) -> str:
+        return f"{encoder.inputs[int(encoded.inputs[index])].where(int(encoded.locations[index]))}: the document"
+
+    refuse_long(document_lengths - 1, capacity, document,
+                hint=" (--cut-long cuts long documents into overlapping windows)")
 
 
 def no_content() -> InvalidInputError:
@@ -188,21 +178,21 @@ def no_content() -> InvalidInputError:
     return InvalidInputError("the inputs hold no document with content")
 
 
-def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str, long: str,
+def write_part(directory: Path, encoded: EncodedDocuments, config: PackConfig, policy: str, long: str,
                progress: Progress) -> dict:
-    """Place the staged documents' examples and write one part into ``directory``.
+    """Place the encoded documents' examples and write one part into ``directory``.
 
     Returns the part's manifest record (counts, report figures, files), without the
     global firsts, which the manifest assigns.
     """
     capacity, per_batch = config.capacity, config.rows_per_batch
-    documents, ranges = document_examples(staged.lengths, capacity, long)
-    document_starts = np.zeros(staged.lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(staged.lengths, out=document_starts[1:])
+    documents, ranges = document_examples(encoded.lengths, capacity, long)
+    document_starts = np.zeros(encoded.lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(encoded.lengths, out=document_starts[1:])
     begins = document_starts[documents] + ranges[:, 0]
     ends = document_starts[documents] + ranges[:, 1]
     windows = documents.shape[0]
-    targets = None if staged.flips is None else range_target_counts(staged.flips, begins, ends)
+    targets = None if encoded.flips is None else range_target_counts(encoded.flips, begins, ends)
     if targets is not None and not targets.all():  # a document has a supervised target: only a window may not
         keep = targets > 0
         documents, ranges, begins, ends, targets = documents[keep], ranges[keep], begins[keep], ends[keep], targets[keep]
@@ -217,16 +207,16 @@ def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str,
         order = np.argsort(placement.rows * capacity + placement.starts, kind="stable")
         rows, starts = placement.rows[order], placement.starts[order]
     directory.mkdir()
-    files = {"tokens.bin": _write_tokens(directory / "tokens.bin", staged.pieces, begins, ends, order, progress)}
+    files = {"tokens.bin": _write_tokens(directory / "tokens.bin", encoded.pieces, begins, ends, order, progress)}
     ordinals = np.arange(documents.shape[0], dtype=np.int64) if order is None else order
-    files["occurrences.npy"] = fmt.write_array(directory / "occurrences.npy", np.stack([ordinals, rows, starts], 1))
-    files["examples.npy"] = fmt.write_array(directory / "examples.npy", np.column_stack([documents, ranges]))
-    files["documents.npy"] = fmt.write_array(
-        directory / "documents.npy", np.stack([staged.inputs, staged.locations, staged.lengths], 1))
+    files["occurrences.npy"] = publish.write_array(directory / "occurrences.npy", np.stack([ordinals, rows, starts], 1))
+    files["examples.npy"] = publish.write_array(directory / "examples.npy", np.column_stack([documents, ranges]))
+    files["documents.npy"] = publish.write_array(
+        directory / "documents.npy", np.stack([encoded.inputs, encoded.locations, encoded.lengths], 1))
     tokens = int((ends - begins).sum())
-    if staged.flips is not None:
-        placed = placed_flips(staged.flips, *((begins, ends) if order is None else (begins[order], ends[order])))
-        files[fmt.SUPERVISION_FILE] = fmt.write_array(directory / fmt.SUPERVISION_FILE,
+    if encoded.flips is not None:
+        placed = placed_flips(encoded.flips, *((begins, ends) if order is None else (begins[order], ends[order])))
+        files[fmt.SUPERVISION_FILE] = publish.write_array(directory / fmt.SUPERVISION_FILE,
                                                       placed.astype(fmt.flips_dtype(tokens)))
     sorted_targets = targets if order is None else targets[order]
     batch_count = -(-placement.row_count // per_batch)
@@ -234,25 +224,25 @@ def write_part(directory: Path, staged: Staged, config: PackConfig, policy: str,
     batch_targets = np.add.reduceat(sorted_targets, bounds)
     report = EfficiencyReport.of(policy, capacity, placement.row_count, lengths, batch_targets)
     record = {
-        "examples": int(documents.shape[0]), "documents": int(staged.lengths.shape[0]),
-        "tokens": tokens, "document_tokens": staged.token_count,
+        "examples": int(documents.shape[0]), "documents": int(encoded.lengths.shape[0]),
+        "tokens": tokens, "document_tokens": encoded.token_count,
         "rows": placement.row_count, "batches": batch_count, "valid_targets": report.valid_targets,
-        "permitted_edges": report.permitted_edges, "skipped_empty_documents": staged.skipped_empty,
+        "permitted_edges": report.permitted_edges, "skipped_empty_documents": encoded.skipped_empty,
         "files": files,
     }
-    if staged.flips is not None:
+    if encoded.flips is not None:
         record.update(supervised_targets=report.supervised_targets,
                       skipped_unsupervised_windows=windows - int(documents.shape[0]),
-                      supervision={"applied": list(staged.supervision), "mismatched_prompts": staged.mismatched,
-                                   "first_mismatched_prompt": staged.first_mismatched,
-                                   "as_given_documents": staged.as_given})
+                      supervision={"applied": list(encoded.supervision), "mismatched_prompts": encoded.mismatched,
+                                   "first_mismatched_prompt": encoded.first_mismatched,
+                                   "as_given_documents": encoded.as_given})
     return record
 
 
 def supervise_part(directory: Path, record: dict) -> None:
     """Give a part packed without supervision the (empty) supervision file and counts of
     a version-2 part, as if its inputs had carried masks of all ones."""
-    record["files"][fmt.SUPERVISION_FILE] = fmt.write_array(directory / fmt.SUPERVISION_FILE,
+    record["files"][fmt.SUPERVISION_FILE] = publish.write_array(directory / fmt.SUPERVISION_FILE,
                                                             np.zeros(0, fmt.flips_dtype(record["tokens"])))
     record.update(supervised_targets=record["valid_targets"], skipped_unsupervised_windows=0,
                   supervision={"applied": [], "mismatched_prompts": 0, "first_mismatched_prompt": None,
@@ -261,14 +251,14 @@ def supervise_part(directory: Path, record: dict) -> None:
 
 def _write_tokens(path: Path, pieces: list, begins, ends, order, progress: Progress) -> dict:
     """``tokens.bin``: each example's source tokens in placement order, gathered block by
-    block from the staged pieces (no example spans two pieces)."""
+    block from the spooled pieces (no example spans two pieces)."""
     if order is not None:
         begins, ends = begins[order], ends[order]
     piece_starts = np.cumsum([0] + [piece.shape[0] for piece in pieces])
     sizes = np.cumsum(ends - begins)
     total = int(sizes[-1])
     dtype = pieces[0].dtype
-    target = fmt.HashingFile(path)
+    target = publish.HashingFile(path)
     progress.phase("writing", total * dtype.itemsize, "B")
     try:
         buffer = np.empty(min(total, WRITE_BLOCK_TOKENS), dtype=dtype)
@@ -326,17 +316,9 @@ def manifest_of(parts: list[dict], *, binding: dict, partition: Partition, confi
             part[first] = running[first]
             running[first] += part[count]
     counts = {key: sum(part[key] for part in parts) for key in fmt.counts_of(version)}
-    cells = counts["rows"] * config.capacity
-    report = {
-        "policy": policy, "capacity": config.capacity, "rows": counts["rows"], "batches": counts["batches"],
-        "cells": cells, "valid_targets": counts["valid_targets"],
-        "real_target_fraction": counts["valid_targets"] / cells, "padding_cells": cells - counts["valid_targets"],
-        "permitted_edges": counts["permitted_edges"], "dense_score_positions": counts["rows"] * config.capacity**2,
-        "permitted_fraction": counts["permitted_edges"] / (counts["rows"] * config.capacity**2),
-    }
+    report = report_counts(policy, config.capacity, counts["rows"], counts["batches"], counts["valid_targets"],
+                           counts.get("supervised_targets", counts["valid_targets"]), counts["permitted_edges"])
     if supervision is not None:
-        if counts["supervised_targets"] != counts["valid_targets"]:
-            report["supervised_targets"] = counts["supervised_targets"]  # as EfficiencyReport.as_dict
         extra = {**(extra or {}), "supervision": supervision}
     return {
         "format": fmt.FORMAT, "format_version": version, "created_by": f"seqpack {package_version('seqpack')}",
@@ -346,123 +328,6 @@ def manifest_of(parts: list[dict], *, binding: dict, partition: Partition, confi
         "policy": policy, "long_documents": long, "token_dtype": dtype.str,
         "inputs": inputs, "counts": counts, "report": report, "parts": parts, **(extra or {}),
     }
-
-
-def output_path(out) -> Path:
-    """``out`` (a ``str`` or ``os.PathLike``) as a ``Path``; anything else is an
-    :class:`InvalidInputError`."""
-    if not isinstance(out, (str, os.PathLike)):
-        raise InvalidInputError(f"out must be a path (str or os.PathLike), not {type(out).__name__}")
-    return Path(out)
-
-
-def check_arguments(binding: BatchBinding, tokenizer, config: PackConfig, policy: str, partition: Partition,
-                    long: str) -> None:
-    """The checks :func:`pack_corpus` (and the sharded packers) make before reading anything."""
-    if not isinstance(binding, BatchBinding):
-        raise InvalidInputError(f"binding must be a BatchBinding, not {type(binding).__name__}")
-    if not isinstance(tokenizer, (ByteTokenizer, TokenizerFile)):
-        raise InvalidInputError(
-            f"tokenizer must be a seqpack.ByteTokenizer or a seqpack.io.TokenizerFile, not {type(tokenizer).__name__}")
-    if long not in LONG_DOCUMENTS:
-        raise InvalidInputError(f"long must be one of {LONG_DOCUMENTS}, not {long!r}")
-    if not isinstance(config, PackConfig):
-        raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
-    check_policy(policy, config.capacity)
-    check_partition(partition)
-    if tokenizer is not binding.tokenizer and getattr(tokenizer, "identity", None) != binding.tokenizer_identity:
-        raise InvalidInputError("the tokenizer's identity differs from the binding's")
-
-
-def check_readers(readers) -> list:
-    """``readers`` as a list, each checked to be a reader (one reader or path alone is an error)."""
-    if isinstance(readers, (str, bytes, os.PathLike)) or hasattr(readers, "chunks"):
-        raise InvalidInputError(f"readers must be a list of readers, not one {type(readers).__name__}: "
-                                f"give [reader], or [seqpack.io.reader_for(path)] for a path")
-    try:
-        readers = list(readers)
-    except TypeError:
-        raise InvalidInputError(f"readers must be a list of readers, not {type(readers).__name__}") from None
-    for index, reader in enumerate(readers):
-        if not (callable(getattr(reader, "chunks", None)) and isinstance(getattr(reader, "inputs", None), list)):
-            raise InvalidInputError(
-                f"readers[{index}] is a {type(reader).__name__}, not a reader (TextFiles, JsonLines, ArrowBatches, "
-                f"Megatron, or seqpack.io.reader_for(path) for a path)")
-    return readers
-
-
-def pack_corpus(readers: list[Reader], out, *, binding: BatchBinding, tokenizer, config: PackConfig,
-                policy: str = "next-fit", partition: Partition = Partition.TRAIN, long: str = "error",
-                framed: bool = False, force: bool = False, progress: Progress | None = None,
-                threads: int | None = None, completion_only_loss: bool = True, chat_template: str | None = None,
-                assistant_only_loss: bool = False, template_limits: TemplateLimits = TemplateLimits()) -> dict:
-    """Pack every document of ``readers`` into a packed dataset at ``out``; return its manifest.
-
-    Records that carry supervision are encoded as TRL 1.16's ``SFTTrainer`` encodes them
-    and packed with it (a dataset of format version 2): prompt-completion records
-    (supervising the completion only unless ``completion_only_loss=False``; a record
-    whose prompt encoding is no prefix of the joint one is counted in the manifest),
-    conversations rendered with ``chat_template`` (the Jinja text; ``assistant_only_loss``
-    supervises its ``{% generation %}`` spans only; each record's rendering is bounded by
-    ``template_limits``), and token IDs beside ``completion_mask``, ``assistant_masks`` or
-    ``labels`` columns. These documents are taken as TRL gives them (no BOS or EOS added).
-
-    ``tokenizer`` is ``binding.tokenizer`` (a ByteTokenizer) or a
-    :class:`~seqpack.io.tokenizer_file.TokenizerFile` whose identity is the binding's.
-    ``long="error"`` (default) refuses a document longer than ``config.capacity``
-    predictions naming its file and line; ``long="cut"`` cuts it into overlapping
-    windows. ``framed`` takes pre-tokenized documents as already ``[BOS, ..., EOS]``.
-    An existing ``out`` is refused unless ``force``. The dataset appears at ``out`` only
-    once complete (see :mod:`seqpack.io.format`).
-
-    Refused inputs (each an InvalidInputError naming the path, and the line or row):
-    a file given twice, or a directory and a file inside it; a lone Megatron ``.idx`` or
-    ``.bin``, or a broken document index; a dangling link, a pipe, a directory link cycle,
-    or a directory reached twice through links; a compressed file (gzip, bzip2, xz, zstd
-    or zip, known by its first bytes whatever its name); inside a text directory, a
-    Parquet, Arrow, Feather or Megatron file or a ``.jsonl``/``.ndjson`` file (give it as
-    an input of its own); a packed dataset given as an input (inside a directory it is
-    skipped and reported); a JSONL line that is not an object, or a field that is not a
-    string (a list of IDs with ``--ids-field``); a record of another kind than its input's
-    first; a preference record (``chosen`` and ``rejected``); a control token inside a
-    plain text; an ID
-    outside the vocabulary; a document longer than a row without ``long="cut"`` (``--cut-long``); a flag
-    no input uses (``--glob`` without a directory, ``--text-field`` or ``--ids-field``
-    without JSONL, Parquet or Arrow, ``--framed`` without token IDs), and
-    ``--text-field`` with ``--ids-field``; an ``out`` inside an input directory, or an
-    input inside ``out``; a document none of whose targets is supervised; a label that
-    is neither -100 nor its token, a mask value other than 0 and 1; prompt-completion
-    records or conversations without a tokenizers file; conversations without a chat
-    template; a record the template fails on, or whose rendering passes
-    ``template_limits``; ``assistant_only_loss`` without a chat template, or with one that
-    has no ``{% generation %}`` block; a conversation with no assistant token under it.
-    """
-    out = output_path(out)
-    check_arguments(binding, tokenizer, config, policy, partition, long)
-    readers = check_readers(readers)
-    if progress is not None and not isinstance(progress, Progress):
-        raise InvalidInputError(f"progress must be a Progress or None, not {type(progress).__name__}")
-    progress = progress or Progress(enabled=False)
-    inputs = [item for reader in readers for item in reader.inputs]
-    options = SupervisionOptions(completion_only_loss, chat_template, assistant_only_loss, template_limits)
-    encoder = ChunkEncoder(binding, tokenizer, inputs, framed=framed, threads=threads, supervision=options)
-    with fmt.staging_directory(out, force, inputs) as staging:
-        stage = Stage(staging / STAGED_TOKENS, fmt.token_dtype(binding.vocabulary_size))
-        try:
-            staged = stage_documents(readers, encoder, stage, capacity=config.capacity, long=long, progress=progress)
-            part = write_part(staging / fmt.part_name(0), staged, config, policy, long, progress)
-        finally:
-            progress.close()
-            stage.discard()
-        part["name"] = fmt.part_name(0)
-        manifest = manifest_of(
-            [part], binding=describe_binding(binding, tokenizer), partition=partition, config=config,
-            policy=policy, dtype=stage.dtype, long=long,
-            inputs=[{"name": item.name, "kind": item.kind, "unit": item.unit} for item in inputs],
-            extra={"input_bytes": staged.input_bytes}, options=options,
-        )
-        fmt.publish(staging, out, manifest, force)
-    return manifest
 
 
 def supervision_record(parts: list[dict | None], options: SupervisionOptions) -> dict | None:

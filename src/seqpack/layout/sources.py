@@ -19,7 +19,8 @@ from ..data.binding import BatchBinding, Partition, check_expectations, check_ow
 from ..data.examples import SequenceExample, check_stored
 from ..data.supervision import gathered
 from ..data.table import ExampleTable
-from ..errors import CapacityError, InvalidInputError
+from ..data.windows import refuse_long
+from ..errors import InvalidInputError
 
 
 class ExampleSource(Protocol):
@@ -133,13 +134,9 @@ def check_example_count(count: int) -> None:
 
 def reject_longer(source: ExampleSource, lengths: np.ndarray, limit: int, limit_name: str) -> None:
     """Raise CapacityError naming the first example with more than ``limit`` predictions."""
-    too_long = np.flatnonzero(lengths > limit)
-    if too_long.size:
-        index = int(too_long[0])
+
+    def example(index: int) -> str:
         ordinal = source.first_ordinal + index
-        raise CapacityError(
-            f"example {source.example_id(ordinal)!r} (index {ordinal}) has {int(lengths[index])} "
-            f"predictions; {limit_name} is {limit}",
-            cells=int(lengths[index]),
-            maximum=limit,
-        )
+        return f"example {source.example_id(ordinal)!r} (index {ordinal})"
+
+    refuse_long(lengths, limit, example, limit_name=limit_name)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._arguments import INT64_MAX
-from ..errors import CapacityError, InvalidInputError
+from ..data.windows import refuse_long
+from ..errors import InvalidInputError
 from . import _placement
 
 POLICIES = ("next-fit", "first-fit-decreasing", "best-fit-decreasing")
@@ -145,14 +146,7 @@ def checked_lengths(lengths, capacity: int) -> np.ndarray:
         raise InvalidInputError(
             f"example {index} has {int(array[index])} predictions; every example needs at least 1"
         )
-    if array.max() > capacity:
-        index = int(np.argmax(array > capacity))
-        length = int(array[index])
-        raise CapacityError(
-            f"example {index} has {length} predictions; capacity is {capacity}",
-            cells=length,
-            maximum=capacity,
-        )
+    refuse_long(array, capacity, lambda index: f"example {index}")
     return np.ascontiguousarray(array, dtype=np.int64)
 
 

@@ -18,7 +18,6 @@ from typing import Union
 import numpy as np
 
 from .._arguments import batch_index, batch_number, check_bool
-
 from .._threads import check_threads
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample

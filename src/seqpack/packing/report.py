@@ -59,15 +59,24 @@ class EfficiencyReport:
         return self.permitted_edges / self.dense_score_positions if self.dense_score_positions else 0.0
 
     def as_dict(self) -> dict:
-        """The report's counts; ``supervised_targets`` appears only when some target is not
-        supervised (so a report without supervision reads as it always has)."""
-        counts = {
-            "policy": self.policy, "capacity": self.capacity, "rows": self.rows, "batches": self.batches,
-            "cells": self.cells, "valid_targets": self.valid_targets,
-            "real_target_fraction": self.real_target_fraction, "padding_cells": self.padding_cells,
-            "permitted_edges": self.permitted_edges, "dense_score_positions": self.dense_score_positions,
-            "permitted_fraction": self.permitted_fraction,
-        }
-        if self.supervised_targets != self.valid_targets:
-            counts["supervised_targets"] = self.supervised_targets
-        return counts
+        """The report's counts, as :func:`report_counts` gives them."""
+        return report_counts(self.policy, self.capacity, self.rows, self.batches, self.valid_targets,
+                             self.supervised_targets, self.permitted_edges)
+
+
+def report_counts(policy: str, capacity: int, rows: int, batches: int, valid_targets: int,
+                  supervised_targets: int, permitted_edges: int) -> dict:
+    """The counts of a report (of a plan, an epoch or a dataset's manifest) as a dict, the
+    fractions derived here; ``supervised_targets`` appears only when some target is not
+    supervised (so a report without supervision reads as it always has)."""
+    cells, dense = rows * capacity, rows * capacity**2
+    counts = {
+        "policy": policy, "capacity": capacity, "rows": rows, "batches": batches,
+        "cells": cells, "valid_targets": valid_targets,
+        "real_target_fraction": valid_targets / cells if cells else 0.0, "padding_cells": cells - valid_targets,
+        "permitted_edges": permitted_edges, "dense_score_positions": dense,
+        "permitted_fraction": permitted_edges / dense if dense else 0.0,
+    }
+    if supervised_targets != valid_targets:
+        counts["supervised_targets"] = supervised_targets
+    return counts

@@ -1,11 +1,11 @@
 """Packing a corpus on a Ray cluster: one Ray task per shard, one part per task.
 
-The driver plans the shards (:func:`seqpack.io.shards.plan_shards`), puts the settings
-in the object store once and submits one task per shard; each task reads, tokenizes,
+The driver (:func:`seqpack.io.job.run_job`) plans the shards; :class:`RayRunner` puts
+the job in the object store once and submits one task per shard; each task reads, tokenizes,
 places and writes its part into the dataset's temporary directory (which every node
 must see: a shared file system) and returns only the part's small record. The driver
 collects the records as tasks finish, drawing a bar over shards and tokens, and writes
-the manifest only after every part is complete (:func:`seqpack.io.shards.pack_sharded`).
+the manifest only after every part is complete.
 A task whose worker dies is retried by Ray (``max_retries``) and rewrites its part from
 the start; a task that fails on its input fails the run with the shard, file and line
 named, after the other tasks are cancelled and the temporary directory removed.
@@ -22,6 +22,7 @@ custom datasink to recover what one task per shard gives directly.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import re
@@ -32,16 +33,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .._arguments import check_int
-
-from .._threads import MAX_THREADS
-from ..data import BatchBinding, ByteTokenizer, Partition
 from ..errors import InvalidInputError, SeqpackError
-from ..io import format as fmt
-from ..io.readers import missing_extra, reader_for
-from ..io.shards import ShardJob, pack_shard, pack_sharded
-from ..io.templates import TemplateLimits
-from ..io.writer import output_path
-from ..packing import PackConfig
+from ..io.job import PackJob, run_job
+from ..io.readers import missing_extra
+from ..io.shards import pack_shard
 
 #: Times Ray reruns a shard whose worker process died.
 MAX_RETRIES = 3
@@ -110,7 +105,7 @@ def _first_frame(connection: socket.socket) -> bytes:
     return answer
 
 
-def pack_shard_task(job: ShardJob, shard, staging: str, directory: str):
+def pack_shard_task(job: PackJob, shard, staging: str, directory: str):
     """A Ray task: pack one shard, in the driver's working ``directory`` (so that relative
     paths name the same files, and the manifest and errors name them as the user did).
     Returns ``(result, None)``, or ``(None, failure)`` for a seqpack error (its class,
@@ -158,33 +153,42 @@ def _signals_raised():
         raise
 
 
-def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None = None,
-               shutdown: bool = False):
-    """A :data:`seqpack.io.shards.Runner` that packs each shard as a Ray task, at most
-    ``workers`` at once (default: as many as the cluster's CPUs take); with ``shutdown``,
+class RayRunner:
+    """A :class:`~seqpack.io.job.Runner` that packs each shard as a Ray task taking
+    ``cpus_per_task`` CPUs, at most ``workers`` at once (default: as many as the
+    cluster's CPUs take), each rerun up to ``max_retries`` times if its worker dies; a
+    job that names no shard count has one shard per 64 MiB of input. With ``shutdown``,
     it shuts Ray down once every shard is in, before the dataset is published, so that a
-    Ctrl-C during the shutdown (a second or more) never leaves a complete dataset behind a
-    failed command.
+    Ctrl-C during the shutdown (a second or more) never leaves a complete dataset behind
+    a failed command.
 
     The tokenizers library sizes its thread pool once per process, from
     ``RAYON_NUM_THREADS``; the tasks' runtime environment sets it, so Ray runs them in
     worker processes started with that many threads and never reuses a worker whose
     pool has another size."""
-    threads = str(cpus_per_task)
-    remote = ray.remote(pack_shard_task).options(
-        num_cpus=cpus_per_task, max_retries=max_retries,
-        runtime_env={"env_vars": {"RAYON_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}},
-    )
 
-    def run(job, shards, staging):
-        settings = ray.put(job)
+    default_shards = None
+    in_process = False
+
+    def __init__(self, ray, *, cpus_per_task: int, max_retries: int, workers: int | None = None,
+                 shutdown: bool = False):
+        threads = str(cpus_per_task)
+        self.ray, self.workers, self.shutdown = ray, workers, shutdown
+        self.remote = ray.remote(pack_shard_task).options(
+            num_cpus=cpus_per_task, max_retries=max_retries,
+            runtime_env={"env_vars": {"RAYON_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}},
+        )
+
+    def __call__(self, job, shards, staging, progress):
+        ray, workers = self.ray, self.workers
+        settings = ray.put(job.for_workers())
         waiting = list(reversed(shards))
         pending = {}
         try:
             while waiting or pending:
                 while waiting and (workers is None or len(pending) < workers):
                     shard = waiting.pop()
-                    pending[remote.remote(settings, shard, str(staging), os.getcwd())] = shard
+                    pending[self.remote.remote(settings, shard, str(staging), os.getcwd())] = shard
                 with _signals_raised():
                     done, _ = ray.wait(list(pending), num_returns=1)
                 shard = pending.pop(done[0])
@@ -195,7 +199,7 @@ def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None
                 if failure is not None:
                     _raise_failure(failure)
                 yield shard.index, result
-            if shutdown:
+            if self.shutdown:
                 with _signal_handlers_kept():
                     ray.shutdown()
         finally:
@@ -207,53 +211,40 @@ def ray_runner(ray, *, cpus_per_task: int, max_retries: int, workers: int | None
                 except ray.exceptions.RayError:
                     pass
 
-    return run
 
-
-def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str = "next-fit", shards: int | None = None,
-                address: str | None = None, workers: int | None = None, binding: BatchBinding | None = None,
-                partition: Partition = Partition.TRAIN, long: str = "error", framed: bool = False,
-                force: bool = False, progress: bool = False, threads: int = 1, max_retries: int = MAX_RETRIES,
-                completion_only_loss: bool = True, chat_template: str | None = None,
-                assistant_only_loss: bool = False, template_limits: TemplateLimits = TemplateLimits()) -> dict:
+def pack_corpus(inputs, out, *, address: str | None = None, workers: int | None = None,
+                max_retries: int = MAX_RETRIES, **options) -> dict:
     """Pack ``inputs`` at ``out`` on a Ray cluster, one task per shard; return the manifest.
 
-    ``inputs`` are readers or paths (read by :func:`seqpack.io.reader_for`);
-    ``tokenizer`` is a :class:`~seqpack.ByteTokenizer` (default) or a
-    :class:`~seqpack.io.TokenizerFile`, and ``binding`` defaults to the tokenizer's with the
-    split name ``"corpus"``. ``shards`` as in :func:`seqpack.io.shards.plan_shards` (by
-    default one per 64 MiB of input). Each task takes ``threads`` CPUs and runs the
-    tokenizer and kernels on that many threads; at most ``workers`` tasks run at once
-    (default: as many as the cluster's CPUs take). ``address`` is the cluster to join
-    (``"auto"``, ``"ray://host:10001"``...; a ``host:port`` that does not answer as a Ray
-    cluster within :data:`CONNECT_TIMEOUT` seconds is an error); without one, the cluster in
-    ``RAY_ADDRESS`` (probed the same way) or, without that, a local cluster started here
-    and shut down at the end. A Ray already initialized in this process is used as it
-    is (then ``address`` is an error). ``threads`` must fit the cluster's largest node,
-    and the output is checked before any cluster starts.
-    The dataset's bytes equal :func:`seqpack.io.shards.pack_sharded`'s with the same
-    shards, whatever the number of workers or the order in which they finish;
-    ``completion_only_loss``, ``chat_template``, ``assistant_only_loss`` and
-    ``template_limits`` are :func:`seqpack.io.pack_corpus`'s.
+    ``options`` are :func:`seqpack.io.pack_corpus`'s arguments, with the same names,
+    meanings and defaults, and the dataset's bytes equal its bytes with the same
+    ``shards``, whatever the number of workers or the order in which they finish. Here a
+    job that names no ``shards`` has one per 64 MiB of input, and each task takes
+    ``threads`` CPUs (default 1), which must fit the cluster's largest node. ``address``,
+    ``workers`` and ``max_retries`` are :func:`run_on_ray`'s.
     """
-    threads = 1 if threads is None else check_int("threads", threads, maximum=MAX_THREADS)
+    return run_on_ray(PackJob.of(inputs, out, **options), address=address, workers=workers,
+                      max_retries=max_retries)
+
+
+def run_on_ray(job: PackJob, *, address: str | None = None, workers: int | None = None,
+               max_retries: int = MAX_RETRIES) -> dict:
+    """Run ``job`` (a :class:`~seqpack.io.PackJob`) on a Ray cluster with a
+    :class:`RayRunner`; return the manifest.
+
+    ``address`` is the cluster to join (``"auto"``, ``"ray://host:10001"``...; a
+    ``host:port`` that does not answer as a Ray cluster within :data:`CONNECT_TIMEOUT`
+    seconds is an error); without one, the cluster in ``RAY_ADDRESS`` (probed the same
+    way) or, without that, a local cluster started here and shut down at the end. A Ray
+    already initialized in this process is used as it is (then ``address`` is an
+    error). At most ``workers`` tasks run at once (default: as many as the cluster's CPUs
+    take); a task whose worker dies is rerun up to ``max_retries`` times. The job's
+    output was checked when it was built, before any cluster starts.
+    """
     max_retries = check_int("max_retries", max_retries, minimum=0)
     workers = None if workers is None else check_int("workers", workers)
-    if isinstance(inputs, (str, bytes, os.PathLike)):  # not read as one input per character
-        raise InvalidInputError(f"inputs must be a list of readers or paths, not one path ({inputs!r}): "
-                                f"give [{inputs!r}]")
+    cpus = job.threads or 1
     ray = import_ray()
-    if tokenizer is None:
-        tokenizer = ByteTokenizer()
-    if binding is None:
-        identity = tokenizer if isinstance(tokenizer, ByteTokenizer) else getattr(tokenizer, "identity", None)
-        if identity is None:
-            raise InvalidInputError(
-                f"tokenizer must be a ByteTokenizer or a TokenizerFile, not {type(tokenizer).__name__}")
-        binding = BatchBinding.for_tokenizer(identity, split="corpus")
-    readers = [reader_for(item) if isinstance(item, (str, os.PathLike)) else item for item in inputs]
-    out = output_path(out)
-    fmt.check_output(out, force, [i for reader in readers for i in getattr(reader, "inputs", ())])  # before Ray starts
     started = not ray.is_initialized()
     if not started and address is not None:
         raise InvalidInputError(f"Ray is already initialized in this process, so address {address!r} cannot choose "
@@ -261,19 +252,25 @@ def pack_corpus(inputs, out, *, tokenizer=None, config: PackConfig, policy: str 
     try:
         with _signal_handlers_kept():
             if started:
-                _join_or_start(ray, address, quiet=not progress)
-        _check_cpus(ray, threads)
-        return pack_sharded(
-            readers, out, binding=binding, tokenizer=tokenizer, config=config, shards=shards, policy=policy,
-            partition=partition, long=long, framed=framed, force=force, progress=progress, threads=threads,
-            completion_only_loss=completion_only_loss, chat_template=chat_template,
-            assistant_only_loss=assistant_only_loss, template_limits=template_limits,
-            run=ray_runner(ray, cpus_per_task=threads, max_retries=max_retries, workers=workers, shutdown=started),
-        )
+                _join_or_start(ray, address, quiet=not job.progress)
+        _check_cpus(ray, cpus)
+        return run_job(job, RayRunner(ray, cpus_per_task=cpus, max_retries=max_retries, workers=workers,
+                                      shutdown=started))
     finally:
         if started:
             with _signal_handlers_kept():
                 ray.shutdown()
+
+
+def _signature_of_pack_corpus() -> inspect.Signature:
+    """:func:`seqpack.io.pack_corpus`'s parameters, then the Ray runner's own."""
+    shared = list(inspect.signature(PackJob.of).parameters.values())
+    own = [parameter for name, parameter in inspect.signature(pack_corpus).parameters.items()
+           if parameter.kind is inspect.Parameter.KEYWORD_ONLY]
+    return inspect.Signature(shared + own, return_annotation=dict)
+
+
+pack_corpus.__signature__ = _signature_of_pack_corpus()
 
 
 def _join_or_start(ray, address: str | None, quiet: bool = False) -> None:

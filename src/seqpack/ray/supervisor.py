@@ -16,7 +16,7 @@ The supervisor, which never imports Ray, turns every such moment into one outcom
   are still its descendants, found and killed too; elsewhere the child's process group
   is killed. The child dies with the supervisor (``PR_SET_PDEATHSIG``) where it can.
 - Then what the child left beside the output is removed
-  (:func:`seqpack.io.format.remove_leftovers`: its writer is gone), a replaced dataset
+  (:func:`seqpack.io.publish.remove_leftovers`: its writer is gone), a replaced dataset
   put back where the publish had not committed, and the command exits 130 or 143 with
   one line. If the child had already committed the new dataset (its manifest is in
   place), the command says so and exits 0, as every ``pack`` does: the dataset is the
@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..io import format as fmt
+from ..io import publish
 
 #: Set in the child's environment: run the engine here, do not supervise again.
 DRIVER_VARIABLE = "SEQPACK_RAY_DRIVER"
@@ -135,19 +135,19 @@ def run_supervised(argv: list[str], out: Path) -> int:
     child = subprocess.Popen([sys.executable, "-m", "seqpack", *argv], env=environment, start_new_session=True)
     try:
         status = child.wait()
-        with fmt.signals_deferred():
+        with publish.signals_deferred():
             kill_descendants()  # what a finished child left running (Ray's agents, idle workers)
     except BaseException:
-        with fmt.signals_deferred():  # a second signal waits for the clean-up
+        with publish.signals_deferred():  # a second signal waits for the clean-up
             _stop(child)
-            fmt.remove_leftovers(out.parent)
+            publish.remove_leftovers(out.parent)
         raise
     finally:
         if subreaper:
             _prctl(PR_SET_CHILD_SUBREAPER, 0)
     if status < 0:
         print(f"seqpack: error: the Ray driver process was killed by signal {-status}", file=sys.stderr)
-        fmt.remove_leftovers(out.parent)
+        publish.remove_leftovers(out.parent)
         return 1
     return status
 

@@ -16,12 +16,11 @@ import numpy as np
 import torch
 
 from .._arguments import is_int
+from ..data.supervision import IGNORE_INDEX
 from ..errors import InvalidInputError
 from ..layout.batch import BatchLayout
 from ..layout.fields import CELL_FIELDS, FLAG_FIELDS
 
-#: Targets that are not supervised, in ``shift_labels`` (PyTorch's and transformers' value).
-IGNORE_INDEX = -100
 #: The ID padding cells get in ``input_ids``: always inside the vocabulary, never attended.
 PAD_INPUT_ID = 0
 #: The fields ``tensors`` shares with the batch, then the derived ones.

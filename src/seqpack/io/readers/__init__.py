@@ -22,7 +22,7 @@ format module binds ``CHUNK_BYTES`` and ``CHUNK_DOCUMENTS`` from :mod:`.base` by
 to change them for a format, patch that format's module.
 """
 
-from .arrow import ArrowBatches, import_pyarrow, record_chunks, record_columns
+from .arrow import ArrowBatches, import_pyarrow, open_parquet, record_chunks, record_columns
 from .base import CHUNK_BYTES, CHUNK_DOCUMENTS, DocumentChunk, Input, Reader, input_path, missing_extra, not_a_file
 from .dispatch import reader_for
 from .hf_disk import SavedDataset
@@ -37,5 +37,5 @@ __all__ = [
     "CHUNK_BYTES", "CHUNK_DOCUMENTS", "MASK_COLUMNS", "MEGATRON_DTYPES", "MEGATRON_HEADER", "MEGATRON_MAGIC",
     "ArrowBatches", "DocumentChunk", "Exclusive", "Input", "JsonLines", "Megatron", "Reader", "RecordFields",
     "SavedDataset", "TextFiles", "import_pyarrow", "input_path", "missing_extra", "not_a_file",
-    "read_ahead", "reader_for", "record_chunks", "record_columns",
+    "open_parquet", "read_ahead", "reader_for", "record_chunks", "record_columns",
 ]

@@ -35,6 +35,16 @@ def import_pyarrow():
     return pyarrow
 
 
+def open_parquet(name: str):
+    """The ``pyarrow.parquet.ParquetFile`` at ``name``, memory-mapped; a file pyarrow
+    cannot read as Parquet is an :class:`InvalidInputError` naming it."""
+    pa = import_pyarrow()
+    try:
+        return pa.parquet.ParquetFile(name, memory_map=True)
+    except (pa.ArrowInvalid, OSError) as error:
+        raise InvalidInputError(f"cannot read as parquet: {error}").within(name, path=name) from None
+
+
 def record_columns(schema, text_field: str | None, ids_field: str | None, name: str) -> RecordFields:
     """The columns an input's records are read from (:func:`~.records.find_record_fields`
     on a pyarrow ``schema``'s names; list-typed ``prompt`` and ``completion`` columns make
@@ -263,7 +273,7 @@ class ArrowBatches(RecordReader):
             path = str(source)
             try:
                 if self.inputs[0].kind == "parquet":
-                    handle = pa.parquet.ParquetFile(path, memory_map=True)
+                    handle = open_parquet(path)
                     fields = self._fields(handle.schema_arrow)
                     return fields, handle.iter_batches(batch_size=self.BATCH_ROWS, columns=list(fields.read))
                 with open(path, "rb") as handle:

@@ -24,7 +24,9 @@ CHUNK_DOCUMENTS = 4096
 
 
 def missing_extra(what: str, extra: str) -> InvalidInputError:
-    return InvalidInputError(f"{what} needs the {extra!r} extra: pip install 'seqpack[{extra}]'")
+    """The error (kind ``"missing-extra"``) for ``what`` without the packages ``extra`` installs."""
+    return InvalidInputError(f"{what} needs the {extra!r} extra: pip install 'seqpack[{extra}]'",
+                             kind="missing-extra")
 
 
 def input_path(value) -> Path:
@@ -62,11 +64,10 @@ def not_a_file(path, what: str = "no such file") -> InvalidInputError:
     ``<(...)``), which seqpack cannot read twice or seek in."""
     path = Path(path)
     if (loop := link_loop(path)) is not None:
-        return InvalidInputError(f"{path}: {loop}")
-    if path.exists():
-        return InvalidInputError(f"{path}: not a regular file (a pipe, a device or a socket): write the data to "
-                                 f"a file first")
-    return InvalidInputError(f"{path}: {what}")
+        what = loop
+    elif path.exists():
+        what = "not a regular file (a pipe, a device or a socket): write the data to a file first"
+    return InvalidInputError(what).within(path, path=path)
 
 
 def cannot_read(path, error: OSError) -> InvalidInputError:
