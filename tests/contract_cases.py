@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import seqpack as sp
 from seqpack.data import window_ranges
-from seqpack.nn import range_softmax_backward, range_softmax_forward
+from seqpack.nn import range_softmax_backward, range_softmax_forward, sequence_logprobs
 from reference import next_fit_placements
 
 OUTCOMES = Counter()  # of the property running: "returned" and "rejected" cases
@@ -1073,6 +1073,49 @@ def test_masked_loss(arguments):
     options = {} if binding is None else {"binding": binding}
     check(lambda: sp.masked_loss(logits, batch, **options), lambda: loss_reference(logits, batch, binding),
           compare_loss)
+
+
+def sequence_reference(logits, batch, binding, weights):
+    """Each occurrence's summed log p over its supervised targets, in float64, and the gradient of
+    ``weights @ sums``; the masked loss's refusals (every example has a supervised target)."""
+    loss_reference(logits, batch, binding)
+    array = np.asarray(logits).astype(np.float64)
+    sums, counts, gradient = [], [], np.zeros(array.shape)
+    for k, occurrence in enumerate(batch.occurrences):
+        columns = [c for c in occurrence.columns if batch.loss_mask[occurrence.row, c]]
+        chosen = array[occurrence.row, columns]  # [m, V]
+        top = chosen.max(axis=-1, keepdims=True)
+        log_p = chosen - top - np.log(np.exp(chosen - top).sum(axis=-1, keepdims=True))
+        gold = batch.targets[occurrence.row, columns]
+        sums.append(log_p[np.arange(len(columns)), gold].sum())
+        counts.append(len(columns))
+        onehot = np.zeros_like(log_p)
+        onehot[np.arange(len(columns)), gold] = 1.0
+        gradient[occurrence.row, columns] = weights[k] * (onehot - np.exp(log_p))
+    return np.array(sums), counts, gradient
+
+
+def compare_sequences(result, expected):
+    (scores, gradient), (sums, counts, expected_gradient) = result, expected
+    assert scores.counts.tolist() == counts
+    assert_close("sums", scores.sums, sums)
+    assert gradient.dtype in (np.float32, np.float64)
+    assert_close("gradient", gradient, expected_gradient, gradient.dtype)
+
+
+@contract(150)
+@given(loss_arguments(), st.integers(0, 2**32 - 1))
+def test_sequence_logprobs(arguments, seed):
+    logits, batch, binding = arguments
+    options = {} if binding is None else {"binding": binding}
+    count = len(batch.occurrences) if isinstance(batch, (sp.PackedBatch, sp.PaddedBatch)) else 1
+    weights = np.random.default_rng(seed).normal(size=count)
+
+    def call():
+        scores = sequence_logprobs(logits, batch, **options)
+        return scores, scores.gradient(weights)
+
+    check(call, lambda: sequence_reference(logits, batch, binding, weights), compare_sequences)
 
 
 # --- 7. document windows -----------------------------------------------------------------

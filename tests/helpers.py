@@ -63,7 +63,7 @@ def permitted(valid_lengths, segment_starts):
 
 def assert_close(actual, expected, name):
     """``|a - b| <= 1e-10 + 1e-9 * max(|a|, |b|)`` everywhere; a failure names the first index that is not."""
-    actual, expected = np.asarray(actual), np.asarray(expected)
+    actual, expected = np.atleast_1d(actual), np.atleast_1d(expected)  # argwhere finds nothing in a 0-d array
     limit = 1e-10 + 1e-9 * np.maximum(np.abs(actual), np.abs(expected))
     bad = np.argwhere(~(np.abs(actual - expected) <= limit))
     assert bad.size == 0, f"{name} differs at {tuple(bad[0])}: {actual[tuple(bad[0])]} vs {expected[tuple(bad[0])]}"

@@ -88,6 +88,16 @@ SETUP = {
         lse, dlogits = np.full(2048, 10.4), np.zeros_like(logits)
         call = lambda: [_loss.indexed_nll_backward(logits, rows, gold, lse, 1.0, dlogits) for _ in range(40)]
     """,
+    "sequence log-probabilities backward": """
+        import numpy as np
+        from seqpack.nn import _loss
+        logits = np.ones((2048, 32768), np.float32)
+        rows, gold = np.arange(2048, dtype=np.intp), np.zeros(2048, np.int32)
+        lse, dlogits = np.full(2048, 10.4), np.zeros_like(logits)
+        offsets, weights = np.array([0, 1000, 1000, 2048], np.int64), np.ones(3)
+        call = lambda: [_loss.occurrence_logprob_backward(logits, rows, gold, lse, offsets, weights, dlogits)
+                        for _ in range(40)]
+    """,
     "range softmax": """
         import numpy as np
         from seqpack.nn import _softmax

@@ -1,14 +1,17 @@
-"""Stable indexed negative log likelihood over selected logit rows.
+"""Stable indexed negative log likelihood over selected logit rows, and its per-occurrence sums.
 
 Only the rows listed in ``rows`` are read (the eligible targets, gathered by the Python
 layer before any arithmetic); every other logit cell is never touched, so it may hold
-NaN or inf. Natural logarithm; the log-sum-exp subtracts each row's maximum. Ctrl-C
-stops either kernel between rows (``KeyboardInterrupt``; outputs then undefined).
+NaN or inf. Natural logarithm; the log-sum-exp subtracts each row's maximum. The
+occurrence kernels see the selected rows grouped by ``offsets``: occurrence ``k`` owns
+items ``[offsets[k], offsets[k + 1])`` (possibly none). Ctrl-C stops any kernel between
+rows (``KeyboardInterrupt``; outputs then undefined).
 """
 
 from libc.math cimport exp, log
+from libc.stdint cimport int64_t
 
-from _interrupt cimport Interrupt, interrupt_finish, interrupt_start, interrupted
+from _interrupt cimport Interrupt, interrupt_finish, interrupt_requested, interrupt_start, interrupted
 from _kernel_types cimport real, cell_t
 
 # Logit cells between two looks at pending signals (a row of a small vocabulary is cheaper
@@ -27,6 +30,20 @@ cdef inline double _row_logsumexp(const real[::1] logits) noexcept nogil:
     for column in range(logits.shape[0]):
         total += exp(logits[column] - maximum)
     return maximum + log(total)
+
+
+cdef inline void _add_row_gradient(
+    const real[::1] logits,  # [V], one selected row
+    double logsumexp,
+    cell_t target,
+    double scale,
+    real[::1] dlogits,  # [V], accumulated into
+) noexcept nogil:
+    """``dlogits += scale * (softmax(logits) - onehot(target))``, one row."""
+    cdef Py_ssize_t column
+    for column in range(logits.shape[0]):
+        dlogits[column] += <real>(scale * exp(logits[column] - logsumexp))
+    dlogits[target] -= <real>scale
 
 
 def indexed_nll_forward(
@@ -67,21 +84,78 @@ def indexed_nll_backward(
 ):
     """Add ``scale * (softmax - onehot(target))`` into each selected row of ``dlogits``."""
     cdef Py_ssize_t count = rows.shape[0]
-    cdef Py_ssize_t classes = logits.shape[1]
-    cdef Py_ssize_t item, row, column, since = 0
+    cdef Py_ssize_t item, since = 0
     cdef Interrupt interrupt
     with nogil:
         interrupt_start(&interrupt)
         for item in range(count):
-            since += classes
+            since += logits.shape[1]
             if since >= CHECK_CELLS:
                 since = 0
                 if interrupted(&interrupt):
                     break
-            row = rows[item]
-            for column in range(classes):
-                dlogits[row, column] += <real>(
-                    scale * exp(logits[row, column] - logsumexp[item])
-                )
-            dlogits[row, targets[item]] -= <real>scale
+            _add_row_gradient(logits[rows[item]], logsumexp[item], targets[item], scale, dlogits[rows[item]])
+    interrupt_finish(&interrupt)
+
+
+def occurrence_logprob_sums(
+    const double[::1] losses not None,  # [N], -log p(target) from indexed_nll_forward
+    const int64_t[::1] offsets not None,  # [n + 1], non-decreasing from 0 to N
+    double[::1] values not None,  # [N], log p(target)
+    double[::1] sums not None,  # [n], log p summed over each occurrence's items
+):
+    """Write each item's log-probability and each occurrence's sum of them.
+
+    Each sum adds its items in index order from 0.0 (an occurrence without items sums
+    to 0.0), so the result depends on nothing but the inputs.
+    """
+    cdef Py_ssize_t occurrence, item
+    cdef Py_ssize_t since = 0
+    cdef double total
+    cdef Interrupt interrupt
+    with nogil:
+        interrupt_start(&interrupt)
+        for occurrence in range(sums.shape[0]):
+            since += offsets[occurrence + 1] - offsets[occurrence] + 1
+            if since >= CHECK_CELLS:
+                since = 0
+                if interrupted(&interrupt):
+                    break
+            total = 0.0
+            for item in range(offsets[occurrence], offsets[occurrence + 1]):
+                values[item] = -losses[item]
+                total += values[item]
+            sums[occurrence] = total
+    interrupt_finish(&interrupt)
+
+
+def occurrence_logprob_backward(
+    const real[:, ::1] logits not None,  # [cells, V]
+    const Py_ssize_t[::1] rows not None,  # [N]
+    const cell_t[::1] targets not None,  # [N]
+    const double[::1] logsumexp not None,  # [N], from indexed_nll_forward
+    const int64_t[::1] offsets not None,  # [n + 1], non-decreasing from 0 to N
+    const double[::1] weights not None,  # [n], d(objective)/d(sum of occurrence k)
+    real[:, ::1] dlogits not None,  # [cells, V], accumulated into on selected rows only
+):
+    """Add ``weights[k] * (onehot(target) - softmax)`` into each selected row of occurrence ``k``:
+    the gradient of ``sum_k weights[k] * sum(log p)`` over the occurrence's items."""
+    cdef Py_ssize_t occurrence, item
+    cdef Py_ssize_t since = 0
+    cdef double scale
+    cdef Interrupt interrupt
+    with nogil:
+        interrupt_start(&interrupt)
+        for occurrence in range(weights.shape[0]):
+            scale = -weights[occurrence]  # log p is minus the loss
+            for item in range(offsets[occurrence], offsets[occurrence + 1]):
+                since += logits.shape[1]
+                if since >= CHECK_CELLS:
+                    since = 0
+                    if interrupted(&interrupt):
+                        break
+                _add_row_gradient(logits[rows[item]], logsumexp[item], targets[item], scale,
+                                  dlogits[rows[item]])
+            if interrupt_requested(&interrupt):
+                break
     interrupt_finish(&interrupt)

@@ -132,6 +132,13 @@ class BatchLayout:
         """The occurrences as ``OCCURRENCE_DTYPE`` records (built on first use)."""
         return self._placements.records()
 
+    @property
+    def occurrence_records(self) -> np.ndarray:
+        """The occurrences as one read-only structured array (``ordinal``, ``row``, ``start``,
+        ``stop`` int64 and ``segment`` int32) in the order of ``occurrences``: sorted by
+        row, then start. Built once, with no Python object per occurrence."""
+        return self._records
+
     @cached_property
     def segment_starts(self) -> np.ndarray:
         """The first permitted key column of every query, int32 ``[rows, T]``, read-only.
@@ -166,6 +173,11 @@ class BatchLayout:
             Occurrence(int(o), int(r), range(int(a), int(b)), int(s))
             for o, r, a, b, s in self._records.tolist()
         ]
+
+    @property
+    def example_ids(self) -> tuple[str, ...]:
+        """The ID of each occurrence's example, in record order (without building the examples)."""
+        return tuple(self._source.example_id(ordinal) for ordinal in self._records["ordinal"].tolist())
 
     @property
     def examples(self) -> list[SequenceExample]:

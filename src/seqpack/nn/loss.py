@@ -48,11 +48,13 @@ class MaskedLoss:
         return self.gradients()
 
 
-def _eligible(targets, loss_mask, classes: int, cells_shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _eligible(targets, loss_mask, classes: int, cells_shape, *,
+              allow_none: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Flat eligible cells, their row indices (intp) and their gold classes (int32).
 
     ``loss_mask`` (bool, or integers 0 and 1) and ``targets`` (integers) must have the
-    logits' cell shape ``cells_shape``."""
+    logits' cell shape ``cells_shape``. No eligible cell at all is an error (the mean has
+    no denominator) unless ``allow_none``."""
     mask = np.asarray(loss_mask)
     targets = np.asarray(targets)
     for name, array in (("loss_mask", mask), ("targets", targets)):
@@ -68,7 +70,7 @@ def _eligible(targets, loss_mask, classes: int, cells_shape) -> tuple[np.ndarray
     if targets.dtype.kind not in "iu":
         raise InvalidInputError(f"targets must be integers, got dtype {targets.dtype}")
     cells = np.flatnonzero(mask)
-    if cells.size == 0:
+    if cells.size == 0 and not allow_none:
         raise InvalidInputError("the batch has zero loss-eligible targets; the mean loss is undefined")
     gold = targets.reshape(-1)[cells]
     outside = (gold < 0) | (gold >= classes)
