@@ -3,6 +3,7 @@
 ``pack`` turns a corpus into a packed dataset on disk, ``stats`` reports it (text, JSON,
 an SVG figure), ``verify`` checks every checksum and batch invariant, ``show`` draws a
 batch's cells beside its permission matrices (of a dataset or of a chapter fixture),
+``score`` runs a Hugging Face causal LM over a dataset and writes each example's NLL,
 ``demo`` prints a chapter's JSON trace and ``bench`` runs a benchmark.
 
 Exit status: 0 on success (also when the reader of the output goes away, as in
@@ -17,6 +18,7 @@ import argparse
 import errno
 import importlib.util
 import json
+import math
 import os
 import signal
 import sys
@@ -32,6 +34,8 @@ POLICY_CHOICES = ("next-fit", "first-fit-decreasing", "best-fit-decreasing")
 PARTITION_CHOICES = ("train", "validation", "test")
 #: Columns ``show`` draws of a dataset's row unless ``--columns`` says otherwise.
 SHOWN_COLUMNS = 48
+#: ``score --dtype``: the model's dtype, by the name of its torch dtype.
+SCORE_DTYPES = ("float32", "float64", "bfloat16")
 
 
 def _refused_inputs() -> str:
@@ -137,6 +141,27 @@ def _add_dataset_commands(commands) -> None:
     show.set_defaults(run=_show)
 
 
+def _add_score(commands) -> None:
+    score = commands.add_parser(
+        "score", help="score a packed dataset with a causal LM: each example's NLL to Parquet",
+        description="Run a Hugging Face causal LM saved with save_pretrained (read offline) over a packed dataset "
+                    "under seqpack attention; write one row per example (input, line, example_id, targets, "
+                    "nll_sum, nll_mean, perplexity) to a Parquet file (written into a temporary sibling and renamed "
+                    "into place only when complete), then print the loss and perplexity over all targets.")
+    score.add_argument("dataset", type=Path, metavar="DIR")
+    score.add_argument("--model", required=True, type=Path, metavar="MODEL_DIR",
+                       help="a directory written by save_pretrained (AutoModelForCausalLM)")
+    score.add_argument("--out", required=True, type=Path, metavar="FILE", help="the Parquet file to create")
+    score.add_argument("--force", action="store_true", help="replace an existing FILE")
+    score.add_argument("--batches", type=int, metavar="N", help="score only the first N batches (default: all)")
+    score.add_argument("--threads", type=int, metavar="N", help="torch and attention-kernel threads")
+    score.add_argument("--dtype", choices=SCORE_DTYPES, default="float32",
+                       help="the model's dtype (default float32)")
+    score.add_argument("--quiet", action="store_true", help="no progress bar")
+    score.add_argument("--json", action="store_true", help="print the totals as JSON")
+    score.set_defaults(run=_score)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that lets a failed write of help or version text to stdout raise (argparse
     ignores it), so that ``main`` reports it like any other failed write."""
@@ -159,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_pack(commands)
     _add_dataset_commands(commands)
+    _add_score(commands)
     demo_parser = commands.add_parser("demo", help="print a chapter fixture's JSON trace",
                                       description="Print a chapter fixture's JSON trace.")
     demo_parser.add_argument("trace", choices=sorted(TRACES), help="which trace to print")
@@ -389,6 +415,136 @@ def _verify(args) -> int:
     return 0
 
 
+def _score(args) -> int:
+    from .io import open_dataset
+    from .io.progress import Progress
+    from .io.scores import check_scores_output, import_parquet, scores_table, write_scores
+
+    check_scores_output(args.out, args.force, args.dataset)
+    dataset = open_dataset(args.dataset)
+    import_parquet()
+    torch, hf = _import_hf("seqpack score")
+    if args.threads is not None:
+        _set_threads(torch, args.threads)
+    model = _causal_lm(args.model, getattr(torch, args.dtype), hf)
+    count = len(dataset) if args.batches is None else min(args.batches, len(dataset))
+    # evaluate refuses a vocabulary smaller than the dataset's before the first forward.
+    evaluation = hf.evaluate(model, _scored_batches(dataset, count, Progress(enabled=not args.quiet)))
+    loss = float(evaluation.loss)
+    summary = {"dataset": str(args.dataset), "model": str(args.model), "dtype": args.dtype, "out": str(args.out),
+               "batches": count, "dataset_batches": len(dataset), "examples": len(evaluation.example_ids),
+               "targets": int(evaluation.total_targets), "nll_sum": float(evaluation.nll_sums.sum()),
+               "loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf}
+    # A signal before the rename leaves nothing; one from the rename on, a complete file.
+    late = write_scores(scores_table(dataset, evaluation, summary), args.out, force=args.force, dataset=args.dataset)
+    try:
+        _print_score(args, summary)
+        args.signals.check()
+    except (KeyboardInterrupt, Terminated):
+        late = True
+    if late:
+        args.signals.answered()
+        print(f"seqpack: {args.out} is complete: it was written before the signal took effect", file=sys.stderr)
+    return 0
+
+
+def _print_score(args, summary: dict) -> None:
+    if args.json:
+        _print_json(summary)
+        return
+    from .io.render import printable
+
+    part = "" if summary["batches"] == summary["dataset_batches"] else f" of {summary['dataset_batches']:,}"
+    print(f"scored {_counted(summary['examples'], 'example')}, {_counted(summary['targets'], 'target')} "
+          f"({_counted(summary['batches'], 'batch', 'batches')}{part}) of {printable(summary['dataset'])} with "
+          f"{printable(summary['model'])} in {summary['dtype']}")
+    print(f"loss {summary['loss']:.6f} nats per target (token-weighted mean), perplexity {summary['perplexity']:.6g}")
+    print(f"wrote {printable(summary['out'])}")
+
+
+def _scored_batches(dataset, count: int, progress):
+    """The dataset's first ``count`` batches (sharing one set of buffers: each is scored
+    before the next is asked for), the bar advanced by each one's targets then."""
+    targets = dataset.batch_targets()
+    progress.phase("scoring", int(targets[:count].sum()), " targets")
+    try:
+        for number, batch in zip(range(count), dataset.batches(reuse_buffers=True)):
+            yield batch
+            progress.advance(int(targets[number]))
+    finally:
+        progress.close()
+
+
+def _import_hf(command: str):
+    """``torch`` and ``seqpack.hf``, or an error naming the extra (``HF_HUB_OFFLINE`` set
+    unless the environment says otherwise: nothing is downloaded)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import torch
+
+        from . import hf
+    except ImportError:
+        from .io.readers import missing_extra
+
+        raise missing_extra(command, "hf") from None
+    return torch, hf
+
+
+def _set_threads(torch, threads: int) -> None:
+    """``threads`` for torch and for seqpack's kernels, which follow the OpenMP runtime's
+    limit: ``torch.set_num_threads`` sets it when both use one runtime, threadpoolctl (if
+    installed) when they do not."""
+    from ._openmp import max_threads
+
+    torch.set_num_threads(threads)
+    if max_threads() != threads and importlib.util.find_spec("threadpoolctl") is not None:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(threads, user_api="openmp")
+
+
+def _causal_lm(path: Path, dtype, hf):
+    """The causal LM saved at ``path``, in ``dtype``, under seqpack attention, in eval mode;
+    anything else at ``path`` is an InvalidInputError naming it."""
+    if not path.is_dir():
+        problem = "not a directory" if path.exists() else "no such directory"
+        raise InvalidInputError(f"{path}: {problem} (--model takes a directory written by save_pretrained)")
+    if not (path / "config.json").is_file():
+        raise InvalidInputError(f"{path}: no config.json: not a model written by save_pretrained")
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers.utils import logging as hf_logging
+
+    hf.register()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # what matters of its warnings is refused below
+    hf_logging.disable_progress_bar()  # the command draws its own
+    try:
+        try:
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError, KeyError) as error:
+            raise InvalidInputError(f"{path}: not a transformers model: {_first_line(error)}") from None
+        if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+            raise InvalidInputError(f"{path}: a {config.model_type!r} model is not a causal LM "
+                                    f"(AutoModelForCausalLM has no class for it)")
+        config.use_cache = False
+        try:
+            model, loading = AutoModelForCausalLM.from_pretrained(
+                path, config=config, dtype=dtype, attn_implementation=hf.NAME, local_files_only=True,
+                output_loading_info=True)
+        except (OSError, ValueError, KeyError, RuntimeError) as error:
+            raise InvalidInputError(f"{path}: cannot load the model: {_first_line(error)}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    absent = sorted(loading["missing_keys"]) + sorted(str(key) for key in loading["mismatched_keys"])
+    if absent:
+        raise InvalidInputError(f"{path}: the checkpoint lacks {_counted(len(absent), 'weight')} of the model "
+                                f"(first: {absent[0]}), which would score with random values")
+    return model.eval()
+
+
 def _counted(number: int, noun: str, plural: str | None = None) -> str:
     """``"1 batch"``, ``"2 batches"``: the number with thousands separators and the noun it takes."""
     return f"{number:,} {noun if number == 1 else plural or noun + 's'}"
@@ -495,7 +651,7 @@ def _check_flag_ranges(args) -> None:
 
     ranges = {"capacity": (1, INT32_MAX), "rows_per_batch": (1, INT32_MAX), "threads": (1, MAX_THREADS),
               "shards": (1, None), "workers": (1, None), "batch": (0, None), "row": (0, None),
-              "repeats": (1, 1000), "layers": (1, 256), "max_document_tokens": (3, 1 << 40)}
+              "batches": (1, None), "repeats": (1, 1000), "layers": (1, 256), "max_document_tokens": (3, 1 << 40)}
     for name, (minimum, maximum) in ranges.items():
         value = getattr(args, name, None)
         if value is None:
@@ -505,6 +661,12 @@ def _check_flag_ranges(args) -> None:
             raise UsageError(f"{flag} must be at least {minimum}")
         if maximum is not None and value > maximum:
             raise UsageError(f"{flag} is {value}; the maximum is {maximum}")
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (another library's, which may run on for lines)."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def _one_line(message) -> str:

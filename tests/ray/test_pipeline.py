@@ -522,7 +522,7 @@ def test_a_later_pack_removes_what_a_killed_ray_run_left(signal_corpus, tmp_path
     out = tmp_path / "out"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)
-    host = publish._host()
+    host = publish.this_host()
     partial = tmp_path / f".out.seqpack-partial-{host}-{pid}-0123456789ab"
     (partial / "part-00000").mkdir(parents=True)
     live = tmp_path / f".other.seqpack-partial-{host}-{os.getpid()}-0123456789ab"

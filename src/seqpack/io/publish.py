@@ -165,13 +165,13 @@ LEFTOVER = re.compile(r"^\.(?P<out>.+)\.seqpack-(?P<kind>partial|old)-(?P<host>[
 MANIFEST_TEMPORARY = re.compile(r"^\." + re.escape(MANIFEST) + r"\.[A-Za-z0-9._]+-\d+-[0-9a-f]{12}\.partial$")
 
 
-def _host() -> str:
+def this_host() -> str:
     """This machine's name as temporary names carry it (letters, digits and dots, at most 32)."""
     return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:32] or "host"
 
 
 def _writer_tag() -> str:
-    return f"{_host()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    return f"{this_host()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 def temporary_sibling(out: Path, kind: str) -> Path:
@@ -208,17 +208,26 @@ def remove_leftovers(parent: Path) -> list[str]:
     no complete dataset: nothing, or an incomplete one, which goes); everything else a
     dead writer left is removed. A writer still running, or one on another host (a
     shared file system), is left alone."""
-    removed, host = [], _host()
+    removed, host = [], this_host()
     with contextlib.suppress(OSError), _renames_locked(parent):
         for entry in sorted(parent.iterdir()):
             _remove_leftover(parent, entry, host, removed)
     return removed
 
 
-def _remove_leftover(parent: Path, entry: Path, host: str, removed: list) -> None:
-    """Clear up ``entry`` (see :func:`remove_leftovers`) if a dead writer on ``host`` left it."""
+def left_by_a_dead_writer(entry: Path, host: str):
+    """The :data:`LEFTOVER` match of ``entry`` if a seqpack writer on ``host`` left it and is
+    no longer running, else None (a link is never a leftover)."""
     match = LEFTOVER.match(entry.name)
     if match is None or match["host"] != host or _alive(int(match["pid"])) or entry.is_symlink():
+        return None
+    return match
+
+
+def _remove_leftover(parent: Path, entry: Path, host: str, removed: list) -> None:
+    """Clear up ``entry`` (see :func:`remove_leftovers`) if a dead writer on ``host`` left it."""
+    match = left_by_a_dead_writer(entry, host)
+    if match is None:
         return
     target = parent / match["out"]
     with contextlib.suppress(OSError):
@@ -316,7 +325,7 @@ def check_output(out: Path, force: bool, inputs=()) -> None:
                                     f"outside the inputs")
 
 
-def _check_name_length(out: Path) -> None:
+def check_name_length(out: Path) -> None:
     """Refuse an output whose temporary siblings' names would be too long for the file system."""
     longest = len(temporary_sibling(out, "partial").name.encode())
     try:
@@ -340,7 +349,7 @@ def pending_dataset(out: Path, force: bool, inputs=()):
     caller finishes with :func:`publish`, which renames it into place.
     """
     check_output(out, force, inputs)
-    _check_name_length(out)
+    check_name_length(out)
     remove_leftovers(out.parent)
     staging = temporary_sibling(out, "partial")
     staging.mkdir()
