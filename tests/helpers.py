@@ -450,3 +450,18 @@ def _gloo_rank(rank: int, world_size: int, port: int, check: Callable[[int, int]
     # the GIL, which finalization refuses by ending the thread inside C++ (std::terminate,
     # SIGABRT: about once in a hundred runs under load with torch 2.13, seen in a core dump).
     os._exit(0)
+
+
+def supervised_table(lengths, seed, binding, *, ids=False):
+    """Whole framed documents of ``lengths`` predictions (at least 2), random content, and a
+    random supervision leaving each example at least one supervised target (``ids``: named
+    ``doc-0``, ``doc-1``...)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.maximum(np.asarray(lengths, dtype=np.int64), 2)
+    offsets = np.concatenate(([0], np.cumsum(lengths + 1)))
+    tokens = rng.integers(2, 258, size=int(offsets[-1]), dtype=np.int32)
+    tokens[offsets[:-1]], tokens[offsets[1:] - 1] = 0, 1
+    supervised = rng.random(tokens.shape[0]) < rng.uniform(0.2, 1.0)
+    supervised[offsets[:-1] + 1 + rng.integers(0, lengths)] = True
+    names = [f"doc-{i}" for i in range(len(lengths))] if ids else None
+    return sp.ExampleTable.from_arrays(tokens, offsets, binding, supervised=supervised, ids=names)

@@ -21,7 +21,7 @@ from seqpack.chapters.probe import constructed_logits, gold_probabilities
 from seqpack.nn import OccurrenceLogprobs, masked_loss, sequence_logprobs
 from seqpack.nn import _loss
 from seqpack.nn.autograd import Tensor
-from helpers import assert_close, numerical_gradient
+from helpers import assert_close, numerical_gradient, supervised_table
 
 pytestmark = pytest.mark.kernel
 
@@ -56,22 +56,8 @@ def reference(logits, batch, weights=None):
     return np.array(sums), np.array(counts), np.array(values), gradient
 
 
-def supervised_table(lengths, seed):
-    """Whole documents of ``lengths`` predictions (at least 2), random content and a random
-    supervision leaving each example at least one supervised target."""
-    rng = np.random.default_rng(seed)
-    lengths = np.maximum(np.asarray(lengths, dtype=np.int64), 2)
-    offsets = np.concatenate(([0], np.cumsum(lengths + 1)))
-    tokens = rng.integers(2, 258, size=int(offsets[-1]), dtype=np.int32)
-    tokens[offsets[:-1]], tokens[offsets[1:] - 1] = 0, 1
-    supervised = rng.random(tokens.shape[0]) < rng.uniform(0.2, 1.0)
-    supervised[offsets[:-1] + 1 + rng.integers(0, lengths)] = True
-    ids = [f"doc-{i}" for i in range(len(lengths))]
-    return sp.ExampleTable.from_arrays(tokens, offsets, BINDING, supervised=supervised, ids=ids)
-
-
 def batches(lengths, rows, extra, policy, seed):
-    table = supervised_table(lengths, seed)
+    table = supervised_table(lengths, seed, BINDING, ids=True)
     if policy == "padded":
         return list(sp.pad(table, sp.PadConfig(rows), partition=TRAIN, binding=BINDING))
     capacity = int(table.lengths.max()) + extra

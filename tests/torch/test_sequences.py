@@ -18,6 +18,7 @@ import seqpack.torch as st  # noqa: E402
 from seqpack.chapters.fixtures import chapter_batch  # noqa: E402
 from seqpack.chapters.probe import constructed_logits, gold_probabilities  # noqa: E402
 from seqpack.torch.objective import loss_sum  # noqa: E402
+from helpers import supervised_table  # noqa: E402
 
 TRAIN = sp.Partition.TRAIN
 BINDING = sp.BatchBinding.fixture()
@@ -30,21 +31,8 @@ def hf():
     return pytest.importorskip("seqpack.hf", reason="seqpack.hf needs transformers: pip install 'seqpack[hf]'")
 
 
-def supervised_table(lengths, seed):
-    """Whole documents of ``lengths`` predictions, random content and a random supervision
-    that leaves every example at least one supervised target."""
-    rng = np.random.default_rng(seed)
-    lengths = np.maximum(np.asarray(lengths, dtype=np.int64), 2)
-    offsets = np.concatenate(([0], np.cumsum(lengths + 1)))
-    tokens = rng.integers(2, 258, size=int(offsets[-1]), dtype=np.int32)
-    tokens[offsets[:-1]], tokens[offsets[1:] - 1] = 0, 1
-    supervised = rng.random(tokens.shape[0]) < rng.uniform(0.2, 0.9)
-    supervised[offsets[:-1] + 1 + rng.integers(0, lengths)] = True
-    return sp.ExampleTable.from_arrays(tokens, offsets, BINDING, supervised=supervised)
-
-
 def batches(lengths, rows, extra, policy, seed, padded=False):
-    table = supervised_table(lengths, seed)
+    table = supervised_table(lengths, seed, BINDING)
     if padded:
         return list(sp.pad(table, sp.PadConfig(rows), partition=TRAIN, binding=BINDING))
     capacity = int(table.lengths.max()) + extra
