@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -222,15 +223,15 @@ def _entry(batch: dict, name: str, what: str, dim: int, shape=None) -> torch.Ten
 
 def _batch_targets(batch: BatchLayout) -> _Targets:
     """A batch's cells: its occurrence records own its valid cells, in row-major order."""
-    occurrences = batch.occurrences
-    lengths = torch.tensor([len(o.columns) for o in occurrences], dtype=torch.int64)
+    records = batch.occurrence_records                                                   # no object per occurrence
+    lengths = torch.from_numpy((records["stop"] - records["start"]).astype(np.int64))
     token_valid, loss_mask = shared_tensor(batch.token_valid), shared_tensor(batch.loss_mask)
     owners = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)             # [valid cells]
     rows, columns = torch.nonzero(loss_mask, as_tuple=True)
     return _Targets(
         "the batch", tuple(batch.shape), rows, columns, shared_tensor(batch.targets)[loss_mask].long(),
         torch.bincount(owners[loss_mask[token_valid]], minlength=lengths.numel()),
-        torch.tensor([o.ordinal for o in occurrences], dtype=torch.int64), batch.example_ids,
+        torch.from_numpy(records["ordinal"].astype(np.int64)), batch.example_ids,
     )
 
 
