@@ -223,7 +223,11 @@ class PackingCollator:
     is 1 and its label, if given, is not -100. ``completion_mask`` is read unless
     ``completion_only_loss`` is False (as ``SFTConfig(completion_only_loss=False)`` ignores
     it), ``assistant_masks`` always. Entry 0 is no target (transformers' and TRL's
-    collators write -100 there): its value never counts.
+    collators write -100 there): its value never counts. A plain ``transformers.Trainer``
+    drops every column its model's ``forward`` does not name before the collator sees it,
+    ``completion_mask`` included (TRL 1.16's ``SFTTrainer`` has turned the masks into
+    ``labels`` by then): give such a Trainer ``remove_unused_columns=False``, or the
+    prompts are supervised too.
 
     Refused with an :class:`~seqpack.InvalidInputError` naming the feature: a label other
     than -100 that differs from the ``input_ids`` token (packing cannot carry arbitrary
