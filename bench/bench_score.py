@@ -26,7 +26,10 @@ Each round runs every method once, in turn, so load changes hit all of them; fig
 medians over rounds and the ratios medians of per-round ratios. Every method's per-example
 sums are checked against seqpack's (the largest difference is printed). Then
 ``seqpack.torch.sequence_logprobs`` against ``seqpack.torch.objective.loss_sum`` on the same
-logits (one seqpack batch's, float32), forward and forward + backward (target: within 1.1x).
+logits (one seqpack batch's, float32), forward and forward + backward (target: within 1.1x),
+and the peak memory each forward adds to its logits, each measured alone in a fresh process
+(the growth of its resident set above the one before, on Linux), beside the bound ``sequence_logprobs`` states: one
+``[cells, vocabulary]`` tensor in the logits' dtype.
 Printed beside them: the CPU, the threads, the load average before and after, the float32
 matmul peak measured in this run and the peak RSS.
 """
@@ -38,6 +41,7 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 
@@ -57,6 +61,55 @@ def documents(count: int) -> list[np.ndarray]:
     sizes = np.clip(np.rint(rng.lognormal(np.log(250), 1.0, count)), 3, CAPACITY + 1).astype(int)
     content = np.random.default_rng(1)
     return [np.concatenate([[0], content.integers(2, 258, size=n - 2), [1]]).astype(np.int64) for n in sizes]
+
+
+def score_plan(docs: list[np.ndarray]):
+    """The seqpack plan of ``docs``: best-fit-decreasing batches of ``ROWS_PER_BATCH`` rows of ``CAPACITY``."""
+    import seqpack as sp
+
+    binding = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="bench-score")
+    offsets = np.concatenate([[0], np.cumsum([d.size for d in docs])]).astype(np.int64)
+    table = sp.ExampleTable.from_arrays(np.concatenate(docs), offsets, binding)
+    return sp.plan(table, sp.PackConfig(capacity=CAPACITY, rows_per_batch=ROWS_PER_BATCH),
+                   partition=sp.Partition.TRAIN, binding=binding, policy="best-fit-decreasing")
+
+
+#: Run in a fresh process (Linux): how far the resident set grows above what it was before one
+#: forward of ``sys.argv[1]`` on random float32 logits of the first batch's shape and
+#: ``sys.argv[3]`` classes (the peak is reset through ``/proc/self/clear_refs`` first).
+MEMORY_PROBE = """
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[4])
+from bench_score import documents, score_plan
+from seqpack.torch import sequence_logprobs
+from seqpack.torch.objective import loss_sum
+def kib(field):
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
+def forward(logits, batch):
+    return sequence_logprobs(logits, batch).sums if sys.argv[1] == "sequence_logprobs" else loss_sum(logits, batch)[0]
+small = score_plan(documents(1)).batch(0)  # a first call starts the thread pools, not counted
+forward(torch.randn(*small.shape, int(sys.argv[3])), small)
+batch = score_plan(documents(int(sys.argv[2]))).batch(0)
+logits = torch.randn(*batch.shape, int(sys.argv[3]))
+with open("/proc/self/clear_refs", "w") as refs:
+    refs.write("5")  # the peak resident set (VmHWM) starts again from the current one
+before = kib("VmRSS")
+result = forward(logits, batch)
+print(json.dumps({"extra_bytes": (kib("VmHWM") - before) * 1024, "logits_bytes": logits.numel() * logits.element_size()}))
+"""
+
+
+def logprob_memory(examples: int, classes: int) -> dict:
+    """Peak bytes each forward adds to its logits, each in a fresh process."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = {}
+    for which in ("sequence_logprobs", "loss_sum"):
+        done = subprocess.run([sys.executable, "-c", MEMORY_PROBE, which, str(examples), str(classes), here],
+                              capture_output=True, text=True, check=True)
+        found[which] = json.loads(done.stdout.splitlines()[-1])
+    return found
 
 
 def make_model(torch, hf):
@@ -207,7 +260,6 @@ def main(argv=None) -> dict:
     import torch
     import transformers
 
-    import seqpack as sp
     import seqpack.hf as hf
     from seqpack._threads import kernel_threads
     from seqpack.bench.measure import cpu_description, matmul_peak
@@ -216,11 +268,7 @@ def main(argv=None) -> dict:
     load_before = os.getloadavg()
     peak = matmul_peak("float32")[0]
     docs = documents(args.examples)
-    binding = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="bench-score")
-    offsets = np.concatenate([[0], np.cumsum([d.size for d in docs])]).astype(np.int64)
-    table = sp.ExampleTable.from_arrays(np.concatenate(docs), offsets, binding)
-    plan = sp.plan(table, sp.PackConfig(capacity=CAPACITY, rows_per_batch=ROWS_PER_BATCH),
-                   partition=sp.Partition.TRAIN, binding=binding, policy="best-fit-decreasing")
+    plan = score_plan(docs)
     targets = int(sum(d.size - 1 for d in docs))
     model = make_model(torch, hf)
     methods = Methods(torch, hf, model, docs, plan)
@@ -238,6 +286,7 @@ def main(argv=None) -> dict:
     first_batch = plan.batch(0)
     (sequence_fwd, loss_fwd, sequence_both, loss_both), logits_shape, difference = logprob_timings(
         torch, model, hf, first_batch, max(5, args.repeats))
+    memory = logprob_memory(args.examples, logits_shape[-1])
     load_after = os.getloadavg()
 
     reference = sums["seqpack"]
@@ -267,7 +316,7 @@ def main(argv=None) -> dict:
         "logprobs": {"logits": list(logits_shape), "sequence_logprobs": {"forward": sequence_fwd,
                                                                          "forward_backward": sequence_both},
                      "loss_sum": {"forward": loss_fwd, "forward_backward": loss_both},
-                     "total_difference": difference},
+                     "total_difference": difference, "forward_peak_memory": memory},
     }
     if args.json:
         json.dump(result, sys.stdout, indent=2)
@@ -309,6 +358,12 @@ def main(argv=None) -> dict:
         share = mine[0] / theirs[0]
         print(f"| {label} | {mine[0] * 1e3:.2f} | {theirs[0] * 1e3:.2f} | {share:.2f}x | "
               f"{'met' if share <= 1.1 else 'not met'} |")
+    logits_bytes = memory["loss_sum"]["logits_bytes"]
+    print(f"\npeak memory a forward adds to its logits ({logits_bytes / 2**20:.0f} MiB, float32), each alone in a "
+          f"fresh process: sequence_logprobs {memory['sequence_logprobs']['extra_bytes'] / 2**20:.1f} MiB "
+          f"({memory['sequence_logprobs']['extra_bytes'] / logits_bytes:.2f} of the logits; the stated bound is "
+          f"1.00), loss_sum {memory['loss_sum']['extra_bytes'] / 2**20:.1f} MiB "
+          f"({memory['loss_sum']['extra_bytes'] / logits_bytes:.2f})")
     return result
 
 
