@@ -385,9 +385,9 @@ def trainer(cls, net, features, tmp_path):
     return cls(model=net, args=args, eval_dataset=features, data_collator=collator)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("attention", ["seqpack", "sdpa"])
-def test_trainer_eval_loss_is_token_weighted(float64, tmp_path, attention):
+def weighted_setup(attention="seqpack"):
+    """``(Weighted, features, net, scored)``: the mixin before ``Trainer``, the trainer
+    features, a float64 Llama with ``attention`` and each feature scored alone."""
     from transformers import Trainer
 
     class Weighted(sph.TokenWeightedEvaluation, Trainer):
@@ -395,7 +395,15 @@ def test_trainer_eval_loss_is_token_weighted(float64, tmp_path, attention):
 
     features = trainer_features()
     net = hf_cases.model("llama", torch.float64, attention=attention, initializer_range=0.3)
-    scored = alone_scores(net, features)
+    return Weighted, features, net, alone_scores(net, features)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ["seqpack", "sdpa"])
+def test_trainer_eval_loss_is_token_weighted(float64, tmp_path, attention):
+    from transformers import Trainer
+
+    Weighted, features, net, scored = weighted_setup(attention)
     expected = scored.sum(0)[0] / scored.sum(0)[1]
 
     weighted = trainer(Weighted, net, features, tmp_path).evaluate()
@@ -415,12 +423,7 @@ def test_trainer_eval_loss_is_token_weighted(float64, tmp_path, attention):
 def test_every_evaluation_loop_is_token_weighted_and_training_is_untouched(float64, tmp_path):
     from transformers import Trainer
 
-    class Weighted(sph.TokenWeightedEvaluation, Trainer):
-        pass
-
-    features = trainer_features()
-    net = hf_cases.model("llama", torch.float64, initializer_range=0.3)
-    scored = alone_scores(net, features)
+    Weighted, features, net, scored = weighted_setup()
     expected = scored.sum(0)[0] / scored.sum(0)[1]
     run = trainer(Weighted, net, features, tmp_path)
     assert_close(run.evaluate(metric_key_prefix="val")["val_loss"], expected, "val_loss")
@@ -437,14 +440,9 @@ def test_every_evaluation_loop_is_token_weighted_and_training_is_untouched(float
 @pytest.mark.slow
 def test_labels_without_shift_labels_are_shifted_as_the_models_loss_shifts_them(float64, tmp_path):
     """transformers' own flattening collator gives unshifted ``labels`` only (-100 where masked)."""
-    from transformers import DataCollatorWithFlattening, Trainer
+    from transformers import DataCollatorWithFlattening
 
-    class Weighted(sph.TokenWeightedEvaluation, Trainer):
-        pass
-
-    features = trainer_features()
-    net = hf_cases.model("llama", torch.float64, initializer_range=0.3)
-    scored = alone_scores(net, features)
+    Weighted, features, net, scored = weighted_setup()
     flattened = [{"input_ids": f["input_ids"],
                   "labels": [t if m else -100 for t, m in zip(f["input_ids"], f.get("completion_mask",
                                                                                       [1] * len(f["input_ids"])))]}
