@@ -232,6 +232,37 @@ def write_jsonl(path, records, blank_lines=False):
     return path
 
 
+def pyarrow():
+    """pyarrow, or the test skipped (the corpus extra)."""
+    return pytest.importorskip("pyarrow",
+                               reason="Parquet and Arrow need the corpus extra: pip install 'seqpack[corpus]'")
+
+
+def datasets_library():
+    """``datasets`` with its progress bars off, or the test skipped (the bench extra)."""
+    datasets = pytest.importorskip("datasets", reason="save_to_disk directories come from the bench extra: "
+                                                      "pip install 'seqpack[bench]'")
+    datasets.disable_progress_bars()
+    return datasets
+
+
+def write_parquet(path, records, **options):
+    """A Parquet file of ``records`` (dicts) at ``path``; returns the path."""
+    pa = pyarrow()
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(records), path, **options)
+    return path
+
+
+def write_saved(path, records, num_shards=3):
+    """A ``datasets.Dataset.save_to_disk`` directory of ``records`` in ``num_shards`` files; returns the path."""
+    datasets = datasets_library()
+    columns = {key: [record[key] for record in records] for key in records[0]}
+    datasets.Dataset.from_dict(columns).save_to_disk(str(path), num_shards=num_shards)
+    return path
+
+
 def write_megatron(prefix, documents, dtype=np.uint16):
     """A Megatron indexed dataset ``PREFIX.idx/.bin`` (the layout of ECOSYSTEM.md)."""
     from seqpack.io.readers import MEGATRON_DTYPES, MEGATRON_MAGIC
@@ -371,8 +402,9 @@ TOOL_CALL = [{"role": "user", "content": "weather?"},
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the weather of a city"}}]
 
 
-def trl_rows(bound, tmp_path, records, *, template=None, eos="<|eos|>", **config):
-    """TRL's own preparation of ``records``: the rows of a constructed ``SFTTrainer``'s train dataset."""
+def trl_rows(bound, tmp_path, records, *, template=None, eos="<|eos|>", preference=False, **config):
+    """TRL's own preparation of ``records``: the rows of a constructed ``SFTTrainer``'s train
+    dataset (``DPOTrainer``'s with ``preference``, given a reference model)."""
     pytest.importorskip("torch", reason="TRL needs PyTorch: pip install 'seqpack[hf]'")
     datasets = pytest.importorskip("datasets", reason="TRL's datasets come with the bench extra: "
                                                       "pip install 'seqpack[bench]'")
@@ -385,10 +417,13 @@ def trl_rows(bound, tmp_path, records, *, template=None, eos="<|eos|>", **config
     processing.chat_template = template
     model = LlamaForCausalLM(LlamaConfig(vocab_size=bound.vocabulary_size, hidden_size=16, intermediate_size=32,
                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
-    args = trl.SFTConfig(output_dir=str(tmp_path), report_to=[], max_length=None, use_cpu=True, bf16=False, **config)
-    trainer = trl.SFTTrainer(model=model, args=args, processing_class=processing,
-                             train_dataset=datasets.Dataset.from_list(records))
-    return list(trainer.train_dataset)
+    settings, trainer, more = trl.SFTConfig, trl.SFTTrainer, {}
+    if preference:
+        settings, trainer, more = trl.DPOConfig, trl.DPOTrainer, {"ref_model": LlamaForCausalLM(model.config)}
+    args = settings(output_dir=str(tmp_path), report_to=[], max_length=None, use_cpu=True, bf16=False, **config)
+    prepared = trainer(model=model, args=args, processing_class=processing,
+                       train_dataset=datasets.Dataset.from_list(records), **more)
+    return list(prepared.train_dataset)
 
 
 # --- the seqpack command --------------------------------------------------------------
@@ -465,3 +500,23 @@ def supervised_table(lengths, seed, binding, *, ids=False):
     supervised[offsets[:-1] + 1 + rng.integers(0, lengths)] = True
     names = [f"doc-{i}" for i in range(len(lengths))] if ids else None
     return sp.ExampleTable.from_arrays(tokens, offsets, binding, supervised=supervised, ids=names)
+
+
+def preference_table(lengths, seed, binding, *, ids=False):
+    """Preference pairs as DPO makes them: examples ``2p`` and ``2p + 1`` (``lengths`` of them,
+    an even count, each at least 1 prediction) are pair ``p``'s chosen and rejected
+    sequences, the ranges ``[0, n + 1)`` of documents ``[BOS, content..., EOS]`` that share a
+    random prompt (BOS first) and are supervised on the rest, their completion (``ids``:
+    named ``c0``, ``r0``, ``c1``...)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    documents, supervised, ranges = [], [], []
+    for chosen, rejected in lengths.reshape(-1, 2).tolist():
+        prompt = [0, *rng.integers(2, 258, size=int(rng.integers(0, min(chosen, rejected)))).tolist()]
+        for n in (chosen, rejected):
+            documents.append([*prompt, *rng.integers(2, 258, size=n + 1 - len(prompt)).tolist(), 1])
+            supervised.append([False] * len(prompt) + [True] * (n + 2 - len(prompt)))
+            ranges.append((0, n + 1))
+    names = [f"{'cr'[i % 2]}{i // 2}" for i in range(len(lengths))] if ids else None
+    return sp.ExampleTable.from_arrays(*flat(documents), binding, ranges=ranges, supervised=np.concatenate(supervised),
+                                       ids=names)

@@ -14,7 +14,7 @@ import os
 import time
 import warnings
 
-from helpers import one_error_line, run, write_megatron
+from helpers import one_error_line, pyarrow, run, write_megatron
 
 TOKENIZER = sp.ByteTokenizer()
 BINDING = sp.BatchBinding.for_tokenizer(TOKENIZER, split="tests")
@@ -448,10 +448,6 @@ def test_the_byte_path_needs_neither_pyarrow_nor_tqdm_nor_tokenizers(tmp_path, m
 
 def pack_readers(readers, out):
     return io.pack_corpus(readers, out, config=sp.PackConfig(64, 2), tokenizer=TOKENIZER, binding=BINDING)
-
-
-def pyarrow():
-    return pytest.importorskip("pyarrow", reason="Parquet and Arrow need the corpus extra: pip install 'seqpack[corpus]'")
 
 
 def test_an_arrow_stream_in_a_directory_is_not_read_as_text(tmp_path):

@@ -15,19 +15,7 @@ from seqpack import io
 from seqpack.io import readers
 from seqpack.io.readers import SavedDataset
 
-from helpers import write_jsonl
-
-
-def pyarrow():
-    return pytest.importorskip("pyarrow",
-                               reason="Parquet and Arrow need the corpus extra: pip install 'seqpack[corpus]'")
-
-
-def datasets_library():
-    datasets = pytest.importorskip("datasets", reason="save_to_disk directories come from the bench extra: "
-                                                      "pip install 'seqpack[bench]'")
-    datasets.disable_progress_bars()
-    return datasets
+from helpers import datasets_library, pyarrow, write_jsonl, write_parquet, write_saved
 
 
 #: The same records of each kind, every format; each kind with its corners.
@@ -55,21 +43,6 @@ RECORDS = {
          "labels": [3, -100, 2**40]},
     ],
 }
-
-
-def write_parquet(path, records, **options):
-    pa = pyarrow()
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.Table.from_pylist(records), path, **options)
-    return path
-
-
-def write_saved(path, records, num_shards=3):
-    datasets = datasets_library()
-    columns = {key: [record[key] for record in records] for key in records[0]}
-    datasets.Dataset.from_dict(columns).save_to_disk(str(path), num_shards=num_shards)
-    return path
 
 
 def one_kind(chunk):
@@ -157,19 +130,6 @@ def test_each_record_is_read_by_trls_precedence_ids_then_prompts_then_messages_t
     named = tmp_path / "named.jsonl"  # a field named by the user is read as text, whatever else is there
     write_jsonl(named, [{"prompt": "p", "completion": "c", "input_ids": [1]}])
     assert records_of(io.JsonLines(named, text_field="prompt")) == [(1, {"text": "p"})]
-
-
-@pytest.mark.parametrize("record", [
-    {"prompt": "p", "chosen": "a", "rejected": "b"}, {"chosen": [{"role": "user", "content": "a"}], "rejected": []},
-    {"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": [3]},
-])
-def test_preference_records_are_refused_as_not_yet_supported(tmp_path, record):
-    path = write_jsonl(tmp_path / "pairs.jsonl", [record])
-    message = r"pairs\.jsonl:1: preference records \('chosen(_ids)?' and 'rejected(_ids)?', for DPO\) are not supported"
-    with pytest.raises(sp.InvalidInputError, match=message):
-        list(io.JsonLines(path).chunks(0))
-    with pytest.raises(sp.InvalidInputError, match=r"^Table: preference records .* not supported yet"):
-        io.ArrowBatches(pyarrow().Table.from_pylist([record])).record_kind
 
 
 def test_masks_are_carried_exactly_and_per_record(tmp_path):

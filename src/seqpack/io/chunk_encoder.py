@@ -4,8 +4,9 @@ Texts are encoded a chunk at a time with the tokenizer's own parallelism and fra
 ``[BOS, content..., EOS]`` (no BOS for a tokenizer without one); pre-tokenized documents
 are framed too (or taken as already framed), unless they carry masks: TRL's prepared
 records are taken as given, as their masks describe them. Prompt-completion records and
-conversations are encoded as TRL encodes them (:mod:`seqpack.io.record_encoders`), with
-their supervision, and taken as given. Every chunk is validated in one kernel pass, and
+conversations are encoded as TRL encodes them (:mod:`seqpack.io.record_encoders`), and
+preference records as its ``DPOTrainer`` does (:mod:`seqpack.io.preference_encoders`),
+with their supervision, and taken as given. Every chunk is validated in one kernel pass, and
 an error names the document's file and line (or row), and records them as its ``path``
 and ``line``.
 """
@@ -23,7 +24,8 @@ from ..data.binding import BatchBinding
 from ..data.supervision import target_counts, trl_fault, trl_supervised
 from ..errors import InvalidInputError, SeqpackError, TokenizerError
 from .tokenizer_file import TokenizerFailure, TokenizerFile, frame, frame_where
-from .readers import DocumentChunk, Input
+from .readers import PREFERENCE_IDS, DocumentChunk, Input
+from .preference_encoders import encode_conversational_preference, encode_preference, encode_preference_ids
 from .record_encoders import (
     RecordError,
     encode_conversational_prompt_completion,
@@ -44,7 +46,9 @@ class SupervisionOptions:
     ``completion_only_loss`` (prompt-completion records and ``completion_mask`` columns
     supervise the completion only), ``chat_template`` (the Jinja text that renders
     conversations), ``assistant_only_loss`` (supervise its ``{% generation %}`` spans only)
-    and ``template_limits`` (the time and output each record's rendering may take)."""
+    and ``template_limits`` (the time and output each record's rendering may take).
+    Preference records are supervised on their completions whatever the two losses say,
+    as TRL's ``DPOConfig`` has neither."""
 
     completion_only_loss: bool = True
     chat_template: str | None = None
@@ -65,9 +69,13 @@ class Encoded:
     """A chunk's valid documents: int32 ``tokens`` with int64 ``offsets``, each
     document's ``inputs`` and ``locations``, and how many empty documents were skipped.
     ``supervised`` (None: every target) is aligned with ``tokens``; ``supervision`` names
-    what it came from (``"prompt-completion"``, ``"conversation"`` or mask columns);
+    what it came from (``"prompt-completion"``, ``"conversation"``, ``"preference"``... or
+    mask columns);
     ``mismatched`` lists the documents whose prompt encoding is not a prefix of the joint
-    one; ``as_given`` (bool per document, None: none) the documents taken as given, not framed."""
+    one; ``as_given`` (bool per document, None: none) the documents taken as given, not framed.
+    ``paired``: documents ``2p`` and ``2p + 1`` are preference pair ``p``'s chosen and
+    rejected sequences (both of its record; none skipped, ``mismatched`` lists a pair's
+    chosen document)."""
 
     tokens: np.ndarray
     offsets: np.ndarray
@@ -78,6 +86,7 @@ class Encoded:
     supervision: tuple = ()
     mismatched: np.ndarray | None = None
     as_given: np.ndarray | None = None
+    paired: bool = False
 
 
 class ChunkEncoder:
@@ -87,8 +96,9 @@ class ChunkEncoder:
     pre-tokenized documents without masks are framed with the binding's BOS and EOS
     unless ``framed`` (their IDs then already start with BOS and end with EOS); those
     with masks, and fine-tuning records, are taken as given. Documents with no content
-    (no target, as given) are skipped and counted; every other rule break is an error
-    naming the document.
+    (no target, as given) are skipped and counted, except a preference pair's, which are
+    never split (:attr:`Encoded.paired`); every other rule break is an error naming the
+    document.
     """
 
     def __init__(self, binding: BatchBinding, tokenizer, inputs: list[Input], *, framed: bool = False,
@@ -118,18 +128,15 @@ class ChunkEncoder:
         return self.located(InvalidInputError(message), chunk.inputs[index], chunk.locations[index])
 
     def encode(self, chunk: DocumentChunk) -> Encoded:
+        if chunk.preference:
+            return self._preference_records(chunk)
         if chunk.prompts is not None or chunk.conversations is not None:
             return self._supervised_records(chunk)
         binding = self.binding
         supervised, supervision, as_given = None, (), None
         if chunk.ids is not None:
             values, offsets = chunk.ids
-            if values.size and values.dtype.kind not in "iu":
-                raise self.refused(chunk, 0, f"token IDs must be integers, not {values.dtype}")
-            self._check_int32(chunk, values, offsets)
-            if isinstance(self.tokenizer, TokenizerFile) and (bad := self.tokenizer.first_unknown(values)) >= 0:
-                raise self.refused(chunk, _document_of(offsets, bad), f"token ID {int(values[bad])} names no token "
-                                   f"of {self.tokenizer.path.name} (a gap in its IDs)")
+            self._check_ids(chunk, values, offsets)
             if chunk.masks:
                 supervised, supervision = self._masked(chunk, values, offsets)
                 as_given = chunk.masked if chunk.masked is not None else np.ones(len(chunk), dtype=bool)
@@ -177,17 +184,59 @@ class ChunkEncoder:
             raise self.refused(chunk, document, f"{entry}; a mask holds 0 and 1")
         return trl_supervised(values, chunk.masks, completion_only_loss=self.supervision.completion_only_loss)
 
+    def _check_ids(self, chunk: DocumentChunk, values: np.ndarray, offsets: np.ndarray, field: str = "") -> None:
+        """Token IDs (one row per record of ``chunk``) are integers that fit int32 and, with
+        a tokenizers file, name its tokens; the first that is not names its record (and
+        ``field``, when given)."""
+        named = f"field {field!r}: " if field else ""
+        if values.size and values.dtype.kind not in "iu":
+            raise self.refused(chunk, 0, f"{named}token IDs must be integers, not {values.dtype}")
+        self._check_int32(chunk, values, offsets, named)
+        if isinstance(self.tokenizer, TokenizerFile) and (bad := self.tokenizer.first_unknown(values)) >= 0:
+            raise self.refused(chunk, _document_of(offsets, bad), f"{named}token ID {int(values[bad])} names no "
+                               f"token of {self.tokenizer.path.name} (a gap in its IDs)")
+
+    def _check_tokenized(self, chunk: DocumentChunk, what: str, rendered: str | None) -> None:
+        """Records (``what``) need a tokenizers file, and records of messages (``rendered``:
+        what they are, None for strings) a chat template."""
+        if not isinstance(self.tokenizer, TokenizerFile):
+            raise self.refused(chunk, 0, f"{what} need a tokenizers file (--tokenizer FILE), not the byte tokenizer")
+        if rendered is not None and self.supervision.chat_template is None:
+            raise self.refused(chunk, 0, f"{rendered} need a chat template: --chat-template FILE.jinja")
+
+    def _preference_records(self, chunk: DocumentChunk) -> Encoded:
+        """Preference records, encoded as TRL's ``DPOTrainer`` encodes them: two documents
+        each (:attr:`Encoded.paired`), supervised on their completions."""
+        options = self.supervision
+        try:
+            if chunk.pair_ids is not None:
+                for field in PREFERENCE_IDS:
+                    self._check_ids(chunk, *chunk.pair_ids[field], field)
+                encoded = encode_preference_ids(*(chunk.pair_ids[field] for field in PREFERENCE_IDS))
+                supervision = "preference IDs"
+            else:
+                self._check_tokenized(chunk, "preference records", "conversational preference records (lists "
+                                      "of messages)" if chunk.conversational else None)
+                if chunk.conversational:
+                    encoded = encode_conversational_preference(
+                        self.tokenizer, chunk.prompts, chunk.chosen, chunk.rejected,
+                        chat_template=options.chat_template, tools=chunk.tools, template_kwargs=chunk.template_kwargs,
+                        limits=options.template_limits)
+                    supervision = "conversational preference"
+                else:
+                    encoded = encode_preference(self.tokenizer, chunk.prompts, chunk.chosen, chunk.rejected)
+                    supervision = "preference"
+        except RecordError as error:
+            raise self.refused(chunk, error.index, error.detail) from None
+        return self._validated(chunk, encoded.tokens, encoded.offsets, encoded.supervised, (supervision,),
+                               encoded.mismatched, as_given=np.ones(2 * len(chunk), dtype=bool), paired=True)
+
     def _supervised_records(self, chunk: DocumentChunk) -> Encoded:
         """Prompt-completion records or conversations, encoded as TRL encodes them."""
         options = self.supervision
-        if not isinstance(self.tokenizer, TokenizerFile):
-            raise self.refused(chunk, 0, "prompt-completion records and conversations need a tokenizers file "
-                                         "(--tokenizer FILE), not the byte tokenizer")
-        rendered = chunk.conversations is not None or chunk.conversational
-        if rendered and options.chat_template is None:
-            what = "conversations (a 'messages' field)" if chunk.conversations is not None else \
-                "conversational prompt-completion records (lists of messages)"
-            raise self.refused(chunk, 0, f"{what} need a chat template: --chat-template FILE.jinja")
+        rendered = "conversations (a 'messages' field)" if chunk.conversations is not None else \
+            "conversational prompt-completion records (lists of messages)" if chunk.conversational else None
+        self._check_tokenized(chunk, "prompt-completion records and conversations", rendered)
         template = {"chat_template": options.chat_template, "tools": chunk.tools,
                     "template_kwargs": chunk.template_kwargs, "limits": options.template_limits}
         try:
@@ -217,24 +266,19 @@ class ChunkEncoder:
         except UnicodeDecodeError as error:
             raise self.refused(chunk, index, f"not UTF-8 text (byte {error.start})") from None
 
-    def _check_int32(self, chunk: DocumentChunk, values: np.ndarray, offsets: np.ndarray) -> None:
+    def _check_int32(self, chunk: DocumentChunk, values: np.ndarray, offsets: np.ndarray, named: str) -> None:
         if not values.size or np.can_cast(values.dtype, np.int32):
             return
         low, high = int(values.min()), int(values.max())
         if low >= -INT32_MAX - 1 and high <= INT32_MAX:
             return
         bad = np.flatnonzero((values < -INT32_MAX - 1) | (values > INT32_MAX))[0]
-        raise self.refused(chunk, _document_of(offsets, bad), f"token ID {int(values[bad])} does not fit int32")
+        raise self.refused(chunk, _document_of(offsets, bad), f"{named}token ID {int(values[bad])} does not fit int32")
 
-    def _validated(self, chunk: DocumentChunk, tokens: np.ndarray, offsets: np.ndarray, supervised=None,
-                   supervision: tuple = (), mismatched=None, *, as_given: np.ndarray | None = None) -> Encoded:
-        """Skip empty documents (framed without content, or as given with no target),
-        check the rest in one kernel pass, name the first bad one (or the first whose
-        targets are all unsupervised)."""
+    def _empty(self, tokens: np.ndarray, offsets: np.ndarray, given: np.ndarray) -> np.ndarray:
+        """bool per document: framed without content, or as given with no target."""
         binding = self.binding
-        inputs, locations = chunk.inputs, chunk.locations
         lengths = np.diff(offsets)
-        given = np.zeros(lengths.shape[0], dtype=bool) if as_given is None else as_given
         empty = given & (lengths == 0)
         single = np.flatnonzero(given & (lengths == 1))  # no target: skipped, if its ID is in the vocabulary
         empty[single] = (tokens[offsets[:-1][single]] >= 0) & (tokens[offsets[:-1][single]] < binding.vocabulary_size)
@@ -244,6 +288,21 @@ class ChunkEncoder:
         if bare == 2:
             frames &= tokens[offsets[:-1][maybe]] == binding.bos_id
         empty[maybe[frames]] = True
+        return empty
+
+    def _validated(self, chunk: DocumentChunk, tokens: np.ndarray, offsets: np.ndarray, supervised=None,
+                   supervision: tuple = (), mismatched=None, *, as_given: np.ndarray | None = None,
+                   paired: bool = False) -> Encoded:
+        """Skip empty documents (framed without content, or as given with no target; none
+        when ``paired``: a pair's record is both its documents'), check the rest in one
+        kernel pass, name the first bad one (or the first whose targets are all unsupervised)."""
+        binding = self.binding
+        inputs, locations = chunk.inputs, chunk.locations
+        if paired:
+            inputs, locations = np.repeat(inputs, 2), np.repeat(locations, 2)
+        lengths = np.diff(offsets)
+        given = np.zeros(lengths.shape[0], dtype=bool) if as_given is None else as_given
+        empty = np.zeros(lengths.shape[0], dtype=bool) if paired else self._empty(tokens, offsets, given)
         skipped = int(empty.sum())
         if mismatched is not None:
             kept = np.flatnonzero(~empty)
@@ -256,7 +315,7 @@ class ChunkEncoder:
             offsets = np.concatenate(([0], np.cumsum(lengths[keep])))
             inputs, locations, given = inputs[keep], locations[keep], given[keep]
         encoded = Encoded(tokens, offsets, inputs, locations, skipped, supervised, supervision, mismatched,
-                          given if given.any() else None)
+                          given if given.any() else None, paired)
         if offsets.shape[0] == 1:
             return encoded
         pieces = binding.tokenizer.piece_lengths if binding.tokenizer is not None else np.zeros(0, np.int64)

@@ -20,7 +20,8 @@ Documents are taken as given (no BOS or EOS added; an EOS inside is content).
 ``supervised[j]`` says whether token ``j``, as a target, counts in the loss (the
 ``supervised`` array of :meth:`seqpack.ExampleTable.from_arrays`); a document's first
 token is never a target, so its value is always False. Rendering is bounded per record
-(:mod:`seqpack.io.templates`).
+(:mod:`seqpack.io.templates`). The helpers without a leading underscore are shared with
+:mod:`seqpack.io.preference_encoders` (TRL's ``DPOTrainer`` records).
 """
 
 from __future__ import annotations
@@ -55,9 +56,10 @@ class RecordError(InvalidInputError):
 class SupervisedDocuments:
     """Documents as given and their supervision.
 
-    ``tokens`` int32 ``[N]`` and ``offsets`` int64 ``[records + 1]``; ``supervised`` bool
-    ``[N]``; ``mismatched`` int64: the records whose prompt encoding is not a prefix of
-    their joint encoding (TRL warns once about them).
+    ``tokens`` int32 ``[N]`` and ``offsets`` int64 ``[documents + 1]`` (one per record, or
+    two per preference pair); ``supervised`` bool ``[N]``; ``mismatched`` int64: the
+    documents (of a pair, its first) whose prompt encoding is not a prefix of their joint
+    encoding (TRL warns once about them).
     """
 
     tokens: np.ndarray
@@ -78,14 +80,14 @@ def encode_prompt_completion(tokenizer: TokenizerFile, prompts, completions, *,
     completion that is not a ``str`` (named by record); a text the tokenizer cannot
     encode (named by record).
     """
-    prompts, completions = _records(tokenizer, prompts, completions)
+    prompts, completions = check_texts(tokenizer, {"prompts": prompts, "completions": completions})
     completion_only_loss = check_bool("completion_only_loss", completion_only_loss)
     eos = tokenizer.token_text(tokenizer.eos_id)
     joint = [prompt + (completion if completion.endswith(eos) else completion + eos)
              for prompt, completion in zip(prompts, completions)]
-    tokens, offsets = _encode(tokenizer, joint, "prompt + completion")
+    tokens, offsets = encode_texts(tokenizer, joint, "prompt + completion")
     if completion_only_loss:
-        prompt_ids, prompt_offsets = _encode(tokenizer, prompts, "prompt")
+        prompt_ids, prompt_offsets = encode_texts(tokenizer, prompts, "prompt")
         return _completion_supervised(tokens, offsets, prompt_ids, prompt_offsets)
     return _supervised_everywhere(tokens, offsets)
 
@@ -108,13 +110,13 @@ def encode_conversations(tokenizer: TokenizerFile, conversations, *, chat_templa
     ``{% generation %}`` and a conversation with no supervised assistant token (named by
     index).
     """
-    _check_template(tokenizer, chat_template, assistant_only_loss)
-    conversations = _conversations(conversations, "conversations")
+    check_template(tokenizer, chat_template, assistant_only_loss)
+    conversations = check_conversations(conversations, "conversations")
     if not conversations:
-        return _empty()
-    ids, masks = _render(tokenizer, conversations, chat_template, limits, tools, template_kwargs,
+        return no_documents()
+    ids, masks = render_conversations(tokenizer, conversations, chat_template, limits, tools, template_kwargs,
                          assistant_masks=assistant_only_loss)
-    tokens, offsets = _flat(ids)
+    tokens, offsets = flat_ids(ids)
     if not assistant_only_loss:
         return _supervised_everywhere(tokens, offsets)
     supervised = np.fromiter(chain.from_iterable(masks), dtype=bool, count=tokens.shape[0])
@@ -134,21 +136,20 @@ def encode_conversational_prompt_completion(
     supervises the completion only, ``assistant_only_loss`` the template's generation
     spans only (both: their intersection). Refused: as :func:`encode_conversations`, and
     a record with no supervised target (named)."""
-    _check_template(tokenizer, chat_template, assistant_only_loss)
+    check_template(tokenizer, chat_template, assistant_only_loss)
     completion_only_loss = check_bool("completion_only_loss", completion_only_loss)
-    prompts = _conversations(prompts, "prompts")
-    completions = _conversations(completions, "completions")
-    if len(prompts) != len(completions):
-        raise InvalidInputError(f"{len(prompts)} prompts but {len(completions)} completions: one of each per record")
+    prompts = check_conversations(prompts, "prompts")
+    completions = check_conversations(completions, "completions")
+    check_counts({"prompts": prompts, "completions": completions})
     if not prompts:
-        return _empty()
+        return no_documents()
     joint = [list(prompt) + list(completion) for prompt, completion in zip(prompts, completions)]
-    ids, masks = _render(tokenizer, joint, chat_template, limits, tools, template_kwargs,
+    ids, masks = render_conversations(tokenizer, joint, chat_template, limits, tools, template_kwargs,
                          assistant_masks=assistant_only_loss)
-    tokens, offsets = _flat(ids)
+    tokens, offsets = flat_ids(ids)
     if completion_only_loss:
-        prompt_ids, prompt_offsets = _flat(_render(tokenizer, prompts, chat_template, limits, tools, template_kwargs,
-                                                   generation_prompt=True)[0])
+        prompt_ids, prompt_offsets = flat_ids(render_conversations(tokenizer, prompts, chat_template, limits, tools,
+                                                                   template_kwargs, generation_prompt=True)[0])
         result = _completion_supervised(tokens, offsets, prompt_ids, prompt_offsets)
     else:
         result = _supervised_everywhere(tokens, offsets)
@@ -159,13 +160,13 @@ def encode_conversational_prompt_completion(
     return result
 
 
-def _check_tokenizer(tokenizer) -> None:
+def check_tokenizer(tokenizer) -> None:
     if not isinstance(tokenizer, TokenizerFile):
         raise InvalidInputError(f"tokenizer must be a seqpack.io.TokenizerFile, not {type(tokenizer).__name__}")
 
 
-def _check_template(tokenizer, chat_template, assistant_only_loss) -> None:
-    _check_tokenizer(tokenizer)
+def check_template(tokenizer, chat_template, assistant_only_loss) -> None:
+    check_tokenizer(tokenizer)
     assistant_only_loss = check_bool("assistant_only_loss", assistant_only_loss)
     if not isinstance(chat_template, str) or not chat_template.strip():
         raise InvalidInputError(f"chat_template must be the template's text (a non-empty str), "
@@ -175,25 +176,35 @@ def _check_template(tokenizer, chat_template, assistant_only_loss) -> None:
                                 "{% generation %} ... {% endgeneration %}; this template has no generation block")
 
 
-def _records(tokenizer, prompts, completions) -> tuple[list[str], list[str]]:
-    _check_tokenizer(tokenizer)
-    prompts, completions = _texts("prompts", prompts), _texts("completions", completions)
-    if len(prompts) != len(completions):
-        raise InvalidInputError(f"{len(prompts)} prompts but {len(completions)} completions: one of each per record")
-    for name, texts in (("prompt", prompts), ("completion", completions)):
-        if not set(map(type, texts)) <= {str}:
-            index = next(i for i, text in enumerate(texts) if not isinstance(text, str))
-            raise RecordError("record", index, f"the {name} must be a str, not {type(texts[index]).__name__}")
-    return prompts, completions
+def check_texts(tokenizer, columns: dict) -> list[list[str]]:
+    """``columns`` (``{plural name: one str per record}``, such as ``prompts`` and
+    ``completions``) as lists of equal length, for a :class:`TokenizerFile`; a value that
+    is not a ``str`` is named by record."""
+    check_tokenizer(tokenizer)
+    texts = {name: _sequence(name, values, "str") for name, values in columns.items()}
+    check_counts(texts)
+    for name, values in texts.items():
+        if not set(map(type, values)) <= {str}:
+            index = next(i for i, text in enumerate(values) if not isinstance(text, str))
+            raise RecordError("record", index, f"the {name.removesuffix('s')} must be a str, not "
+                                               f"{type(values[index]).__name__}")
+    return list(texts.values())
 
 
-def _texts(name: str, values) -> list:
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
-        raise InvalidInputError(f"{name} must be a sequence of str (one per record), not {type(values).__name__}")
+def check_counts(columns: dict) -> None:
+    """Every column (``{plural name: values}``) has one value per record."""
+    counts = [f"{len(values)} {name}" for name, values in columns.items()]
+    if len({len(values) for values in columns.values()}) > 1:
+        raise InvalidInputError(f"{', '.join(counts[:-1])} but {counts[-1]}: one of each per record")
+
+
+def _sequence(name: str, values, what: str) -> list:
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
+        raise InvalidInputError(f"{name} must be a sequence of {what}, one per record, not {type(values).__name__}")
     return list(values)
 
 
-def _encode(tokenizer: TokenizerFile, texts: list[str], what: str) -> tuple[np.ndarray, np.ndarray]:
+def encode_texts(tokenizer: TokenizerFile, texts: list[str], what: str) -> tuple[np.ndarray, np.ndarray]:
     """``tokenizer(text)`` of every text (special tokens added), as int32 with offsets."""
     try:
         ids, offsets = tokenizer.encode(texts, special_tokens=True)
@@ -204,25 +215,25 @@ def _encode(tokenizer: TokenizerFile, texts: list[str], what: str) -> tuple[np.n
     return ids.astype(np.int32), offsets
 
 
-def _flat(ids: list) -> tuple[np.ndarray, np.ndarray]:
+def flat_ids(ids: list) -> tuple[np.ndarray, np.ndarray]:
     """Lists of IDs as int32 values back to back with int64 offsets."""
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum([len(row) for row in ids], out=offsets[1:])
     return np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1])), offsets
 
 
-def _within(lengths: np.ndarray) -> np.ndarray:
+def positions_within(lengths: np.ndarray) -> np.ndarray:
     """Each flat entry's position inside its segment, for segments of ``lengths``."""
     ends = np.cumsum(lengths)
     total = int(ends[-1]) if ends.size else 0
     return np.arange(total, dtype=np.int64) - np.repeat(ends - lengths, lengths)
 
 
-def _common_prefix(ids: np.ndarray, offsets: np.ndarray, other: np.ndarray, other_offsets: np.ndarray) -> np.ndarray:
+def common_prefix(ids: np.ndarray, offsets: np.ndarray, other: np.ndarray, other_offsets: np.ndarray) -> np.ndarray:
     """Per record, the common prefix length of ``ids`` and ``other`` (both flat with
     offsets), compared over the first ``min`` of their lengths in one vectorized pass."""
     compared = np.minimum(np.diff(offsets), np.diff(other_offsets))
-    step = _within(compared)
+    step = positions_within(compared)
     record = np.repeat(np.arange(compared.shape[0]), compared)
     differ = ids[offsets[:-1][record] + step] != other[other_offsets[:-1][record] + step]
     prefix = compared.astype(np.int64)
@@ -236,12 +247,18 @@ def _common_prefix(ids: np.ndarray, offsets: np.ndarray, other: np.ndarray, othe
 
 def _completion_supervised(tokens, offsets, prompt_ids, prompt_offsets) -> SupervisedDocuments:
     """TRL's completion mask: ``[0] * common prefix + [1] * rest`` of each document."""
-    prefix = _common_prefix(prompt_ids, prompt_offsets, tokens, offsets)
+    prefix = common_prefix(prompt_ids, prompt_offsets, tokens, offsets)
     mismatched = np.flatnonzero(prefix < np.diff(prompt_offsets)).astype(np.int64)
+    return SupervisedDocuments(tokens, offsets, supervised_from(offsets, prefix), mismatched)
+
+
+def supervised_from(offsets: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """bool per token: each document's tokens from position ``starts[d]`` on, but never
+    its first token (no target)."""
     lengths = np.diff(offsets)
-    supervised = _within(lengths) >= np.repeat(prefix, lengths)
+    supervised = positions_within(lengths) >= np.repeat(starts, lengths)
     supervised[offsets[:-1][lengths > 0]] = False
-    return SupervisedDocuments(tokens, offsets, supervised, mismatched)
+    return supervised
 
 
 def _supervised_everywhere(tokens, offsets) -> SupervisedDocuments:
@@ -263,11 +280,10 @@ def _check_assistant_tokens(supervised: np.ndarray, offsets: np.ndarray, convers
                           f"assistant_only_loss (its roles: {roles}){every}")
 
 
-def _conversations(values, name: str) -> list:
-    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
-        raise InvalidInputError(f"{name} must be a sequence of conversations (lists of messages), "
-                                f"not {type(values).__name__}")
-    conversations = list(values)
+def check_conversations(values, name: str) -> list:
+    """``values`` (named ``name``) as a list of conversations: non-empty lists of dicts
+    with a ``str`` ``"role"``; a bad one is named by index."""
+    conversations = _sequence(name, values, "conversations (lists of messages)")
     for index, conversation in enumerate(conversations):
         if not isinstance(conversation, (list, tuple)) or not conversation:
             raise RecordError("conversation", index, f"a conversation is a non-empty list of messages, "
@@ -279,7 +295,7 @@ def _conversations(values, name: str) -> list:
     return conversations
 
 
-def _per_record(values, count: int, name: str) -> list:
+def per_record(values, count: int, name: str) -> list:
     """``values`` (None, or one entry per record) as a list of ``count`` entries."""
     if values is None:
         return [None] * count
@@ -289,7 +305,7 @@ def _per_record(values, count: int, name: str) -> list:
     return values
 
 
-def _render(tokenizer: TokenizerFile, conversations: list, chat_template: str, limits: TemplateLimits,
+def render_conversations(tokenizer: TokenizerFile, conversations: list, chat_template: str, limits: TemplateLimits,
             tools=None, template_kwargs=None, *, assistant_masks: bool = False, generation_prompt: bool = False):
     """``(input_ids, assistant_masks or None)`` lists, as TRL's ``_tokenize`` gets them from
     ``apply_chat_template``: one batched call when no record has tools or template
@@ -299,7 +315,7 @@ def _render(tokenizer: TokenizerFile, conversations: list, chat_template: str, l
     except ImportError:
         raise missing_extra("rendering conversations with a chat template", "hf") from None
     count = len(conversations)
-    tools, options = _per_record(tools, count, "tools"), _per_record(template_kwargs, count, "template_kwargs")
+    tools, options = per_record(tools, count, "tools"), per_record(template_kwargs, count, "template_kwargs")
     hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer.tokenizer, bos_token=tokenizer.token_text(tokenizer.bos_id),
                                  eos_token=tokenizer.token_text(tokenizer.eos_id))
 
@@ -345,6 +361,6 @@ def _which_failed(render, batch, indices, tools_of, options_of, full, error) -> 
     return InvalidInputError(f"the chat template failed on these conversations together: {error}")
 
 
-def _empty() -> SupervisedDocuments:
+def no_documents() -> SupervisedDocuments:
     nothing = np.zeros(0, dtype=np.int64)
     return SupervisedDocuments(np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(0, bool), nothing)

@@ -7,10 +7,10 @@ Every reader yields :class:`DocumentChunk` objects of bounded size (about
 its input. Text arrives as raw bytes or ``str``; pre-tokenized documents as one flat ID
 array with offsets (and their supervision masks aligned with it), read from Arrow list
 columns and Megatron ``.bin`` files through their flat values (no Python loop per token);
-supervised fine-tuning records as prompt-completion pairs or conversations (TRL 1.16's
-formats, each record's kind by :mod:`.records`); a reader's ``record_kind`` says which
-it reads. pyarrow is
-imported only by the readers that need it (the ``corpus`` extra).
+supervised fine-tuning records as prompt-completion pairs or conversations, and
+preference pairs (TRL 1.16's formats, each record's kind by :mod:`.records`); a reader's
+``record_kind`` says which it reads. pyarrow is imported only by the readers that need it
+(the ``corpus`` extra).
 
 The modules, each importing only those above it: :mod:`.base` (the records, the
 protocol, path checks and errors), :mod:`.sniff` (formats known by their bytes and
@@ -29,12 +29,13 @@ from .hf_disk import SavedDataset
 from .jsonl import JsonLines
 from .megatron import MEGATRON_DTYPES, MEGATRON_HEADER, Megatron
 from .readahead import Exclusive, read_ahead
-from .records import MASK_COLUMNS, RecordFields
+from .records import MASK_COLUMNS, PREFERENCE_IDS, RecordFields
 from .sniff import MEGATRON_MAGIC
 from .text import TextFiles
 
 __all__ = [
     "CHUNK_BYTES", "CHUNK_DOCUMENTS", "MASK_COLUMNS", "MEGATRON_DTYPES", "MEGATRON_HEADER", "MEGATRON_MAGIC",
+    "PREFERENCE_IDS",
     "ArrowBatches", "DocumentChunk", "Exclusive", "Input", "JsonLines", "Megatron", "Reader", "RecordFields",
     "SavedDataset", "TextFiles", "import_pyarrow", "input_path", "missing_extra", "not_a_file",
     "open_parquet", "read_ahead", "reader_for", "record_chunks", "record_columns",

@@ -1,11 +1,13 @@
 """Parquet, Arrow IPC files and streams, Feather, ``pyarrow.Table`` and
 ``datasets.Dataset``: record batches read by their columns' names, as
 :func:`~.records.find_record_fields` finds them (``input_ids`` with its mask columns,
-``prompt`` and ``completion``, ``messages``, ``text``). Text, token IDs and masks are
-handed over as their buffers (flat values and offsets: no Python object per document or
-token); prompts, completions and messages become Python objects, one per record. pyarrow
-(the ``corpus`` extra) is imported by :func:`import_pyarrow` when data is opened, never
-when this module is.
+a preference pair's ``prompt_ids``, ``chosen_ids`` and ``rejected_ids``, ``prompt`` and
+``completion``, a preference pair's ``prompt``, ``chosen`` and ``rejected`` or ``chosen``
+and ``rejected``, ``messages``, ``text``). Text, token IDs and masks are handed over as
+their buffers (flat values and offsets: no Python object per document or token);
+prompts, completions, a pair's texts and messages become Python objects, one per
+record. pyarrow (the ``corpus`` extra) is imported by :func:`import_pyarrow` when data
+is opened, never when this module is.
 """
 
 from __future__ import annotations
@@ -47,20 +49,20 @@ def open_parquet(name: str):
 
 def record_columns(schema, text_field: str | None, ids_field: str | None, name: str) -> RecordFields:
     """The columns an input's records are read from (:func:`~.records.find_record_fields`
-    on a pyarrow ``schema``'s names; list-typed ``prompt`` and ``completion`` columns make
-    conversational prompt-completion records); each must be there, once."""
+    on a pyarrow ``schema``'s names; a list-typed ``prompt`` column, or ``chosen`` for
+    an implicit prompt, makes the records conversational); each must be there, once."""
     check_fields(name, text_field, ids_field)
     names = list(schema.names)
-    found = find_record_fields(names, text_field, ids_field, where=f"{name}: ")
+    found = find_record_fields(names, text_field, ids_field)
     if found is None:
         raise InvalidInputError(f"{name}: no 'text' or 'input_ids' column (nor 'prompt' and 'completion', nor "
-                                f"'messages'); name one with --text-field or --ids-field")
+                                f"'chosen' and 'rejected', nor 'messages'); name one with --text-field or --ids-field")
     for column in found.read:
         if column not in names:
             raise InvalidInputError(f"{name}: no column {column!r} (columns: {', '.join(names)})")
         if names.count(column) > 1:
             raise InvalidInputError(f"{name}: {names.count(column)} columns are named {column!r}")
-    if found.kind == "prompt-completion" and _is_list(import_pyarrow(), schema.field("prompt").type):
+    if found.message_field is not None and _is_list(import_pyarrow(), schema.field(found.message_field).type):
         return found.as_conversational()
     return found
 
@@ -173,9 +175,10 @@ def arrow_chunk(batch, fields: RecordFields, input_index: int, first_row: int, w
     """One chunk from a record batch (or table): its records by ``fields``.
 
     Text is handed over as its UTF-8 buffer and offsets; IDs and masks as their flat
-    values and offsets, every mask row as long as its IDs row; prompts and completions
-    as lists of ``str``, messages as lists of ``{"role", "content"}`` dicts. A null
-    record or value, a wrong type or a mask of another length is named by its row.
+    values and offsets, every mask row as long as its IDs row (a pair's IDs: each
+    column's); prompts, completions and a pair's texts as lists of ``str``, messages as
+    lists of ``{"role", "content"}`` dicts. A null record or value, a wrong type or a
+    mask of another length is named by its row.
     """
     pa = import_pyarrow()
     columns = {}
@@ -199,22 +202,21 @@ def arrow_chunk(batch, fields: RecordFields, input_index: int, first_row: int, w
         nbytes = flat.nbytes + sum(values.nbytes for values in masks.values())
         masked = np.ones(count, dtype=bool) if masks else None
         return DocumentChunk(inputs, locations, nbytes, ids=(flat, offsets), masks=masks or None, masked=masked)
+    if fields.kind == "preference-ids":
+        pair_ids = {column: _integer_lists(pa, columns[column], column, f"a {column!r} value", first_row, where)
+                    for column in fields.fields}
+        return DocumentChunk(inputs, locations, sum(flat.nbytes for flat, _ in pair_ids.values()), pair_ids=pair_ids)
     nbytes = sum(int(array.nbytes) for array in columns.values())
     if fields.conversational:
-        template = _template_fields(pa, columns, fields, first_row, where)
-        if fields.kind == "conversation":
-            return DocumentChunk(inputs, locations, nbytes, **template,
-                                 conversations=_conversations(pa, columns["messages"], "messages", first_row, where))
-        prompts, completions = (_conversations(pa, columns[column], column, first_row, where)
-                                for column in fields.fields)
-        return DocumentChunk(inputs, locations, nbytes, prompts=prompts, completions=completions,
-                             conversational=True, **template)
+        values = {column: _conversations(pa, columns[column], column, first_row, where) for column in fields.fields}
+        return DocumentChunk.of_records(inputs, locations, nbytes, values, conversational=True,
+                                        **_template_fields(pa, columns, fields, first_row, where))
     for column in fields.fields:
         if not _is_string(pa, columns[column].type):
             raise InvalidInputError(f"{where.name}: column {column!r} of type {columns[column].type} is not a "
                                     f"string column")
-    prompts, completions = (_python_strings(columns[column], column, first_row, where) for column in fields.fields)
-    return DocumentChunk(inputs, locations, nbytes, prompts=prompts, completions=completions)
+    values = {column: _python_strings(columns[column], column, first_row, where) for column in fields.fields}
+    return DocumentChunk.of_records(inputs, locations, nbytes, values)
 
 
 def _mask(pa, array, mask: str, ids: str, offsets: np.ndarray, first_row: int, where: Input) -> np.ndarray:
@@ -233,13 +235,14 @@ class ArrowBatches(RecordReader):
     """Record batches of a Parquet file, an Arrow IPC file or stream, a ``pyarrow.Table`` or a
     ``datasets.Dataset``; rows count from 0. The columns are ``ids_field`` (lists of
     integer IDs) or ``text_field`` (strings), else found by name as
-    :func:`record_columns` finds them: ``text``; ``prompt`` and ``completion``
-    (strings); ``messages`` (lists of ``{role, content}`` structs of strings); else
-    ``input_ids``. Beside IDs, the mask columns there (``completion_mask``,
-    ``assistant_masks``, ``labels``) are read, each row as long as its IDs.
+    :func:`record_columns` finds them: ``input_ids``; ``prompt_ids``, ``chosen_ids`` and
+    ``rejected_ids`` (lists of integers); ``prompt`` and ``completion``; ``prompt``,
+    ``chosen`` and ``rejected``; ``chosen`` and ``rejected`` (strings, or lists of
+    ``{role, content}`` structs of strings); ``messages`` (such lists); else ``text``.
+    Beside IDs, the mask columns there (``completion_mask``, ``assistant_masks``,
+    ``labels``) are read, each row as long as its IDs.
 
-    ``record_kind`` (``"text"``, ``"ids"``, ``"prompt-completion"`` or
-    ``"conversation"``) and ``mask_columns`` say what the records are (found on first
+    ``record_kind`` and ``record_fields`` say what the records are (found on first
     use: this opens the file)."""
 
     BATCH_ROWS = 4096

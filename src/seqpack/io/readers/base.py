@@ -96,6 +96,11 @@ class Input:
         return f"{self.name} {self.unit} {location}"
 
 
+#: The :class:`DocumentChunk` field holding each record field's values, by the record field's name.
+RECORD_FIELD_ATTRIBUTES = {"prompt": "prompts", "completion": "completions", "chosen": "chosen",
+                           "rejected": "rejected", "messages": "conversations"}
+
+
 @dataclass
 class DocumentChunk:
     """Consecutive documents of one input.
@@ -103,15 +108,21 @@ class DocumentChunk:
     Exactly one of ``texts`` (a list of ``str`` or ``bytes``), ``text_buffer`` (UTF-8
     bytes as a uint8 array and int64 offsets), ``ids`` (flat integer IDs and int64
     offsets, one document each), ``prompts`` with ``completions`` (prompt-completion
-    records: lists of ``str``, or with ``conversational`` lists of messages) or
-    ``conversations`` (lists of messages, every key kept) is set. With ``ids``, ``masks``
+    records: lists of ``str``, or with ``conversational`` lists of messages),
+    ``conversations`` (lists of messages, every key kept), ``chosen`` with ``rejected``
+    (preference records, each a pair of documents: ``str``, or with ``conversational``
+    lists of messages; with ``prompts`` beside them, or without when the prompt is
+    implicit, the pair's shared beginning) or ``pair_ids`` (pre-tokenized preference
+    records: ``"prompt_ids"``, ``"chosen_ids"`` and ``"rejected_ids"``, each flat integer
+    IDs and int64 offsets, one row per record) is set (``conversational`` is also set
+    with ``conversations``). With ``ids``, ``masks``
     holds the records' supervision fields found by name, each flat integer values aligned
     with the IDs: ``completion_mask`` and ``assistant_masks`` (1 = supervised), ``labels``
     (-100 = unsupervised); a record without one of them holds 1s (its own IDs for
     ``labels``) there, and ``masked`` (bool per document; None: all) says which records carry any.
     Beside messages, ``tools`` and ``template_kwargs`` (None, or one entry per record) are
     what each record gives its chat template.
-    ``inputs`` and ``locations`` (int64) name each document's input (an index into the
+    ``inputs`` and ``locations`` (int64) name each record's input (an index into the
     readers' inputs) and its place there; ``nbytes`` counts the input bytes read.
     """
 
@@ -127,8 +138,26 @@ class DocumentChunk:
     completions: list | None = None
     conversational: bool = False
     conversations: list | None = None
+    chosen: list | None = None
+    rejected: list | None = None
+    pair_ids: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
     tools: list | None = None
     template_kwargs: list | None = None
+
+    @classmethod
+    def of_records(cls, inputs: np.ndarray, locations: np.ndarray, nbytes: int, values: dict, *,
+                   conversational: bool = False, tools: list | None = None,
+                   template_kwargs: list | None = None) -> DocumentChunk:
+        """The chunk of records whose ``values`` are lists by record field name (``prompt``,
+        ``completion``, ``chosen``, ``rejected``, ``messages``; see :data:`RECORD_FIELD_ATTRIBUTES`)."""
+        return cls(inputs, locations, nbytes, conversational=conversational, tools=tools,
+                   template_kwargs=template_kwargs,
+                   **{RECORD_FIELD_ATTRIBUTES[field]: list(column) for field, column in values.items()})
+
+    @property
+    def preference(self) -> bool:
+        """Whether each record is a preference pair (two documents: prompt + chosen, prompt + rejected)."""
+        return self.chosen is not None or self.pair_ids is not None
 
     def __len__(self) -> int:
         return int(self.locations.shape[0])
@@ -155,7 +184,8 @@ class DocumentChunk:
 class RecordReader:
     """What a reader of records (JSONL, Arrow) says of them, from its ``record_fields``:
     ``record_kind`` (``"text"``, ``"ids"``, ``"prompt-completion"``, ``"conversational
-    prompt-completion"`` or ``"conversation"``: every record of an input is of one kind)."""
+    prompt-completion"``, ``"conversation"`` or a preference kind, one of
+    :data:`~.records.PREFERENCE_KINDS`: every record of an input is of one kind)."""
 
     @property
     def record_kind(self) -> str:

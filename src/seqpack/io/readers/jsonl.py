@@ -1,9 +1,10 @@
 """JSON lines: one object a line, each a record of one kind: a text, token IDs (with
-supervision masks beside them), a prompt-completion pair or a conversation (TRL 1.16's
-dataset formats). Each record's kind and masks follow from its own fields
-(:mod:`.records`); a record of another kind than the file's first is an error naming its
-line. A reader splits at line boundaries into pieces whose errors still name the file's
-own lines; chunks end at ``CHUNK_BYTES`` or ``CHUNK_DOCUMENTS``, records whole.
+supervision masks beside them), a prompt-completion pair, a conversation or a
+preference pair (TRL 1.16's dataset formats). Each record's kind and masks follow from
+its own fields (:mod:`.records`); a record of another kind than the file's first is an
+error naming its line. A reader splits at line boundaries into pieces whose errors
+still name the file's own lines; chunks end at ``CHUNK_BYTES`` or ``CHUNK_DOCUMENTS``,
+records whole.
 """
 
 from __future__ import annotations
@@ -30,15 +31,7 @@ from .base import (
     input_path,
     not_a_file,
 )
-from .records import (
-    CONVERSATIONAL_PROMPT_COMPLETION,
-    MASK_COLUMNS,
-    RecordFields,
-    check_messages,
-    find_record_fields,
-    json_kind,
-    template_fields,
-)
+from .records import MASK_COLUMNS, RecordFields, check_messages, find_record_fields, json_kind, template_fields
 from .sniff import MAGIC_BYTES, check_text_file
 
 def _line_boundary(handle, offset: int, stop: int) -> int:
@@ -112,30 +105,34 @@ def _ids(record: dict, fields: RecordFields, where: Input, number: int) -> tuple
     return ids, masks
 
 
-def _prompt_completion(record: dict, fields: RecordFields, where: Input, number: int) -> tuple[str, str]:
-    return _string(record, "prompt", where, number), _string(record, "completion", where, number)
+def _strings(record: dict, fields: RecordFields, where: Input, number: int) -> tuple:
+    """Each field's string (a prompt and its completion, a pair's texts)."""
+    return tuple(_string(record, field, where, number) for field in fields.fields)
 
 
-def _conversational_prompt_completion(record: dict, fields: RecordFields, where: Input, number: int) -> tuple:
-    """The prompt's and the completion's messages, and what the record gives the template."""
+def _id_lists(record: dict, fields: RecordFields, where: Input, number: int) -> tuple:
+    """Each field's list of token IDs (a pre-tokenized pair's)."""
+    return tuple(_integers(record, field, where, number) for field in fields.fields)
+
+
+def _messages(record: dict, fields: RecordFields, where: Input, number: int) -> tuple:
+    """Each field's messages (every key kept), then what the record gives the template."""
     at = where.where(number)
-    return (check_messages(record["prompt"], "prompt", at), check_messages(record["completion"], "completion", at),
-            *template_fields(record, at))
+    values = []
+    for field in fields.fields:
+        messages = check_messages(record[field], field, at)
+        for index, message in enumerate(messages):
+            if isinstance(message.get("content"), str):
+                _utf8(message["content"], f"{field}[{index}]['content']", where, number)
+        values.append(messages)
+    return (*values, *template_fields(record, at))
 
 
-def _conversation(record: dict, fields: RecordFields, where: Input, number: int) -> tuple:
-    """The messages (every key kept), and what the record gives the template."""
-    at = where.where(number)
-    messages = check_messages(record["messages"], "messages", at)
-    for index, message in enumerate(messages):
-        if isinstance(message.get("content"), str):
-            _utf8(message["content"], f"messages[{index}]['content']", where, number)
-    return (messages, *template_fields(record, at))
-
-
-#: Each record kind's value from a record that has its fields, checked.
-_TAKE = {"text": _text, "ids": _ids, "prompt-completion": _prompt_completion,
-         "conversational prompt-completion": _conversational_prompt_completion, "conversation": _conversation}
+def _take(fields: RecordFields):
+    """The function that takes a record of ``fields``' kind, checked."""
+    if fields.conversational:
+        return _messages
+    return {"text": _text, "ids": _ids, "preference-ids": _id_lists}.get(fields.kind, _strings)
 
 
 class JsonLines(RecordReader):
@@ -143,11 +140,13 @@ class JsonLines(RecordReader):
     given (``text_field``: a string; ``ids_field``: a list of token IDs; not both), else
     by its own fields in TRL's precedence (:func:`~.records.find_record_fields`):
     ``"input_ids"`` (a list of token IDs) with the :data:`MASK_COLUMNS` that record has
-    (lists of ints as long as its IDs); ``"prompt"`` and ``"completion"`` (strings, or
-    lists of messages); ``"messages"`` (a non-empty list of objects with a string
-    ``"role"``, every key kept) with ``"tools"`` and ``"chat_template_kwargs"``; ``"text"``.
-    Every record must be of the kind of the file's first record. Blank lines are
-    skipped; lines count from 1.
+    (lists of ints as long as its IDs); ``"prompt_ids"``, ``"chosen_ids"`` and
+    ``"rejected_ids"`` (lists of token IDs); ``"prompt"`` and ``"completion"``;
+    ``"prompt"``, ``"chosen"`` and ``"rejected"``; ``"chosen"`` and ``"rejected"``
+    (strings, or each a non-empty list of objects with a string ``"role"``, every key
+    kept); ``"messages"`` (such a list); ``"text"``. Beside messages, ``"tools"`` and
+    ``"chat_template_kwargs"`` are read. Every record must be of the kind of the file's
+    first record. Blank lines are skipped; lines count from 1.
 
     ``record_kind`` says what the records are (found on first use: this reads the
     file's first record).
@@ -195,11 +194,10 @@ class JsonLines(RecordReader):
 
     def _fields(self, record: dict, number: int) -> RecordFields:
         """One record's fields: its kind and the masks and template fields it carries."""
-        fields = find_record_fields(record, self.text_field, self.ids_field,
-                                    where=f"{self.inputs[0].where(number)}: ")
+        fields = find_record_fields(record, self.text_field, self.ids_field)
         if fields is None:
             return RecordFields("text", ("text",))
-        if fields.kind == "prompt-completion" and isinstance(record.get("prompt"), list):
+        if fields.message_field is not None and isinstance(record.get(fields.message_field), list):
             return fields.as_conversational()
         return fields
 
@@ -241,17 +239,16 @@ class JsonLines(RecordReader):
         first, fields = self.record_fields, self._fields(record, number)
         where = self.inputs[0].where(number)
         if fields.kind != first.kind:
-            names = {"ids": "token-ID", CONVERSATIONAL_PROMPT_COMPLETION: CONVERSATIONAL_PROMPT_COMPLETION}
             if fields.kind == "text" and "text" not in record:  # none of the kinds' fields
                 missing = next((field for field in first.fields if field not in record), first.fields[0])
-                raise InvalidInputError(f"{where}: no field {missing!r} (the first record is a "
-                                        f"{names.get(first.kind, first.kind)} record: every record must be one)")
-            raise InvalidInputError(
-                f"{where}: a {names.get(fields.kind, fields.kind)} record, but the first record is a "
-                f"{names.get(first.kind, first.kind)} record: every record of an input must be of one kind")
+                raise InvalidInputError(f"{where}: no field {missing!r} (the first record is {first.a_record}: "
+                                        f"every record must be one)")
+            raise InvalidInputError(f"{where}: {fields.a_record}, but the first record is {first.a_record}: every "
+                                    f"record of an input must be of one kind")
         for field in fields.fields:
             if field not in record:
-                hint = "; name one with --text-field or --ids-field" if self.text_field is None else ""
+                hint = "; name one with --text-field or --ids-field" \
+                    if self.text_field is None and not fields.preference else ""
                 if fields.kind == "text" and "input_ids" in record:
                     hint = " (the line has 'input_ids': pass --ids-field input_ids)"
                 raise InvalidInputError(f"{where}: no field {field!r}{hint}")
@@ -275,9 +272,9 @@ class JsonLines(RecordReader):
                     raise InvalidInputError(f"{where.where(number)}: a JSON {json_kind(record)}, not an object "
                                             f"with {self.record_fields.described()}")
                 # Records of one shape share their fields: checked once per shape, not per record.
-                shape = (*record, isinstance(record.get("prompt"), list))
+                shape = (*record, isinstance(record.get("prompt"), list), isinstance(record.get("chosen"), list))
                 fields = known.get(shape) or known.setdefault(shape, self._checked_fields(record, number))
-                values.append(_TAKE[fields.kind](record, fields, where, number))
+                values.append(_take(fields)(record, fields, where, number))
                 lines.append(number)
                 size += len(line)
                 if size >= CHUNK_BYTES or len(values) >= CHUNK_DOCUMENTS:
@@ -289,20 +286,30 @@ class JsonLines(RecordReader):
     def _chunk(self, first_input: int, values: list, lines: list, size: int) -> DocumentChunk:
         locations = np.array(lines, dtype=np.int64)
         inputs = np.full(len(values), first_input, dtype=np.int64)
-        kind = self.record_fields.kind
-        if kind == "text":
+        fields = self.record_fields
+        if fields.kind == "text":
             return DocumentChunk(inputs, locations, size, texts=values)
-        if kind == "prompt-completion":
-            return DocumentChunk(inputs, locations, size, prompts=[v[0] for v in values],
-                                 completions=[v[1] for v in values])
-        if kind != "ids":  # rendered by a chat template
-            *messages, tools, options = zip(*values)
+        if fields.kind == "ids":
+            return self._ids_chunk(inputs, locations, size, values, lines)
+        if fields.kind == "preference-ids":
+            pair_ids = {}
+            for field, rows in zip(fields.fields, zip(*values)):
+                offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+                np.cumsum([len(row) for row in rows], out=offsets[1:])
+                pair_ids[field] = self._flat(rows, lines, field, offsets), offsets
+            return DocumentChunk(inputs, locations, size, pair_ids=pair_ids)
+        columns = list(zip(*values))
+        template = {}
+        if fields.conversational:  # rendered by a chat template
+            *columns, tools, options = columns
             template = {"tools": list(tools) if any(t is not None for t in tools) else None,
                         "template_kwargs": list(options) if any(options) else None}
-            if kind == "conversation":
-                return DocumentChunk(inputs, locations, size, conversations=list(messages[0]), **template)
-            return DocumentChunk(inputs, locations, size, prompts=list(messages[0]), completions=list(messages[1]),
-                                 conversational=True, **template)
+        return DocumentChunk.of_records(inputs, locations, size, dict(zip(fields.fields, columns)),
+                                        conversational=fields.conversational, **template)
+
+    def _ids_chunk(self, inputs: np.ndarray, locations: np.ndarray, size: int, values: list,
+                   lines: list) -> DocumentChunk:
+        """Token-ID records with the masks any of them has."""
         offsets = np.zeros(len(values) + 1, dtype=np.int64)
         np.cumsum([len(v[0]) for v in values], out=offsets[1:])
         ids = self._flat([v[0] for v in values], lines, self.record_fields.fields[0], offsets)
@@ -334,5 +341,6 @@ class JsonLines(RecordReader):
         except OverflowError:  # only on this error path: find the line
             low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
             line, value = next((line, v) for line, row in zip(lines, rows) for v in row if not low <= v <= high)
-            what = "token ID" if field == self.record_fields.fields[0] else f"field {field!r} value"
+            what = "token ID" if field == self.record_fields.fields[0] and self.record_fields.kind == "ids" \
+                else f"field {field!r} value"
             raise InvalidInputError(f"{self.inputs[0].where(line)}: {what} {value} does not fit int64") from None

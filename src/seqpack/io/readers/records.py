@@ -1,13 +1,15 @@
 """What a record of a structured input (JSONL, Parquet, Arrow) is, by TRL 1.16's rules.
 
 A record's kind follows from its fields, in TRL's precedence: token IDs
-(``input_ids``, with every mask field it carries), then ``prompt`` and ``completion``
-(strings, or lists of messages: a conversational prompt-completion record), then
-``messages``, then ``text``. A field named by the user (``--text-field``,
-``--ids-field``) decides instead. Preference records (``chosen`` and ``rejected``) are
-refused until seqpack packs preference pairs. Messages keep every key they have (a
-tool call's ``tool_calls``, a tool's ``name``), and a record's ``tools`` and
-``chat_template_kwargs`` go to the chat template as TRL passes them.
+(``input_ids``, with every mask field it carries; then a preference pair's
+``prompt_ids``, ``chosen_ids`` and ``rejected_ids``), then ``prompt`` and ``completion``,
+then a preference pair (TRL's DPO formats: ``prompt``, ``chosen`` and ``rejected``, or
+``chosen`` and ``rejected`` alone, their prompt implicit), then ``messages``, then
+``text``. Prompts, completions, chosen and rejected are strings, or lists of messages
+(a conversational record, known by its ``prompt``, else its ``chosen``). A field named by
+the user (``--text-field``, ``--ids-field``) decides instead. Messages keep every key
+they have (a tool call's ``tool_calls``, a tool's ``name``), and a record's ``tools``
+and ``chat_template_kwargs`` go to the chat template as TRL passes them.
 """
 
 from __future__ import annotations
@@ -21,22 +23,31 @@ from ...errors import InvalidInputError
 #: ``assistant_masks`` (1 = supervised), ``labels`` (-100 = unsupervised).
 MASK_COLUMNS = ("completion_mask", "assistant_masks", "labels")
 #: The record kinds found by their field names, in TRL's order of precedence after token IDs.
-KIND_FIELDS = {"prompt-completion": ("prompt", "completion"), "conversation": ("messages",), "text": ("text",)}
-#: Fields that make a preference record (TRL's DPO formats), explicit or implicit prompt.
-PREFERENCE_FIELDS = (("chosen", "rejected"), ("chosen_ids", "rejected_ids"))
+KIND_FIELDS = {"prompt-completion": ("prompt", "completion"), "preference": ("prompt", "chosen", "rejected"),
+               "implicit-prompt preference": ("chosen", "rejected"), "conversation": ("messages",),
+               "text": ("text",)}
+#: A pre-tokenized preference pair's fields (TRL's ``DataCollatorForPreference`` reads them);
+#: ``chosen_ids`` and ``rejected_ids`` make the kind, and all three must be there.
+PREFERENCE_IDS = ("prompt_ids", "chosen_ids", "rejected_ids")
 #: Fields a conversation's record may carry for its chat template.
 TEMPLATE_FIELDS = ("tools", "chat_template_kwargs")
-#: The kind of a prompt-completion record whose prompt and completion are lists of messages.
-CONVERSATIONAL_PROMPT_COMPLETION = "conversational prompt-completion"
+#: The kinds whose strings may instead be lists of messages, by the field that tells.
+MESSAGE_FIELD = {"prompt-completion": "prompt", "preference": "prompt", "implicit-prompt preference": "chosen"}
+#: The record kinds of preference pairs (each record two documents: prompt + chosen, prompt + rejected).
+PREFERENCE_KINDS = ("preference", "conversational preference", "implicit-prompt preference",
+                    "conversational implicit-prompt preference", "preference-ids")
+#: How errors name the kinds whose name is no phrase.
+KIND_NAMES = {"ids": "token-ID", "preference-ids": "token-ID preference"}
 
 
 @dataclass(frozen=True)
 class RecordFields:
     """What a record (or an input's records) is: ``kind`` (``"text"``, ``"ids"``,
-    ``"prompt-completion"``, :data:`CONVERSATIONAL_PROMPT_COMPLETION` or
-    ``"conversation"``), ``fields`` (the text or IDs field, ``prompt`` and ``completion``,
-    or ``messages``), ``masks`` (the :data:`MASK_COLUMNS` beside the IDs, in that order)
-    and ``extras`` (the :data:`TEMPLATE_FIELDS` beside prompts and conversations)."""
+    ``"prompt-completion"``, ``"conversational prompt-completion"`` (lists of messages),
+    ``"conversation"`` or one of :data:`PREFERENCE_KINDS`), ``fields`` (the text or IDs
+    field, ``prompt`` and ``completion``, ``messages``, or a preference pair's),
+    ``masks`` (the :data:`MASK_COLUMNS` beside the IDs, in that order) and ``extras``
+    (the :data:`TEMPLATE_FIELDS` beside prompts, pairs and conversations)."""
 
     kind: str
     fields: tuple[str, ...]
@@ -51,7 +62,23 @@ class RecordFields:
     @property
     def conversational(self) -> bool:
         """Whether the record is rendered by a chat template."""
-        return self.kind in ("conversation", CONVERSATIONAL_PROMPT_COMPLETION)
+        return self.kind == "conversation" or self.kind.startswith("conversational ")
+
+    @property
+    def preference(self) -> bool:
+        """Whether each record is a preference pair (two documents)."""
+        return self.kind in PREFERENCE_KINDS
+
+    @property
+    def message_field(self) -> str | None:
+        """The field whose being a list of messages makes the record conversational."""
+        return MESSAGE_FIELD.get(self.kind)
+
+    @property
+    def a_record(self) -> str:
+        """The kind as errors name a record of it (``a token-ID record`` for ``ids``)."""
+        name = KIND_NAMES.get(self.kind, self.kind)
+        return f"{'an' if name[0] in 'aeiou' else 'a'} {name} record"
 
     def described(self) -> str:
         """``field 'text'`` or ``fields 'prompt' and 'completion'``."""
@@ -59,16 +86,17 @@ class RecordFields:
         return f"field{'s' if len(self.fields) > 1 else ''} {names}"
 
     def as_conversational(self) -> RecordFields:
-        """The conversational prompt-completion kind of a prompt-completion record."""
-        return RecordFields(CONVERSATIONAL_PROMPT_COMPLETION, self.fields, self.masks, self.extras)
+        """The conversational kind of a prompt-completion or preference record."""
+        return RecordFields(f"conversational {self.kind}", self.fields, self.masks, self.extras)
 
 
 def find_record_fields(names, text_field: str | None, ids_field: str | None, *,
-                       ids_default: str | None = "input_ids", where: str = "") -> RecordFields | None:
+                       ids_default: str | None = "input_ids") -> RecordFields | None:
     """The fields of a record (or a table) whose field names are ``names``: ``ids_field``
     or ``text_field`` when given, else TRL's precedence (``ids_default`` with the mask
-    fields there, ``prompt`` and ``completion``, ``messages``, ``text``); ``None`` when
-    none is there. A preference record is an error naming ``where``."""
+    fields there, :data:`PREFERENCE_IDS` when ``chosen_ids`` and ``rejected_ids`` are
+    there, then :data:`KIND_FIELDS` in order); ``None`` when none is there. Whether the
+    record is conversational is the caller's to tell (:meth:`RecordFields.as_conversational`)."""
     names = set(names)
     masks = tuple(mask for mask in MASK_COLUMNS if mask in names)
     extras = tuple(extra for extra in TEMPLATE_FIELDS if extra in names)
@@ -78,11 +106,8 @@ def find_record_fields(names, text_field: str | None, ids_field: str | None, *,
         return RecordFields("text", (text_field,))
     if ids_default is not None and ids_default in names:
         return RecordFields("ids", (ids_default,), masks)
-    for fields in PREFERENCE_FIELDS:
-        if names.issuperset(fields) and not names.issuperset(KIND_FIELDS["prompt-completion"]):
-            raise InvalidInputError(
-                f"{where}preference records ({' and '.join(map(repr, fields))}, for DPO) are not supported yet: "
-                f"seqpack packs text, token IDs, prompt-completion records and conversations")
+    if names.issuperset(PREFERENCE_IDS[1:]):
+        return RecordFields("preference-ids", PREFERENCE_IDS)
     for kind, fields in KIND_FIELDS.items():
         if names.issuperset(fields):
             return RecordFields(kind, fields, (), extras if kind != "text" else ())
