@@ -346,3 +346,91 @@ def test_the_radix_order_is_numpys_stable_argsort(largest, count):
     assert np.array_equal(stable_order(keys, largest), np.argsort(keys, kind="stable"))
     # Flipped (longest first, no flipped copy): the stable argsort of largest - key.
     assert np.array_equal(stable_order(keys, largest, flip_from=largest), np.argsort(largest - keys, kind="stable"))
+
+
+# --- preference pairs: examples 2p and 2p + 1 placed as one item ----------------------------
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@settings(derandomize=True, max_examples=100, deadline=None)
+@given(case=length_lists(), data=st.data())
+def test_pairs_are_placed_as_their_joined_lengths(policy, case, data):
+    """Each item of ``length_lists`` cut into a chosen and a rejected part: the pairs take the
+    rows and starts the items take alone, the chosen at the start and the rejected right after."""
+    pair_lengths, capacity = case
+    pair_lengths = [n for n in pair_lengths if n > 1] if capacity > 1 else []
+    chosen = [data.draw(st.integers(1, n - 1)) for n in pair_lengths]
+    lengths = [part for whole, first in zip(pair_lengths, chosen) for part in (first, whole - first)]
+    alone = place(pair_lengths, capacity, policy)
+    paired = place(lengths, capacity, policy, pairs=True)
+    assert paired.row_count == alone.row_count and paired.policy == policy
+    assert paired.rows.tolist() == np.repeat(alone.rows, 2).tolist()
+    assert paired.starts[0::2].tolist() == alone.starts.tolist()
+    assert (paired.starts[1::2] == paired.starts[0::2] + np.asarray(chosen, dtype=np.int64)).all()
+    assert_valid_placement(lengths, capacity, paired)
+    with pytest.raises(ValueError, match="read-only"):
+        paired.starts[0] = 1
+
+
+def test_unpaired_placement_is_unchanged_by_the_keyword():
+    lengths = np.random.default_rng(4).integers(1, 20, size=300)
+    for policy in POLICIES:
+        default, unpaired = place(lengths, 20, policy), place(lengths, 20, policy, pairs=False)
+        assert np.array_equal(default.rows, unpaired.rows) and np.array_equal(default.starts, unpaired.starts)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_pair_at_capacity_passes_and_one_more_names_the_pair(policy):
+    assert place([3, 2, 1, 1], 5, policy, pairs=True).row_count == 2  # pair 0 fills its row exactly
+    with pytest.raises(CapacityError, match=r"^pair 1 \(examples 2 and 3\) has 6 predictions; capacity is 5; a pair's "
+                                            r"chosen and rejected sequences share one row$") as caught:
+        place([3, 2, 1, 5, 4, 4], 5, policy, pairs=True)
+    assert (caught.value.cells, caught.value.maximum) == (6, 5)
+    with pytest.raises(CapacityError, match=r"^example 3 has 6 predictions; capacity is 5$"):
+        place([3, 2, 1, 6], 5, policy, pairs=True)  # a sequence too long on its own is named first
+
+
+@pytest.mark.parametrize("policy", ["next-fit", "first-fit-decreasing"])
+def test_a_pair_past_int64_is_a_capacity_error(policy):
+    """Two lengths that each fit a capacity near 2**63 add up past int64 (family 10)."""
+    assert place(np.array([2**62, 2**62 - 1]), 2**63 - 1, policy, pairs=True).row_count == 1
+    with pytest.raises(CapacityError, match=rf"^pair 1 \(examples 2 and 3\) has {2**64 - 2} predictions; "
+                                            rf"capacity is {2**63 - 1}"):
+        place(np.array([1, 1, 2**63 - 1, 2**63 - 1]), 2**63 - 1, policy, pairs=True)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_an_odd_count_is_no_set_of_pairs(policy):
+    assert place([1, 1, 1, 1], 2, policy, pairs=True).row_count == 2
+    assert place([], 2, policy, pairs=True).row_count == 0
+    with pytest.raises(InvalidInputError, match=r"^3 examples cannot be preference pairs: pair p is examples 2p and "
+                                                r"2p \+ 1$"):
+        place([1, 1, 1], 2, policy, pairs=True)
+
+
+@pytest.mark.parametrize("pairs", [1, "yes", None])
+def test_pairs_must_be_a_bool(pairs):
+    with pytest.raises(InvalidInputError, match=f"^pairs must be a bool, got {type(pairs).__name__}$"):
+        place([1, 1], 2, pairs=pairs)
+    with pytest.raises(InvalidInputError, match=f"^pairs must be a bool, got {type(pairs).__name__}$"):
+        placement_bytes([1, 1], 2, pairs=pairs)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_paired_placement_bytes_is_honest_both_ways(policy):
+    rng = np.random.default_rng(2)
+    lengths = np.clip(np.rint(rng.lognormal(np.log(40), 1.0, size=30000)), 1, 256).astype(np.int64)
+    required = placement_bytes(lengths, 512, policy, pairs=True)
+    assert required == placement_bytes(lengths, 512, policy, pairs=np.bool_(True))
+    tracemalloc.start()
+    try:
+        placement = place(lengths, 512, policy, pairs=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert placement.row_count > 0
+    assert peak <= required + 64 * 1024
+    assert required <= 2 * peak
+    with pytest.raises(CapacityError, match=r"^pair 0 \(examples 0 and 1\) has 257 predictions; capacity is 256"):
+        placement_bytes([128, 129], 256, policy, pairs=True)
+    assert placement_bytes([128, 128], 256, policy, pairs=True) > 0

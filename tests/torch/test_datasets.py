@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies
 
 import seqpack as sp
 
@@ -19,7 +21,7 @@ torch = pytest.importorskip("torch", reason="seqpack.torch needs PyTorch: pip in
 import seqpack.torch as st  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from helpers import ids, plan  # noqa: E402
+from helpers import ids, plan, preference_table  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -100,6 +102,49 @@ def test_ranks_share_an_epoch_evenly_by_target_count():
     totals = [int(targets[share].sum()) for share in shares]
     assert max(totals) - min(totals) <= targets.max()
     assert [len(st.IterableBatchDataset(source, rank=r, world_size=world_size)) for r in range(3)] == [steps] * 3
+
+
+def paired_plan(seed=2):
+    """Pairs of one-token sequences and long pairs at random, next-fit in rows of 16, one row a
+    batch: a batch holds one long pair or up to eight short ones, with similar target counts."""
+    rng = np.random.default_rng(seed)
+    lengths = [n for short in rng.random(90) < 0.5 for n in ((1, 1) if short else (7, int(rng.integers(7, 10))))]
+    return sp.plan(preference_table(lengths, seed, sp.BatchBinding.fixture()), sp.PackConfig(16, 1),
+                   partition=sp.Partition.TRAIN, binding=sp.BatchBinding.fixture(), pairs=True)
+
+
+def test_ranks_of_a_paired_plan_share_its_pairs_evenly():
+    source = paired_plan()
+    pairs, targets = source.batch_pairs(), source.batch_targets()
+    assert pairs.min() == 1 and pairs.max() >= 4 and len(source) > 20
+    world_size = 3
+    order = np.random.default_rng((1, 0)).permutation(len(source))
+    by_pairs = st.datasets.deal_to_ranks(pairs, order, world_size)
+    totals = pairs[by_pairs].sum(axis=1)
+    assert totals.max() - totals.min() <= pairs.max()
+    by_targets = pairs[st.datasets.deal_to_ranks(targets, order, world_size)].sum(axis=1)
+    assert by_targets.max() - by_targets.min() > totals.max() - totals.min()  # dealt by targets: less even
+    epoch = source.epoch()
+    assert epoch.pairs
+    for dataset_of in (source, epoch):  # an epoch deals as its plan does
+        shares = [st.IterableBatchDataset(dataset_of, seed=1, rank=r, world_size=world_size).rank_batches(0)
+                  for r in range(world_size)]
+        assert np.array_equal(np.stack(shares), by_pairs)
+
+
+@settings(derandomize=True, max_examples=100, deadline=None)
+@given(strategies.lists(strategies.integers(0, 50), min_size=1, max_size=40), strategies.integers(1, 5),
+       strategies.integers(0, 2**16))
+def test_dealing_keeps_every_rank_within_one_batch_of_the_others(weights, world_size, seed):
+    weights = np.asarray(weights, dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(len(weights))
+    dealt = st.datasets.deal_to_ranks(weights, order, world_size)
+    steps = len(weights) // world_size
+    assert dealt.shape == (world_size, steps)
+    for step in range(steps):  # each step deals the next world_size batches of the order, one a rank
+        assert sorted(dealt[:, step]) == sorted(order[step * world_size:(step + 1) * world_size])
+    totals = weights[dealt].sum(axis=1)
+    assert totals.max() - totals.min() <= (weights.max() if steps else 0)
 
 
 def test_argument_errors():

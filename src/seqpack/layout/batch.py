@@ -99,15 +99,22 @@ class BatchLayout:
     them. A valid query ``t`` of row ``r`` may use exactly the keys
     ``[segment_starts[r, t], t]``. ``segments`` holds, in every valid cell, the
     ordinal of its example in the input that built the batch (or its epoch);
-    ``occurrences`` lists where each example sits.
+    ``occurrences`` lists where each example sits. ``pairs`` is True when the examples
+    are preference pairs: the occurrences then come as whole pairs, each chosen
+    (ordinal ``2p``) directly followed by its rejected (``2p + 1``).
     """
 
+    #: Whether a preference pair's rejected sequence sits right after its chosen in the same
+    #: row (packing), rather than in the next row (padding: one sequence per row).
+    pair_shares_row = False
+
     def __init__(self, partition: Partition, binding: BatchBinding, source, placements: Placements,
-                 fields: FieldArrays):
+                 fields: FieldArrays, pairs: bool = False):
         # Internal: ``fields`` are filled and read-only (see ``filled``); ``source``
         # (an ExampleSource) supplies the examples by ordinal.
         self.partition = partition
         self.binding = binding
+        self.pairs = pairs
         self._source = source
         self._placements = placements
         for name, array in fields.named().items():
@@ -115,7 +122,7 @@ class BatchLayout:
 
     @classmethod
     def filled(cls, partition, binding, source, placements: Placements, shape: tuple[int, int],
-               buffers: FieldArrays | None = None):
+               buffers: FieldArrays | None = None, pairs: bool = False):
         """A batch of ``shape`` whose fields are written from ``placements``.
 
         Internal: callers (padding, packing) validated everything.
@@ -125,7 +132,7 @@ class BatchLayout:
         fields = FieldArrays.allocate(*shape) if buffers is None else buffers.rows(0, shape[0])
         fill_fields(source, placements, fields)
         fields.freeze()
-        return cls(partition, binding, source, placements, fields)
+        return cls(partition, binding, source, placements, fields, pairs)
 
     @cached_property
     def _records(self) -> np.ndarray:
@@ -244,7 +251,8 @@ class BatchLayout:
         by one from 0 and whose queries start at the segment's first column;
         padding carries PAD_CELL, NO_SEGMENT, position 0 and all-false fields;
         each occurrence record matches its cells and its example's source tokens,
-        segments are distinct, and each row's occurrences cover its valid prefix.
+        segments are distinct, and each row's occurrences cover its valid prefix. A batch
+        of ``pairs`` holds whole pairs, each chosen directly followed by its rejected.
         """
         rows, width = self.shape
         for name, array, dtype, shape in (
@@ -296,4 +304,26 @@ class BatchLayout:
             row = index if code == _fill.Violation.ROW_COVERAGE else int(records["row"][index])
             raise VerificationError(
                 _occurrence_message(code, index, column, self), row, column if column >= 0 else None
+            )
+        if self.pairs:
+            self._verify_pairs(records)
+
+    def _verify_pairs(self, records: np.ndarray) -> None:
+        """Whole pairs in record order: each chosen (ordinal ``2p``) directly followed by its
+        rejected (``2p + 1``), placed as ``pair_shares_row`` says."""
+        if records.shape[0] % 2:
+            raise VerificationError(f"the batch holds {records.shape[0]} occurrences: not whole preference pairs")
+        chosen, rejected = records[0::2], records[1::2]
+        if self.pair_shares_row:
+            beside = (rejected["row"] == chosen["row"]) & (rejected["start"] == chosen["stop"])
+        else:
+            beside = (rejected["row"] == chosen["row"] + 1) & (rejected["start"] == 0)
+        broken = np.flatnonzero((chosen["ordinal"] % 2 != 0) | (rejected["ordinal"] != chosen["ordinal"] + 1) | ~beside)
+        if broken.size:
+            a, b = chosen[broken[0]], rejected[broken[0]]
+            raise VerificationError(
+                f"occurrences {a['ordinal']} (row {a['row']}, columns [{a['start']}, {a['stop']})) and "
+                f"{b['ordinal']} (row {b['row']}, columns [{b['start']}, {b['stop']})) are not one preference "
+                f"pair's chosen and rejected sequences side by side",
+                int(a["row"]),
             )

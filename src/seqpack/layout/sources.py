@@ -9,7 +9,7 @@ Batches fill their cells from ``gather`` and name examples in errors with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -140,3 +140,16 @@ def reject_longer(source: ExampleSource, lengths: np.ndarray, limit: int, limit_
         return f"example {source.example_id(ordinal)!r} (index {ordinal})"
 
     refuse_long(lengths, limit, example, limit_name=limit_name)
+
+
+def pair_name(source: ExampleSource) -> Callable[[int], str]:
+    """How errors name preference pair ``p`` of ``source`` (its examples ``2p`` and ``2p + 1``
+    counted from the source's first, whose ordinal is even): by its global number, its
+    examples' IDs and their ordinals."""
+
+    def name(p: int) -> str:
+        chosen = source.first_ordinal + 2 * p
+        return (f"pair {chosen // 2} (examples {source.example_id(chosen)!r} and "
+                f"{source.example_id(chosen + 1)!r}, indices {chosen} and {chosen + 1})")
+
+    return name

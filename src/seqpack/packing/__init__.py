@@ -3,7 +3,8 @@
 ``pad`` right-pads consecutive examples; ``pack`` places whole examples into shared
 rows (next-fit by default; first-fit and best-fit-decreasing on request) and builds
 every batch at once, ``plan`` builds them on demand (a :class:`PackedBatches`, as a
-dataset on disk is) and ``stream`` packs as it reads.
+dataset on disk is) and ``stream`` packs as it reads. With ``pairs=True`` each takes
+examples ``2p`` and ``2p + 1`` as a preference pair and keeps the two in one row (one batch).
 :mod:`seqpack.packing.budget` counts every byte before anything large is allocated.
 """
 

@@ -19,9 +19,11 @@ class PackedBatches(Protocol):
 
     ``len()`` batches; ``batch(i)`` (also ``[i]``) builds batch ``i``; iteration and
     ``batches(reuse_buffers=...)`` build them in order; ``batch_rows(i)`` its rows;
-    ``batch_targets()`` every batch's valid targets (loss denominators) without building
-    any; ``report()`` the efficiency report; ``config``, ``policy``, ``partition``,
-    ``binding``, ``row_count``, ``batch_count`` and ``occurrence_count`` describe it.
+    ``batch_targets()`` every batch's valid targets (loss denominators) and
+    ``batch_pairs()`` its preference pairs, without building any; ``report()`` the
+    efficiency report; ``config``, ``policy``, ``partition``, ``binding``, ``row_count``,
+    ``batch_count``, ``occurrence_count`` and ``pairs`` (the examples are preference
+    pairs, ``2p`` chosen and ``2p + 1`` rejected, each pair in one row) describe it.
     ``isinstance(x, PackedBatches)`` checks that these names exist (a plan passes too).
     """
 
@@ -32,6 +34,7 @@ class PackedBatches(Protocol):
     row_count: int
     batch_count: int
     occurrence_count: int
+    pairs: bool
 
     def __len__(self) -> int: ...
 
@@ -46,5 +49,7 @@ class PackedBatches(Protocol):
     def batch_rows(self, number: int) -> int: ...
 
     def batch_targets(self) -> np.ndarray: ...
+
+    def batch_pairs(self) -> np.ndarray: ...
 
     def report(self) -> EfficiencyReport: ...

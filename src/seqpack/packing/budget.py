@@ -19,6 +19,9 @@ a plan, per batch / fixed              128 (first row, bounds, list slot) / 8 Ki
 placement, per example                 16 (rows, starts); decreasing policies add   ``placement_bytes``
                                        32, the sort's workspace and the policy's
                                        search structure (see ``placement_bytes``)
+placement of pairs, per pair           8 (the pair's cells) + the larger of placing     ``placement_bytes``
+                                       the pairs and 48 (their rows and starts, then
+                                       their two examples')
 an eager epoch, per occurrence         44 temporaries + 36 record                   ``epoch_bytes``
 an eager epoch, per batch              3 KiB + 8 (the view and its list slot)       ``epoch_bytes``
 =====================================  ===========================================  =================
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._arguments import INT64_MAX
+from .._arguments import INT64_MAX, check_bool
 from ..errors import InvalidInputError, MemoryBudgetError
 from ..layout.fields import CELL_FIELDS, FLAG_FIELDS, OCCURRENCE_DTYPE
 from .placement import (
@@ -39,6 +42,7 @@ from .placement import (
     check_policy,
     checked_capacity,
     checked_lengths,
+    checked_pair_lengths,
     counting_sort_fits,
     power_of_two_at_least,
 )
@@ -99,17 +103,20 @@ def gather_bytes(copies_tokens: bool, tokens, occurrences):
     return GATHER_BYTES_PER_OCCURRENCE * occurrences + GATHER_FIXED_BYTES
 
 
-def placement_bytes(lengths, capacity: int, policy: str = "next-fit") -> int:
+def placement_bytes(lengths, capacity: int, policy: str = "next-fit", *, pairs: bool = False) -> int:
     """The most bytes ``seqpack.place`` holds at once for these arguments (an upper bound).
 
     Not counted: the int64 copy made of lengths given in another dtype or layout.
     Next-fit holds its two int64 outputs; the decreasing policies add the visiting order,
     the sorted lengths, outputs in visiting order, the sort's workspace and the policy's
-    search structure (sized by the any-fit row bound).
+    search structure (sized by the any-fit row bound). ``pairs`` as for ``place``.
     """
     capacity = checked_capacity(capacity)
     check_policy(policy, capacity)
-    return checked_placement_bytes(checked_lengths(lengths, capacity), capacity, policy)
+    lengths = checked_lengths(lengths, capacity)
+    if check_bool("pairs", pairs):
+        return paired_placement_bytes(checked_pair_lengths(lengths, capacity), capacity, policy)
+    return checked_placement_bytes(lengths, capacity, policy)
 
 
 def checked_placement_bytes(lengths: np.ndarray, capacity: int, policy: str) -> int:
@@ -127,13 +134,26 @@ def checked_placement_bytes(lengths: np.ndarray, capacity: int, policy: str) -> 
     return required + 8 * capacity + 2 * power_of_two_at_least(capacity + 1) + 24 * max_rows
 
 
-def plan_bytes(lengths: np.ndarray, capacity: int, policy: str, held_bytes_per_example: int) -> int:
-    """Bytes of a plan before its batches are counted: lengths, scans, placement, order."""
+def paired_placement_bytes(pair_lengths: np.ndarray, capacity: int, policy: str) -> int:
+    """:func:`placement_bytes` of preference pairs of ``pair_lengths`` cells (checked): the
+    pairs' lengths, held while the pairs are placed and then while their rows and starts
+    become their examples' (twice as many)."""
+    count = pair_lengths.shape[0]
+    members = 48 * count  # the pairs' rows and starts, and their examples'
+    return 8 * count + max(checked_placement_bytes(pair_lengths, capacity, policy), members)
+
+
+def plan_bytes(lengths: np.ndarray, capacity: int, policy: str, held_bytes_per_example: int,
+               pair_lengths: np.ndarray | None = None) -> int:
+    """Bytes of a plan before its batches are counted: lengths, scans, placement, order.
+    ``pair_lengths`` (checked) are given when the examples are placed as preference pairs."""
     count = lengths.shape[0]
     per_example = held_bytes_per_example + PLAN_SCAN_BYTES_PER_EXAMPLE
     if policy != "next-fit":
         per_example += DECREASING_BYTES_PER_EXAMPLE
-    return count * per_example + checked_placement_bytes(lengths, capacity, policy) + PLAN_FIXED_BYTES
+    placing = (checked_placement_bytes(lengths, capacity, policy) if pair_lengths is None
+               else paired_placement_bytes(pair_lengths, capacity, policy))
+    return count * per_example + placing + PLAN_FIXED_BYTES
 
 
 def epoch_bytes(plan: int, occurrences: int, rows: int, batches: int, largest_batch_rows: int,

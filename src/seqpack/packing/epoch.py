@@ -7,11 +7,14 @@ from .._arguments import batch_index
 
 class Epoch:
     """Every batch of one ``pad`` or ``pack`` call: ``len``, indexing and iteration go to
-    ``batches``; ``memory_peak`` is the byte requirement checked against the budget."""
+    ``batches``; ``memory_peak`` is the byte requirement checked against the budget;
+    ``pairs`` says whether the examples are preference pairs (every batch then holds
+    whole pairs)."""
 
-    def __init__(self, batches, memory_peak: int):
+    def __init__(self, batches, memory_peak: int, pairs: bool = False):
         self.batches = batches
         self.memory_peak = memory_peak
+        self.pairs = pairs
 
     def __len__(self) -> int:
         return len(self.batches)

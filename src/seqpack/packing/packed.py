@@ -18,14 +18,17 @@ class PackedBatch(BatchLayout):
     The fields, permission helpers and ``verify()`` are the padded batch's;
     ``occurrences`` are ``(ordinal, row, columns, segment)`` with ``row`` local to
     this batch and ``segment == ordinal``, the example's index in the packed input.
+    With ``pairs`` a pair's chosen and rejected sequences share one row, side by side.
     """
+
+    pair_shares_row = True
 
 
 def packed_batch(partition, binding, source, ordinals, rows, starts, lengths, shape,
-                 buffers=None) -> PackedBatch:
+                 buffers=None, pairs: bool = False) -> PackedBatch:
     """A packed batch from its occurrences' ordinals, batch-local rows, starts and lengths."""
     placements = Placements(ordinals, rows, starts, lengths, ordinals.astype(np.int32))
-    return PackedBatch.filled(partition, binding, source, placements, shape, buffers)
+    return PackedBatch.filled(partition, binding, source, placements, shape, buffers, pairs)
 
 
 class EpochBatches(Sequence):
@@ -36,8 +39,9 @@ class EpochBatches(Sequence):
     """
 
     def __init__(self, partition, binding, source, rows_per_batch: int, bounds: np.ndarray,
-                 fields: FieldArrays, placements: Placements):
+                 fields: FieldArrays, placements: Placements, pairs: bool):
         self._partition, self._binding, self._source = partition, binding, source
+        self._pairs = pairs
         self._rows_per_batch = rows_per_batch
         self._bounds = bounds
         self._fields = fields
@@ -56,7 +60,7 @@ class EpochBatches(Sequence):
             first_row = number * self._rows_per_batch
             batch = PackedBatch(self._partition, self._binding, self._source,
                                 self._placements.slice(int(self._bounds[number]), int(self._bounds[number + 1])),
-                                self._fields.rows(first_row, first_row + self._rows_per_batch))
+                                self._fields.rows(first_row, first_row + self._rows_per_batch), self._pairs)
             self._made[number] = batch
         return batch
 
@@ -71,12 +75,13 @@ class PackedEpoch(Epoch):
     (``seqpack.plan`` builds batches one at a time instead). ``memory_peak`` is the
     byte requirement that was checked against the budget: everything packing held at
     its peak, batches included. ``report()`` is the plan's efficiency report.
+    ``pairs``: the examples were packed as preference pairs.
     """
 
     def __init__(self, batches: EpochBatches, fields: FieldArrays, report, occurrence_count: int,
-                 memory_peak: int):
+                 memory_peak: int, pairs: bool):
         # Internal: built by PackingPlan.epoch.
-        super().__init__(batches, memory_peak)
+        super().__init__(batches, memory_peak, pairs)
         self.fields = fields.named()
         self.row_count = int(fields.valid_lengths.shape[0])
         self.occurrence_count = occurrence_count

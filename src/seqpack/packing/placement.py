@@ -7,6 +7,11 @@ only the current row in input order. ``"first-fit-decreasing"`` and
 and usually need fewer rows. Whatever the policy, ``rows[i]`` and ``starts[i]`` describe
 example ``i`` of the input, rows are numbered in the order they are opened, and an
 example occupies columns ``[starts[i], starts[i] + lengths[i])`` of its row.
+
+Preference pairs (``pairs=True``) are examples ``2p`` and ``2p + 1``, pair ``p``'s chosen and
+rejected sequences. A pair is placed as one item, its two sequences side by side in one
+row (chosen first), so no policy ever puts them in different batches; a pair longer
+than the capacity is an error naming it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._arguments import INT64_MAX
+from .._arguments import INT64_MAX, check_bool
 from ..data.windows import refuse_long
 from ..errors import InvalidInputError
 from . import _placement
@@ -37,7 +42,7 @@ class Placement:
     policy: str
 
 
-def place(lengths, capacity: int, policy: str = "next-fit") -> Placement:
+def place(lengths, capacity: int, policy: str = "next-fit", *, pairs: bool = False) -> Placement:
     """Assign every example a row and a start column under ``policy``.
 
     ``lengths`` holds each example's prediction count (1-D integers, each in
@@ -47,10 +52,62 @@ def place(lengths, capacity: int, policy: str = "next-fit") -> Placement:
     order); first-fit puts each example in the lowest-numbered row with room, best-fit
     in the row with the least room that still fits (ties to the lowest-numbered row).
     Within a row, examples take increasing start columns in the order they are assigned.
+
+    With ``pairs=True`` the policy places pairs (``lengths[2p] + lengths[2p + 1]`` cells
+    each, see the module docstring); ``lengths`` must then have an even count.
     """
     capacity = checked_capacity(capacity)
     check_policy(policy, capacity)
-    return placed(checked_lengths(lengths, capacity), capacity, policy)
+    check_bool("pairs", pairs)
+    if not pairs:
+        return placed(checked_lengths(lengths, capacity), capacity, policy)
+    lengths = checked_lengths(lengths, capacity)
+    return placed_pairs(lengths, checked_pair_lengths(lengths, capacity), capacity, policy)
+
+
+def placed_pairs(lengths: np.ndarray, pair_lengths: np.ndarray, capacity: int, policy: str) -> Placement:
+    """:func:`placed` for preference pairs: ``pair_lengths`` (from :func:`checked_pair_lengths`)
+    placed by ``policy``, then each pair's chosen at the pair's start and its rejected right after."""
+    pair = placed(pair_lengths, capacity, policy)
+    rows, starts = pair_members(lengths, pair.rows, pair.starts)
+    rows.flags.writeable = False
+    starts.flags.writeable = False
+    return Placement(rows=rows, starts=starts, row_count=pair.row_count, policy=policy)
+
+
+def pair_members(lengths: np.ndarray, pair_rows: np.ndarray, pair_starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every example's row and start (fresh int64 arrays) from its pair's: example ``2p`` at
+    pair ``p``'s start, example ``2p + 1`` right after it (``lengths`` are the examples')."""
+    rows = np.empty(2 * pair_rows.shape[0], dtype=np.int64)
+    starts = np.empty_like(rows)
+    rows[0::2] = rows[1::2] = pair_rows  # not np.repeat, whose broadcast repeat counts cost 8 bytes a pair
+    starts[0::2] = pair_starts
+    np.add(pair_starts, lengths[0::2], out=starts[1::2])
+    return rows, starts
+
+
+def checked_pair_lengths(lengths: np.ndarray, capacity: int, name=None) -> np.ndarray:
+    """Each pair's cells, ``lengths[2p] + lengths[2p + 1]`` (int64), after checking that
+    ``lengths`` (checked by :func:`checked_lengths`) holds whole pairs that each fit a row.
+
+    ``name(p)`` names pair ``p`` in the error (default: ``"pair p (examples 2p and 2p + 1)"``).
+    """
+    check_pair_count(lengths.shape[0])
+    # Two lengths of up to 2**63 - 1 add up exactly in uint64; once checked, each sum fits int64.
+    pair_lengths = np.add(lengths[0::2], lengths[1::2], dtype=np.uint64, casting="unsafe")
+    if name is None:
+        def name(p: int) -> str:
+            return f"pair {p} (examples {2 * p} and {2 * p + 1})"
+    refuse_long(pair_lengths, capacity, name, hint="; a pair's chosen and rejected sequences share one row")
+    return pair_lengths.view(np.int64)
+
+
+def check_pair_count(count: int) -> None:
+    """Preference pairs come whole: an odd example count is an error."""
+    if count % 2:
+        raise InvalidInputError(
+            f"{count} examples cannot be preference pairs: pair p is examples 2p and 2p + 1"
+        )
 
 
 def placed(lengths: np.ndarray, capacity: int, policy: str) -> Placement:

@@ -8,6 +8,11 @@ limit (cells per batch, memory bytes) is checked before anything large is alloca
 A plan builds its batches one at a time (``plan``), all at once into one set of
 arrays (``pack``, ``PackingPlan.epoch``), or a stream packs as it reads (``stream``);
 all give identical batches.
+
+With ``pairs=True`` examples ``2p`` and ``2p + 1`` are preference pair ``p``'s chosen and
+rejected sequences: the policy places each pair as one item, both sequences side by
+side in one row (see :mod:`seqpack.packing.placement`), so a pair never spans rows or
+batches; each sequence keeps its own segment and positions, as any example does.
 """
 
 from __future__ import annotations
@@ -24,11 +29,11 @@ from ..data.examples import SequenceExample
 from ..data.table import ExampleTable
 from ..errors import CapacityError, InvalidInputError
 from ..layout.fields import FieldArrays, Placements, fill_fields
-from ..layout.sources import check_example_count, reject_longer, source_of
+from ..layout.sources import check_example_count, pair_name, reject_longer, source_of
 from . import budget
 from .config import PackConfig
 from .packed import EpochBatches, PackedBatch, PackedEpoch, packed_batch
-from .placement import check_policy, placed, stable_order
+from .placement import check_policy, checked_pair_lengths, placed, placed_pairs, stable_order
 from .report import EfficiencyReport
 
 Examples = Union[Sequence[SequenceExample], ExampleTable]
@@ -49,13 +54,15 @@ class PackingPlan:
     The plan holds O(examples) arrays (lengths, rows, starts, the visiting order of
     the decreasing policies); ``batch(i)`` builds batch ``i``, iterating builds them
     one at a time, and ``epoch()`` builds them all into one set of arrays.
-    ``memory_peak`` covers the plan plus one built batch (the largest).
+    ``memory_peak`` covers the plan plus one built batch (the largest). ``pairs``: the
+    examples are preference pairs (``batch_pairs()`` counts them per batch).
     """
 
     def __init__(self, partition, binding, config: PackConfig, policy: str, source, lengths, targets,
-                 placement, plan_bytes: int, threads: int | None):
+                 placement, plan_bytes: int, threads: int | None, pairs: bool):
         # Internal: seqpack.plan validates.
         self.threads = threads
+        self.pairs = pairs
         self.partition = partition
         self.binding = binding
         self.config = config
@@ -116,7 +123,7 @@ class PackingPlan:
         return packed_batch(
             self.partition, self.binding, self._source, local + self._source.first_ordinal,
             self._rows[first:end] - number * self.config.rows_per_batch, self._starts[first:end],
-            self._lengths[local], (self.batch_rows(number), self.config.capacity), buffers,
+            self._lengths[local], (self.batch_rows(number), self.config.capacity), buffers, self.pairs,
         )
 
     def batches(self, reuse_buffers: bool = False) -> Iterator[PackedBatch]:
@@ -183,8 +190,8 @@ class PackingPlan:
                         fields.rows(first_row, end_batch * per_batch), threads)
         fields.freeze()
         batches = EpochBatches(self.partition, self.binding, self._source, per_batch, self._bounds, fields,
-                               placements._replace(rows=self._rows % per_batch))
-        return PackedEpoch(batches, fields, self.report(), self.occurrence_count, required)
+                               placements._replace(rows=self._rows % per_batch), self.pairs)
+        return PackedEpoch(batches, fields, self.report(), self.occurrence_count, required, self.pairs)
 
     def batch_targets(self) -> np.ndarray:
         """Supervised targets of every batch (the loss denominators), without building any."""
@@ -192,10 +199,14 @@ class PackingPlan:
             return np.zeros(0, np.int64)
         return np.add.reduceat(self._sorted(self._targets), self._bounds[:-1])
 
+    def batch_pairs(self) -> np.ndarray:
+        """Preference pairs of every batch (int64, all zero unless ``pairs``), without building any."""
+        return np.diff(self._bounds) // 2 if self.pairs else np.zeros(self.batch_count, np.int64)
+
     def report(self) -> EfficiencyReport:
         """Storage and attention efficiency of the planned epoch."""
         return EfficiencyReport.of(self.policy, self.config.capacity, self.row_count, self._lengths,
-                                   self.batch_targets())
+                                   self.batch_targets(), self.occurrence_count // 2 if self.pairs else 0)
 
 
 def check_batch_cells(rows: int, config: PackConfig) -> None:
@@ -216,47 +227,55 @@ def check_config(config) -> PackConfig:
     return config
 
 
-def placed_plan(examples, config, partition, binding, policy, threads) -> PackingPlan:
+def placed_plan(examples, config, partition, binding, policy, threads, pairs) -> PackingPlan:
     """Validate everything, check the plan's own bytes and place: a plan whose batches
     are not yet budgeted."""
     config = check_config(config)
     threads = check_threads(threads)
     check_policy(policy, config.capacity)
+    pairs = check_bool("pairs", pairs)
     source, lengths, targets = source_of(examples, partition, binding)
     check_example_count(lengths.shape[0])
     reject_longer(source, lengths, config.capacity, "capacity")
-    before = budget.plan_bytes(lengths, config.capacity, policy, source.held_bytes_per_example)
+    pair_lengths = checked_pair_lengths(lengths, config.capacity, pair_name(source)) if pairs else None
+    before = budget.plan_bytes(lengths, config.capacity, policy, source.held_bytes_per_example, pair_lengths)
     if targets is not lengths:
         before += targets.nbytes
     budget.require(before, config.max_memory_bytes, "the packing plan")
-    placement = placed(lengths, config.capacity, policy)
+    if pairs:
+        placement = placed_pairs(lengths, pair_lengths, config.capacity, policy)
+    else:
+        placement = placed(lengths, config.capacity, policy)
     check_batch_cells(min(config.rows_per_batch, placement.row_count), config)
-    return PackingPlan(partition, binding, config, policy, source, lengths, targets, placement, before, threads)
+    return PackingPlan(partition, binding, config, policy, source, lengths, targets, placement, before, threads,
+                       pairs)
 
 
 def plan(
     examples: Examples, config: PackConfig, *, partition: Partition, binding: BatchBinding,
-    policy: str = "next-fit", threads: int | None = None,
+    policy: str = "next-fit", threads: int | None = None, pairs: bool = False,
 ) -> PackingPlan:
     """Place every example and check every limit; build nothing yet.
 
     ``examples`` is a list of ``SequenceExample`` or an ``ExampleTable``, all made
     under ``binding`` for ``partition`` (checked). ``policy`` is ``"next-fit"`` (the
     default, the chapter's policy), ``"first-fit-decreasing"`` or
-    ``"best-fit-decreasing"`` (see :func:`seqpack.place`). Errors: an example longer
-    than ``capacity`` or a batch over ``max_cells`` (``CapacityError``); the plan
+    ``"best-fit-decreasing"`` (see :func:`seqpack.place`). ``pairs=True`` reads the
+    examples as preference pairs (``2p`` chosen, ``2p + 1`` rejected; an odd count is an
+    error) and places each pair whole, in one row. Errors: an example, or a pair,
+    longer than ``capacity`` or a batch over ``max_cells`` (``CapacityError``); the plan
     plus its largest batch over ``max_memory_bytes`` (``MemoryBudgetError``, checked
     before placement and again after it). ``threads`` (None: the default of
     ``seqpack._arguments.default_threads``) is what ``epoch()`` and large builds use.
     """
-    result = placed_plan(examples, config, partition, binding, policy, threads)
+    result = placed_plan(examples, config, partition, binding, policy, threads, pairs)
     budget.require(result.memory_peak, result.config.max_memory_bytes, "the packing plan and its largest batch")
     return result
 
 
 def pack(
     examples: Examples, config: PackConfig, *, partition: Partition, binding: BatchBinding,
-    policy: str = "next-fit", threads: int | None = None,
+    policy: str = "next-fit", threads: int | None = None, pairs: bool = False,
 ) -> PackedEpoch:
     """Pack ``examples`` into batches of at most ``rows_per_batch`` rows of ``capacity`` columns.
 
@@ -265,13 +284,14 @@ def pack(
     earlier rows are never revisited and an exact fill opens no empty row.
     ``"first-fit-decreasing"`` and ``"best-fit-decreasing"`` place longest first
     (see ``seqpack.place``) and usually need fewer rows. Under every policy, the
-    ``i``-th supplied example (duplicates included) gets segment ``i``. Errors are
-    those of :func:`plan`, and the whole epoch's bytes over ``max_memory_bytes``
-    (``MemoryBudgetError``), checked before any batch array is allocated. ``threads``
-    (None: ``seqpack._arguments.default_threads()``) split the fill; the result never
-    depends on it.
+    ``i``-th supplied example (duplicates included) gets segment ``i``. With
+    ``pairs=True`` the policy places preference pairs instead of examples, as
+    :func:`plan` says. Errors are those of :func:`plan`, and the whole epoch's bytes
+    over ``max_memory_bytes`` (``MemoryBudgetError``), checked before any batch array
+    is allocated. ``threads`` (None: ``seqpack._arguments.default_threads()``) split
+    the fill; the result never depends on it.
     """
-    return placed_plan(examples, config, partition, binding, policy, threads).epoch()
+    return placed_plan(examples, config, partition, binding, policy, threads, pairs).epoch()
 
 
 def efficiency_report(packed: Union[PackingPlan, PackedEpoch]) -> EfficiencyReport:

@@ -16,6 +16,7 @@ class EfficiencyReport:
     ``valid_targets`` counts the cells that hold a target, ``supervised_targets`` those
     that count in the loss; ``batch_targets`` are each batch's supervised targets, the
     loss denominators a trainer needs before the forward pass. Attention counts are per head.
+    ``pairs`` counts the preference pairs (0 unless packed with ``pairs=True``).
     """
 
     policy: str
@@ -28,11 +29,14 @@ class EfficiencyReport:
     permitted_edges: int
     dense_score_positions: int
     batch_targets: tuple
+    pairs: int = 0
 
     @classmethod
-    def of(cls, policy: str, capacity: int, rows: int, lengths: np.ndarray, batch_targets: np.ndarray):
+    def of(cls, policy: str, capacity: int, rows: int, lengths: np.ndarray, batch_targets: np.ndarray,
+           pairs: int = 0):
         """The report of ``rows`` rows of ``capacity`` holding examples of ``lengths``
-        predictions (int64), whose batches have ``batch_targets`` supervised targets."""
+        predictions (int64), whose batches have ``batch_targets`` supervised targets, and
+        ``pairs`` preference pairs."""
         return cls(
             policy=policy,
             capacity=capacity,
@@ -44,6 +48,7 @@ class EfficiencyReport:
             permitted_edges=permitted_edges(lengths),
             dense_score_positions=rows * capacity**2,
             batch_targets=tuple(batch_targets.tolist()),
+            pairs=pairs,
         )
 
     @property
@@ -61,14 +66,15 @@ class EfficiencyReport:
     def as_dict(self) -> dict:
         """The report's counts, as :func:`report_counts` gives them."""
         return report_counts(self.policy, self.capacity, self.rows, self.batches, self.valid_targets,
-                             self.supervised_targets, self.permitted_edges)
+                             self.supervised_targets, self.permitted_edges, self.pairs)
 
 
 def report_counts(policy: str, capacity: int, rows: int, batches: int, valid_targets: int,
-                  supervised_targets: int, permitted_edges: int) -> dict:
+                  supervised_targets: int, permitted_edges: int, pairs: int = 0) -> dict:
     """The counts of a report (of a plan, an epoch or a dataset's manifest) as a dict, the
     fractions derived here; ``supervised_targets`` appears only when some target is not
-    supervised (so a report without supervision reads as it always has)."""
+    supervised and ``pairs`` only when there are preference pairs (so a report without
+    supervision or pairs reads as it always has)."""
     cells, dense = rows * capacity, rows * capacity**2
     counts = {
         "policy": policy, "capacity": capacity, "rows": rows, "batches": batches,
@@ -79,4 +85,6 @@ def report_counts(policy: str, capacity: int, rows: int, batches: int, valid_tar
     }
     if supervised_targets != valid_targets:
         counts["supervised_targets"] = supervised_targets
+    if pairs:
+        counts["pairs"] = pairs
     return counts

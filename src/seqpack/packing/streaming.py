@@ -1,4 +1,5 @@
-"""Streaming next-fit: batches packed as examples arrive, equal to packing the whole input."""
+"""Streaming next-fit: batches packed as examples (or preference pairs) arrive, equal to
+packing the whole input."""
 
 from __future__ import annotations
 
@@ -7,15 +8,17 @@ from typing import Union
 
 import numpy as np
 
+from .._arguments import check_bool
 from ..data.binding import BatchBinding, Partition, check_expectations
 from ..data.examples import SequenceExample
 from ..data.supervision import gathered
 from ..data.table import ExampleTable
 from ..errors import InvalidInputError
-from ..layout.sources import ExampleList, check_example_count, reject_longer, source_of
+from ..layout.sources import ExampleList, check_example_count, pair_name, reject_longer, source_of
 from . import _placement, budget
 from .config import PackConfig
 from .packed import PackedBatch, packed_batch
+from .placement import checked_pair_lengths, pair_members
 from .planning import check_batch_cells, check_config
 
 
@@ -61,7 +64,7 @@ class StreamSource:
 
 def stream(
     examples: Iterable[Union[SequenceExample, ExampleTable]], config: PackConfig, *,
-    partition: Partition, binding: BatchBinding,
+    partition: Partition, binding: BatchBinding, pairs: bool = False,
 ) -> Iterator[PackedBatch]:
     """Next-fit over a stream of ``SequenceExample`` objects and/or ``ExampleTable`` chunks.
 
@@ -71,20 +74,74 @@ def stream(
     arguments are checked when ``stream`` is called; each example when it arrives;
     each batch's bytes (fields, records, gathering) against ``max_memory_bytes``
     before it is built.
+
+    With ``pairs=True`` the stream's examples ``2p`` and ``2p + 1`` are preference pair
+    ``p``'s chosen and rejected sequences, wherever the items divide them (a chunk may
+    end between them), and next-fit places whole pairs as ``seqpack.pack(...,
+    pairs=True)`` does. A stream that ends after a chosen sequence is an
+    ``InvalidInputError`` naming the unfinished pair, raised in place of the last batch.
     """
     config = check_config(config)
     check_expectations(partition, binding)
+    pairs = check_bool("pairs", pairs)
     try:
         items = iter(examples)
     except TypeError:
         raise InvalidInputError(f"examples must be iterable, not {type(examples).__name__}") from None
-    return _packed_stream(items, config, partition, binding)
+    pieces = _arrivals(items, config.capacity, partition, binding)
+    return _packed_stream(_whole_pairs(pieces) if pairs else pieces, config, partition, binding, pairs)
 
 
-def _packed_stream(items, config: PackConfig, partition, binding) -> Iterator[PackedBatch]:
+def _arrivals(items, capacity: int, partition, binding):
+    """Each non-empty item as a checked source, numbered from the stream's count so far
+    (``first_ordinal``), with its examples' lengths."""
+    ordinal = 0
+    for item in items:
+        if isinstance(item, ExampleTable):
+            if len(item) == 0:
+                continue
+            source, lengths, _ = source_of(item.chunk(0, len(item)), partition, binding)
+        else:
+            source, lengths, _ = source_of([item], partition, binding, first_index=ordinal)
+        source.first_ordinal = ordinal
+        check_example_count(ordinal + len(lengths))
+        reject_longer(source, lengths, capacity, "capacity")
+        ordinal += len(lengths)
+        yield source, lengths
+
+
+def _whole_pairs(arrivals):
+    """The arrivals as pieces of whole preference pairs: a chosen sequence that ends an
+    arrival waits for its rejected, and the two come as one piece of their own."""
+    waiting = None  # (source, ordinal, length) of a chosen sequence whose rejected has not arrived
+    for source, lengths in arrivals:
+        first = 0
+        if waiting is not None:
+            chosen_source, chosen, length = waiting
+            both = ExampleList([chosen_source.example(chosen), source.example(source.first_ordinal)], chosen)
+            yield both, np.array([length, lengths[0]], dtype=np.int64)
+            first, waiting = 1, None
+        end = len(lengths) - (len(lengths) - first) % 2
+        if end < len(lengths):
+            waiting = (source, source.first_ordinal + end, int(lengths[end]))
+        if first == 0 and end == len(lengths):
+            yield source, lengths
+        elif first < end:  # only a table holds more than one example
+            part = source.chunk(first, end)
+            part.first_ordinal = source.first_ordinal + first
+            yield part, lengths[first:end]
+    if waiting is not None:
+        source, chosen, _ = waiting
+        raise InvalidInputError(
+            f"the stream ended after example {source.example_id(chosen)!r} (index {chosen}), the chosen sequence "
+            f"of pair {chosen // 2}: its rejected sequence (index {chosen + 1}) never came"
+        )
+
+
+def _packed_stream(pieces, config: PackConfig, partition, binding, pairs: bool) -> Iterator[PackedBatch]:
     capacity, per_batch = config.capacity, config.rows_per_batch
     pending = []  # (source, ordinals, global rows, starts, lengths) of the current batch
-    number, open_row, used, ordinal = 0, -1, -1, 0
+    number, open_row, used = 0, -1, -1
 
     def flush(last_row: int) -> PackedBatch:
         if len(pending) == 1:  # the batch lies inside one piece: no joining
@@ -100,25 +157,18 @@ def _packed_stream(items, config: PackConfig, partition, binding) -> Iterator[Pa
                     + budget.gather_bytes(source.copies_tokens, tokens, len(lengths)))
         budget.require(required, config.max_memory_bytes, f"batch {number}")
         return packed_batch(partition, binding, source, ordinals, rows - number * per_batch, starts, lengths,
-                            (batch_rows, capacity))
+                            (batch_rows, capacity), pairs=pairs)
 
-    for item in items:
-        if isinstance(item, ExampleTable):
-            if len(item) == 0:
-                continue
-            source, lengths, _ = source_of(item.chunk(0, len(item)), partition, binding)
-            source.first_ordinal = ordinal
-        else:
-            source, lengths, _ = source_of([item], partition, binding, first_index=ordinal)
-            source.first_ordinal = ordinal
-        check_example_count(ordinal + len(lengths))
-        reject_longer(source, lengths, capacity, "capacity")
-        rows = np.empty(len(lengths), dtype=np.int64)
-        starts = np.empty(len(lengths), dtype=np.int64)
-        _, used = _placement.next_fit(lengths, capacity, rows, starts, used)
+    for source, lengths in pieces:
+        # Next-fit places the piece's items (its pairs, or its examples) after the open row's used cells.
+        items = checked_pair_lengths(lengths, capacity, pair_name(source)) if pairs else lengths
+        rows = np.empty(len(items), dtype=np.int64)
+        starts = np.empty(len(items), dtype=np.int64)
+        _, used = _placement.next_fit(items, capacity, rows, starts, used)
+        if pairs:
+            rows, starts = pair_members(lengths, rows, starts)
         rows += max(open_row, 0)  # the kernel numbers the open row (or the first new one) 0
-        ordinals = np.arange(ordinal, ordinal + len(lengths), dtype=np.int64)
-        ordinal += len(lengths)
+        ordinals = np.arange(source.first_ordinal, source.first_ordinal + len(lengths), dtype=np.int64)
         # Batches that this piece completes: every batch before the one holding its last row.
         # Rows never decrease, so each batch's examples are one slice of the piece.
         batches = rows // per_batch

@@ -7,7 +7,8 @@ the dict :func:`~seqpack.torch.tensors` makes, which ``seqpack.hf.rows`` and
 ``IterableBatchDataset`` is the training stream. Each epoch it shuffles the batches
 deterministically from ``(seed, epoch)``, deals them to the ranks one step at a time
 (every rank gets one batch per step; the step's batch with the most eligible targets goes
-to the rank with the fewest so far, so ranks stay balanced by target count), and lets
+to the rank with the fewest so far, so ranks stay balanced by target count, or by pair
+count for preference pairs, the denominator of a DPO mean), and lets
 ``DataLoader`` workers take the rank's batches in turn (worker ``w`` of ``W`` takes every
 ``W``-th), so a loader yields the rank's batches in order for any worker count. Its
 ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch, with a plain
@@ -29,15 +30,17 @@ from .tensors import tensors
 
 class _Batches:
     """The batches of a plan or an opened dataset (built on demand) or of an epoch, with
-    their target counts."""
+    what ranks are balanced by: each batch's preference pairs when the source holds pairs,
+    else its target count."""
 
     def __init__(self, source):
         if isinstance(source, PackedBatches):
             self.get = source.batch
-            self.targets = source.batch_targets()
+            self.weights = source.batch_pairs() if source.pairs else source.batch_targets()
         elif isinstance(source, Epoch):
             self.get = source.batches.__getitem__
-            self.targets = np.array([batch.target_count for batch in source.batches], dtype=np.int64)
+            self.weights = np.array([len(batch.occurrence_records) // 2 if source.pairs else batch.target_count
+                                     for batch in source.batches], dtype=np.int64)
         else:
             raise InvalidInputError(
                 "expected a PackingPlan, a dataset from seqpack.open_dataset or an epoch "
@@ -45,7 +48,7 @@ class _Batches:
             )
 
     def __len__(self) -> int:
-        return len(self.targets)
+        return len(self.weights)
 
 
 class BatchDataset(Dataset):
@@ -62,24 +65,27 @@ class BatchDataset(Dataset):
         return tensors(self._batches.get(batch_index(index, len(self), "this dataset")))
 
 
-def deal_to_ranks(targets: np.ndarray, order: np.ndarray, world_size: int) -> np.ndarray:
+def deal_to_ranks(weights: np.ndarray, order: np.ndarray, world_size: int) -> np.ndarray:
     """``[world_size, steps]`` batch numbers: ``order`` dealt one step (``world_size`` batches) at a time.
 
-    Within a step the batch with the most targets goes to the rank with the fewest so far
-    (ties: earlier in ``order``, lower rank). The last ``len(order) % world_size`` batches
-    of ``order`` are left out: every rank must run the same number of steps.
+    ``weights[b]`` is what batch ``b`` brings a rank: its targets (a token-weighted loss),
+    or its preference pairs (a DPO loss is a mean over pairs). Within a step the batch
+    with the most weight goes to the rank with the least so far (ties: earlier in
+    ``order``, lower rank), so every rank's total stays within one batch's weight of the
+    others'. The last ``len(order) % world_size`` batches of ``order`` are left out:
+    every rank must run the same number of steps.
     """
     steps = len(order) // world_size
     groups = order[: steps * world_size].reshape(steps, world_size)
     if world_size == 1:
         return groups.T.copy()
-    groups = np.take_along_axis(groups, np.argsort(-targets[groups], axis=1, kind="stable"), axis=1)
+    groups = np.take_along_axis(groups, np.argsort(-weights[groups], axis=1, kind="stable"), axis=1)
     dealt = np.empty((world_size, steps), dtype=np.int64)
     totals = np.zeros(world_size, dtype=np.int64)
     for step, group in enumerate(groups):
         ranks = np.argsort(totals, kind="stable")
         dealt[ranks, step] = group
-        totals[ranks] += targets[group]
+        totals[ranks] += weights[group]
     return dealt
 
 
@@ -94,6 +100,9 @@ class IterableBatchDataset(IterableDataset):
     ``torch.distributed``'s when it is initialized, else 0 and 1. Each rank gets
     ``len(plan) // world_size`` batches per epoch (``len(self)``); with several ranks the
     epoch's last ``len(plan) % world_size`` batches in its order are not used that epoch.
+    Ranks are balanced by target count, or, for a plan of preference pairs
+    (``pairs=True``), by pair count: each rank's DPO loss is a mean over its pairs, and
+    dealing by pairs gives every rank a fair share of them.
 
     Epochs: ``set_epoch(e)`` before each epoch, as with ``DistributedSampler``; a pass
     without it repeats the current epoch. Resuming: ``state_dict()`` records the epoch and
@@ -158,7 +167,7 @@ class IterableBatchDataset(IterableDataset):
         count = len(self._batches)
         order = (np.random.default_rng((self.seed, epoch)).permutation(count) if self.shuffle
                  else np.arange(count, dtype=np.int64))
-        return deal_to_ranks(self._batches.targets, order, self.world_size)[self.rank]
+        return deal_to_ranks(self._batches.weights, order, self.world_size)[self.rank]
 
     def __iter__(self):
         info = get_worker_info()
