@@ -22,6 +22,7 @@ import math
 import os
 import signal
 import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -45,14 +46,27 @@ def _refused_inputs() -> str:
     return "Refused inputs: " + "; ".join(REFUSED_INPUTS) + "."
 
 
+class _WholeFlags(argparse.HelpFormatter):
+    """Help text wrapped between words only: a flag (``--ids-field``) is never cut at its hyphens."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        return textwrap.fill(self._whitespace_matcher.sub(" ", text).strip(), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False)
+
+
 def _add_pack(commands) -> None:
     from .data.binding import DEFAULT_LIMITS
     from .io.templates import TemplateLimits
 
     pack = commands.add_parser(
-        "pack", help="pack a corpus into a packed dataset on disk",
+        "pack", help="pack a corpus into a packed dataset on disk", formatter_class=_WholeFlags,
         description="Read, tokenize and pack documents into a packed dataset directory (written into a "
-                    "temporary sibling and renamed into place only when complete), then print its report.",
+                    "temporary sibling and renamed into place only when complete), then print its report. "
+                    "Preference records ('chosen' and 'rejected', TRL's DPO formats, found by their keys) are "
+                    "packed as pairs: each pair's chosen and rejected sequences side by side in one row.",
         epilog=_refused_inputs())
     pack.add_argument("inputs", nargs="*", metavar="INPUT",
                       help="text files or directories (one document per file), .jsonl, .parquet, .arrow, "
@@ -90,7 +104,8 @@ def _add_pack(commands) -> None:
     pack.add_argument("--split", default="corpus", metavar="NAME_OR_RECEIPT",
                       help="the split's name, or a split receipt .json file (default: the name 'corpus')")
     pack.add_argument("--cut-long", action="store_true",
-                      help="cut documents longer than a row into overlapping windows (default: refuse them)")
+                      help="cut documents longer than a row into overlapping windows (default: refuse them; "
+                           "a preference pair longer than a row is refused either way)")
     pack.add_argument("--max-document-tokens", type=int, metavar="N", default=DEFAULT_LIMITS.max_tokens,
                       help="refuse a document of more than N tokens, BOS and EOS included, before cutting it "
                            f"(a guard against a runaway file; default {DEFAULT_LIMITS.max_tokens:,})")
@@ -309,8 +324,10 @@ def _pack_and_report(args, job) -> int:
     supervision = manifest.get("supervision") or {}
     if supervision.get("mismatched_prompts"):
         count = supervision["mismatched_prompts"]
+        completion = "chosen or rejected" if any("preference" in name for name in supervision["applied"]) \
+            else "completion"
         print(f"seqpack: warning: {count:,} record{'s' if count != 1 else ''}' prompt encoding is not a prefix of "
-              f"prompt + completion (first: {supervision['first_mismatched_prompt']}); as in TRL, the completion "
+              f"prompt + {completion} (first: {supervision['first_mismatched_prompt']}); as in TRL, the completion "
               f"begins where they diverge", file=sys.stderr)
     if args.json:
         _print_json(manifest)
@@ -332,8 +349,8 @@ def _check_input_flags(args, readers) -> None:
                      or any(r.record_kind == "ids" for r in structured),
                      "it applies to pre-tokenized inputs (--ids-field, an 'input_ids' field or Megatron)"),
         "--chat-template": (any(r.record_fields.conversational for r in structured),
-                            "no INPUT holds conversations (a 'messages' field, or a prompt and a completion that "
-                            "are lists of messages)"),
+                            "no INPUT holds conversations (a 'messages' field, or prompt-completion or preference "
+                            "records of lists of messages)"),
         "--no-completion-only-loss": (any(r.record_kind in ("prompt-completion", "conversational prompt-completion",
                                                             "ids") for r in structured),
                                       "no INPUT holds prompt-completion records or token IDs (whose records may "
@@ -410,7 +427,9 @@ def _verify(args) -> int:
         tokenizer = ", the tokenizer is the one it was packed with" if args.tokenizer else ""
         print(f"{printable(str(args.dataset))}: ok: {sealed}{tokenizer}, {checked['files']} files "
               f"({checked['bytes']:,} bytes) match their SHA-256, "
-              f"{_counted(checked['examples'], 'example')} placed by the rules, "
+              f"{_counted(checked['examples'], 'example')}"
+              f"{'' if checked['pairs'] is None else ' (' + _counted(checked['pairs'], 'preference pair') + ')'} "
+              f"placed by the rules, "
               f"{_counted(checked['batches_verified'], 'batch', 'batches')} verified")
     return 0
 

@@ -1,6 +1,7 @@
 """``seqpack pack | stats | verify | show`` run as a user runs them: outputs, figures, every error, crashes."""
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -120,8 +121,6 @@ def test_every_subcommand_has_help(command):
     (("show", "packed", "--row", "9"), 1, "row 9 is outside this batch's rows"),
 ])
 def test_errors_exit_with_one_line(tmp_path, docs, args, status, message):
-    import re
-
     result = run(*args, cwd=tmp_path)
     assert result.returncode == status, (result.stdout, result.stderr)
     assert re.search(message, result.stderr), result.stderr
@@ -143,6 +142,34 @@ def test_pre_tokenized_jsonl_needs_no_ids_field_and_takes_framed(tmp_path):
         assert manifest["supervision"]["applied"] == ["completion_mask"]
     assert (tmp_path / "named" / "part-00000" / "tokens.bin").read_bytes() \
         == (tmp_path / "found" / "part-00000" / "tokens.bin").read_bytes()
+
+
+@pytest.mark.slow
+def test_preference_records_are_packed_as_pairs_and_every_command_counts_them(tmp_path):
+    # TRL's pre-tokenized DPO records, found by their keys: no flag says they are pairs.
+    records = [{"prompt_ids": [40 + i] * (1 + i % 4), "chosen_ids": [60 + i] * (1 + i % 3),
+                "rejected_ids": [80 + i] * (2 + i % 5)} for i in range(30)]
+    (tmp_path / "dpo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    packed = run("pack", "dpo.jsonl", "--out", "out", "--capacity", 24, "--rows-per-batch", 2, "--quiet",
+                 "--policy", "best-fit-decreasing", cwd=tmp_path)
+    assert packed.returncode == 0 and packed.stderr == "", packed.stderr
+    assert re.search(r"^preference pairs +30 \(chosen and rejected side by side in one row\)$", packed.stdout, re.M)
+    stats = json.loads(run("stats", "out", "--json", cwd=tmp_path).stdout)
+    assert stats["counts"]["pairs"] == stats["report"]["pairs"] == 30 and stats["counts"]["examples"] == 60
+    checked = run("verify", "out", cwd=tmp_path)
+    assert checked.returncode == 0 and "60 examples (30 preference pairs) placed by the rules" in checked.stdout
+    assert json.loads(run("verify", "out", "--json", "--quiet", cwd=tmp_path).stdout)["pairs"] == 30
+    # The longest pair (line 20) has 5 + 9 predictions: a row of 13 is refused, --cut-long or not; 14 packs it whole.
+    for flags in ([], ["--cut-long"]):
+        line = one_error_line(run("pack", "dpo.jsonl", "--out", "short", "--capacity", 13, *flags, cwd=tmp_path))
+        assert line.endswith("dpo.jsonl:20: the preference pair (chosen 5 + rejected 9) has 14 predictions; "
+                             "capacity is 13; its chosen and rejected sequences share one row, and a pair is never "
+                             "cut (not even by --cut-long)"), line
+    assert not (tmp_path / "short").exists()
+    assert run("pack", "dpo.jsonl", "--out", "exact", "--capacity", 14, "--cut-long", "--quiet",
+               cwd=tmp_path).returncode == 0
+    usage = " ".join(run("pack", "--help").stdout.split())
+    assert "Preference records ('chosen' and 'rejected'" in usage and "refused either way" in usage
 
 
 def test_a_tokenizer_file_that_is_not_one_is_one_line(tmp_path, docs):
@@ -273,7 +300,6 @@ def test_the_sample_corpus_packs_verifies_and_reports(tmp_path):
 
 @pytest.mark.slow
 def test_the_readme_training_snippet_runs_on_a_packed_directory(tmp_path, docs, monkeypatch):
-    import re
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()

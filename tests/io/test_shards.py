@@ -176,6 +176,28 @@ def test_one_jsonl_file_in_shards_is_the_concatenation_with_global_lines(tmp_pat
     assert dataset.example_id(dataset.occurrence_count - 1).startswith(f"{big}:120[")  # a cut of the last line
 
 
+def test_shards_cut_a_jsonl_file_of_pairs_at_record_boundaries_and_never_split_a_pair(tmp_path):
+    rng = np.random.default_rng(8)
+    records = [{key: rng.integers(2, 258, int(rng.integers(1, 12))).tolist()
+                for key in ("prompt_ids", "chosen_ids", "rejected_ids")} for _ in range(90)]
+    big = write_jsonl(tmp_path / "dpo.jsonl", records)
+    _, shards = plan_shards([io.JsonLines(big)], 4)
+    data = big.read_bytes()
+    starts = [unit.reader.start for shard in shards for unit in shard.units]
+    assert len(starts) == 4 and all(start == 0 or data[start - 1:start] == b"\n" for start in starts)  # line starts
+    manifest = assert_the_concatenation_of_each_shard_alone([io.JsonLines(big)], tmp_path / "all", 4)
+    assert manifest["format_version"] == 3 and manifest["counts"]["pairs"] == 90
+    assert [part["examples"] for part in manifest["parts"]] == [2 * part["pairs"] for part in manifest["parts"]]
+    dataset = io.open_dataset(tmp_path / "all")
+    for p, record in enumerate(records):  # pair p is line p + 1, its sequences global examples 2p and 2p + 1
+        assert dataset.example_id(2 * p) == dataset.example_id(2 * p + 1) == f"{big}:{p + 1}"
+        assert dataset.example(2 * p + 1).source_tokens.tolist() == record["prompt_ids"] + record["rejected_ids"]
+    for batch in dataset:
+        found = batch.occurrence_records
+        assert (found["ordinal"][1::2] == found["ordinal"][0::2] + 1).all()
+        assert (found["row"][1::2] == found["row"][0::2]).all()
+
+
 def test_one_shard_holds_the_unsharded_dataset_bytes(tmp_path):
     paths = jsonl_corpus(tmp_path / "in")
     one = sharded(paths, tmp_path / "one", 1, policy="next-fit")

@@ -212,11 +212,11 @@ def test_a_version_1_reader_rule_stays_and_unknown_versions_are_refused(tmp_path
     out = tmp_path / "out"
     manifest = pack_corpus([Records(random_records(10))], out, binding=binding, tokenizer=tokenizer,
                            config=sp.PackConfig(96, 3))
-    for version in (3, True, "2"):
+    for version in (4, True, "2"):
         manifest = dict(manifest, format_version=version)
         manifest.pop(fmt.SEAL, None)
         reseal(out, manifest)
-        with pytest.raises(InvalidInputError, match="this seqpack reads 1 and 2"):
+        with pytest.raises(InvalidInputError, match="this seqpack reads 1, 2 and 3"):
             open_dataset(out)
 
 

@@ -327,3 +327,125 @@ def test_long_documents_is_checked_against_the_windows(packed, tmp_path):
     target = edited(packed, tmp_path, "long_documents", "error")
     with pytest.raises(sp.VerificationError, match=r"examples\.npy: the examples are not the documents' ranges"):
         io.verify_dataset(target)
+
+
+# --- a dataset of preference pairs (format version 3) -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """Eight pairs of equal sequences (4 predictions each), two pairs a row: pair p is examples 2p and 2p + 1,
+    row p // 2. Equal lengths let a test move a sequence to another row and keep every row tiled."""
+    from helpers import write_jsonl
+
+    root = tmp_path_factory.mktemp("pairs")
+    rng = np.random.default_rng(7)
+    records = [{key: rng.integers(2, 258, size).tolist() for key, size in
+                (("prompt_ids", 2), ("chosen_ids", 3), ("rejected_ids", 3))} for _ in range(8)]
+    io.pack_corpus([io.reader_for(write_jsonl(root / "dpo.jsonl", records))], root / "packed", binding=BINDING,
+                   tokenizer=TOKENIZER, config=sp.PackConfig(16, 2), policy="best-fit-decreasing")
+    return root / "packed"
+
+
+def test_a_dataset_of_pairs_verifies(pairs):
+    checked = io.verify_dataset(pairs)
+    assert (checked["pairs"], checked["examples"], checked["files"], checked["batches_verified"]) == (8, 16, 6, 2)
+    assert io.open_dataset(pairs).parts[0].rows.tolist() == [p // 4 for p in range(16)]
+
+
+@pytest.mark.parametrize("where", [0.0, 0.5, 1.0])
+def test_one_flipped_byte_in_the_pair_map_is_named(pairs, tmp_path, where):
+    target = copy_of(pairs, tmp_path)
+    path = target / "part-00000" / fmt.PAIRS_FILE
+    data = bytearray(path.read_bytes())
+    data[min(int(where * len(data)), len(data) - 1)] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(sp.VerificationError, match=rf"{fmt.PAIRS_FILE}: SHA-256 .* differs from the manifest's"):
+        io.verify_dataset(target)
+
+
+def damaged(pairs, tmp_path, name, change, manifest_change=None):
+    """A copy whose part file ``name`` is ``change(array)``, its checksum recorded and the manifest
+    (changed by ``manifest_change``) sealed again: only the rules can catch it now."""
+    target = copy_of(pairs, tmp_path)
+    path = target / "part-00000" / name
+    record = publish.write_array(path, change(np.load(path)))
+    manifest = json.loads((target / "manifest.json").read_text())
+    manifest["parts"][0]["files"][name] = record
+    if manifest_change is not None:
+        manifest_change(manifest)
+    reseal(target, manifest)
+    return target
+
+
+def swapped(array, first, second):
+    """``array`` with the occurrences of ordinals ``first`` and ``second`` trading places."""
+    array = array.copy()
+    at = [int(np.flatnonzero(array[:, 0] == first)[0]), int(np.flatnonzero(array[:, 0] == second)[0])]
+    array[at, 0] = array[at[::-1], 0]
+    return array
+
+
+def grown(manifest):
+    """Nine pairs recorded everywhere: the part, the counts and the report."""
+    for holder in (manifest["parts"][0], manifest["counts"], manifest["report"]):
+        holder["pairs"] = 9
+
+
+@pytest.mark.parametrize("name, change, manifest_change, message", [
+    (fmt.PAIRS_FILE, lambda a: a[:, ::-1], None, r"pairs\.npy: pair 0 is examples 1 and 0, not 0 \(chosen\) and "
+                                                 r"1 \(rejected\)"),
+    (fmt.PAIRS_FILE, lambda a: np.concatenate([a[:1], a[:-1]]), None,  # an example in two pairs, one in none
+     r"pairs\.npy: pair 1 is examples 0 and 1, not 2 \(chosen\) and 3 \(rejected\)"),
+    (fmt.PAIRS_FILE, lambda a: a[:-1], None, r"pairs\.npy: holds int64 \(7, 2\); expected int64 \(8, 2\)"),
+    (fmt.PAIRS_FILE, lambda a: a.astype(np.int32), None, r"pairs\.npy: holds int32 \(8, 2\); expected int64 \(8, 2\)"),
+    (fmt.PAIRS_FILE, lambda a: np.arange(18).reshape(9, 2), grown,
+     r"manifest\.json: part part-00000 records 9 pairs of its 16 examples; a pair is two"),
+    ("occurrences.npy", lambda a: swapped(a, 1, 5), None,  # pair 0's rejected in row 1, pair 2's in row 0
+     r"occurrences\.npy: pair 0 \(examples 0 and 1\) is not side by side in one row, chosen first: placements 0 "
+     r"and 5, in rows 0 and 1"),
+    ("occurrences.npy", lambda a: swapped(a, 0, 1), None,
+     r"occurrences\.npy: pair 0 \(examples 0 and 1\) is not side by side in one row, chosen first: placements 1 "
+     r"and 0, in rows 0 and 0"),
+])
+def test_a_damaged_pair_map_or_placement_is_refused_on_open_and_by_verify(pairs, tmp_path, name, change,
+                                                                           manifest_change, message):
+    target = damaged(pairs, tmp_path, name, change, manifest_change)
+    with pytest.raises(sp.InvalidInputError, match=message):
+        io.open_dataset(target)
+    with pytest.raises(sp.VerificationError, match=message):
+        io.verify_dataset(target)
+
+
+def test_a_sequence_without_a_supervised_target_is_refused(pairs, tmp_path):
+    from seqpack.data.supervision import flips_of, supervision_of
+
+    def unsupervised(flips):  # placement 1 (pair 0's rejected) supervises nothing, in the canonical form
+        offsets = io.open_dataset(pairs).parts[0].token_offsets
+        supervised = supervision_of(flips.astype(np.int64), 0, int(offsets[-1]))
+        supervised[offsets[1] + 1: offsets[2]] = False
+        for first in offsets[1:-1]:  # an example's first token is no target: it keeps the state before it
+            supervised[first] = supervised[first - 1]
+        return flips_of(supervised, 0, True).astype(flips.dtype)
+
+    target = damaged(pairs, tmp_path, fmt.SUPERVISION_FILE, unsupervised,
+                     lambda m: [holder.update(supervised_targets=holder["supervised_targets"] - 3)
+                                for holder in (m["parts"][0], m["counts"], m["report"])])
+    with pytest.raises(sp.VerificationError, match=r"supervision\.npy: placement 1 has no supervised target"):
+        io.verify_dataset(target)
+
+
+def test_whole_pairs_placed_against_the_policy_fail_verify(pairs, tmp_path):
+    target = damaged(pairs, tmp_path, "occurrences.npy", lambda a: swapped(swapped(a, 0, 4), 1, 5))  # pairs 0 and 2
+    assert io.open_dataset(target).pair_count == 8  # each pair is whole, in one row: only the policy is broken
+    with pytest.raises(sp.VerificationError, match=r"occurrences\.npy: the placement differs from best-fit-decreasing"):
+        io.verify_dataset(target)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("counts.pairs", 9, r"manifest\.json: counts records pairs 9; the parts hold 8"),
+    ("report.pairs", 9, r"manifest\.json: report records pairs 9; the parts give 8"),
+])
+def test_the_pair_counts_of_the_manifest_are_checked(pairs, tmp_path, key, value, message):
+    with pytest.raises(sp.VerificationError, match=message):
+        io.verify_dataset(edited(pairs, tmp_path, key, value))

@@ -568,3 +568,21 @@ def test_supervision_on_ray_is_byte_identical_to_serial_shards(cluster, tmp_path
     io.verify_dataset(tmp_path / "ray")
     dataset = io.open_dataset(tmp_path / "ray")
     assert sum(batch.target_count for batch in dataset) == manifest["counts"]["supervised_targets"]
+
+
+def test_preference_pairs_on_ray_are_byte_identical_to_serial_shards(cluster, tmp_path):
+    # One JSONL file that the shards cut into line ranges, and two more: every pair stays whole in its record's part.
+    rng = np.random.default_rng(36)
+    (tmp_path / "in").mkdir()
+    paths = []
+    for number, count in enumerate((240, 60, 60)):
+        lines = [json.dumps({key: rng.integers(2, 258, int(rng.integers(1, 30))).tolist()
+                             for key in ("prompt_ids", "chosen_ids", "rejected_ids")}) + "\n" for _ in range(count)]
+        paths.append(tmp_path / "in" / f"dpo{number}.jsonl")
+        paths[-1].write_text("".join(lines), encoding="utf-8")
+    reference = serial([io.JsonLines(p) for p in paths], tmp_path / "serial", 4)
+    manifest = on_ray([io.JsonLines(p) for p in paths], tmp_path / "ray", 4)
+    assert manifest == reference and manifest["format_version"] == 3 and len(manifest["parts"]) == 4
+    assert manifest["counts"]["pairs"] == 360 and manifest["supervision"]["applied"] == ["preference IDs"]
+    assert_same_bytes(tmp_path / "serial", tmp_path / "ray")
+    assert io.verify_dataset(tmp_path / "ray")["pairs"] == 360

@@ -11,13 +11,18 @@ takes a dataset on disk unchanged. Opening checks, without reading tokens, that 
 file has the size and shape the manifest records, that the placements tile each row
 and place every example once, that the examples are the documents' ranges (less the
 windows left out for want of a supervised target), that the format version agrees with
-the manifest and the parts (a version-1 one holds nothing only version 2 writes, a
-version-2 one everything it always writes), that the supervision of a version-2
-dataset is canonical and gives every example a supervised target, and that the
-manifest's counts agree with the files and each other (each part's
-firsts are the running sums of the parts before it), so a damaged file can never make
-the fill write out of bounds or serve the wrong batch; filling a batch refuses a token
-outside the vocabulary. ``seqpack.io.verify_dataset`` checks the rest.
+the manifest and the parts (a manifest holds nothing only a later version writes and
+everything its own always writes), that the supervision of a version-2 or 3
+dataset is canonical and gives every example a supervised target, that the pair map of
+a version-3 dataset names pair ``p`` as examples ``2p`` and ``2p + 1`` placed side by side
+in one row, and that the manifest's counts agree with the files and each other (each
+part's firsts are the running sums of the parts before it), so a damaged file can never
+make the fill write out of bounds or serve the wrong batch (or a pair in two); filling a
+batch refuses a token outside the vocabulary. ``seqpack.io.verify_dataset`` checks the rest.
+
+A dataset of preference pairs (``pairs`` True) numbers its examples so that pair ``p`` is
+global examples ``2p`` (chosen) and ``2p + 1`` (rejected) in every part, and each batch's
+occurrences come pair by pair, chosen then rejected: what a preference objective reads.
 """
 
 from __future__ import annotations
@@ -124,7 +129,8 @@ class Part:
     def __init__(self, directory: Path, record: dict, config: PackConfig, dtype: np.dtype, long: str,
                  version: int = 1):
         self.directory = directory
-        self.supervised = version > 1
+        self.supervised = version >= fmt.SUPERVISED_VERSION
+        self.paired = version >= fmt.PAIRED_VERSION
         self.name = record["name"]
         self.first_example = int(record["first_example"])
         self.first_document = int(record["first_document"])
@@ -133,6 +139,7 @@ class Part:
         self.example_count = int(record["examples"])
         self.row_count = int(record["rows"])
         self.batch_count = int(record["batches"])
+        self.pair_count = int(record["pairs"]) if self.paired else 0
         self._sizes = {name: record["files"][name]["bytes"] for name in fmt.part_files(version)}
         for name, expected in self._sizes.items():
             path = directory / name
@@ -141,22 +148,23 @@ class Part:
             if path.stat().st_size != expected:
                 raise InvalidInputError(f"{path}: {path.stat().st_size} bytes; the manifest records {expected}")
         # A file only a later version writes is left from a dataset whose version was lowered.
-        for name in sorted(set(fmt.part_files(fmt.FORMAT_VERSION)) - set(self._sizes)):
-            if (directory / name).exists():
+        for since, name in fmt.VERSION_FILES.items():
+            if since > version and (directory / name).exists():
                 raise InvalidInputError(f"{directory / name}: a part of a version-{version} dataset holds no "
-                                        f"{name}; only version {fmt.FORMAT_VERSION} writes one")
+                                        f"{name}; only version {since} and later write one")
         self._dtype, self._document_count = dtype, int(record["documents"])
         self._maps, self._views = None, {}  # the arrays over the files, and their maps by file name
         self._derive_index(config.rows_per_batch)
         self._check_placements(config)
+        self._check_pairs(record)
         self._check_supervision()
         self._check_examples(config, long, record)
         self._check_counts(record, config)
 
     def _mapped(self) -> tuple:
-        """``(tokens, occurrences, examples, documents, flips)``, mapped now unless they are, each
-        file checked to still have its recorded size (reading a mapped file that shrank
-        would kill the process with SIGBUS)."""
+        """``(tokens, occurrences, examples, documents, flips, pairs)``, mapped now unless
+        they are, each file checked to still have its recorded size (reading a mapped file
+        that shrank would kill the process with SIGBUS)."""
         key = id(self)
         if self._maps is None:
             self._views = {}
@@ -164,7 +172,8 @@ class Part:
             self._maps = (tokens, self._table("occurrences.npy", self.example_count),
                           self._table("examples.npy", self.example_count),
                           self._table("documents.npy", self._document_count),
-                          self._flips() if self.supervised else None)
+                          self._flips() if self.supervised else None,
+                          self._table(fmt.PAIRS_FILE, self.pair_count, 2) if self.paired else None)
             _mapped[key] = weakref.ref(self, lambda _, key=key: _mapped.pop(key, None))
             while len(_mapped) > MAPPED_PARTS:
                 _, oldest = _mapped.popitem(last=False)
@@ -194,6 +203,7 @@ class Part:
     examples = property(lambda self: self._mapped()[2], doc="examples.npy: (document, start, stop) each")
     documents = property(lambda self: self._mapped()[3], doc="documents.npy: (input, place, tokens) each")
     flips = property(lambda self: self._mapped()[4], doc="supervision.npy: the flips (int64), or None")
+    pair_map = property(lambda self: self._mapped()[5], doc="pairs.npy: (chosen, rejected) each, or None")
 
     def _flips(self) -> np.ndarray:
         """``supervision.npy``'s flips as int64 (a copy: small, and read on every batch)."""
@@ -206,14 +216,14 @@ class Part:
                                     f"flips its header declares")
         return self._map(fmt.SUPERVISION_FILE, dtype, shape, offset).astype(np.int64)
 
-    def _table(self, name: str, rows: int) -> np.ndarray:
-        """The int64 ``[rows, 3]`` table in the ``.npy`` file ``name``, mapped."""
+    def _table(self, name: str, rows: int, columns: int = 3) -> np.ndarray:
+        """The int64 ``[rows, columns]`` table in the ``.npy`` file ``name``, mapped."""
         path = self.directory / name
         shape, fortran, dtype, offset = _npy_header(path)
-        if dtype != np.int64 or shape != (rows, 3) or fortran:
+        if dtype != np.int64 or shape != (rows, columns) or fortran:
             raise InvalidInputError(f"{path}: holds {dtype} {shape}{' (Fortran order)' if fortran else ''}; "
-                                    f"expected int64 ({rows}, 3)")
-        if offset + rows * 3 * dtype.itemsize != self._sizes[name]:
+                                    f"expected int64 ({rows}, {columns})")
+        if offset + rows * columns * dtype.itemsize != self._sizes[name]:
             raise InvalidInputError(f"{path}: {self._sizes[name]} bytes, not the {rows} rows its header declares")
         return self._map(name, dtype, shape, offset)
 
@@ -268,6 +278,34 @@ class Part:
             raise InvalidInputError(
                 f"{self.directory / 'tokens.bin'}: {self.tokens.shape[0]} tokens; the examples need {offsets[-1]}"
             )
+
+    def _check_pairs(self, record: dict) -> None:
+        """What a preference objective trusts of a part of pairs: its examples are its
+        pairs' (two each), ``pairs.npy`` names pair ``p`` as examples ``2p`` (chosen) and
+        ``2p + 1`` (rejected), so every example is in exactly one pair, and each pair's
+        rejected is placed right after its chosen, in the same row."""
+        if not self.paired:
+            return
+        if 2 * self.pair_count != self.example_count:
+            raise InvalidInputError(f"{self.directory.parent / fmt.MANIFEST}: part {self.name} records "
+                                    f"{record['pairs']!r} pairs of its {self.example_count} examples; a pair is two")
+        pairs = self.pair_map
+        expected = np.arange(self.example_count, dtype=np.int64).reshape(-1, 2)
+        wrong = np.flatnonzero(np.any(pairs != expected, axis=1))
+        if wrong.size:
+            index = int(wrong[0])
+            raise InvalidInputError(f"{self.directory / fmt.PAIRS_FILE}: pair {index} is examples "
+                                    f"{int(pairs[index, 0])} and {int(pairs[index, 1])}, not {2 * index} (chosen) "
+                                    f"and {2 * index + 1} (rejected)")
+        chosen, rejected = self.placement_of[0::2], self.placement_of[1::2]
+        apart = np.flatnonzero((rejected != chosen + 1) | (self.rows[chosen] != self.rows[rejected]))
+        if apart.size:
+            index = int(apart[0])
+            at = int(chosen[index]), int(rejected[index])
+            raise InvalidInputError(
+                f"{self.directory / 'occurrences.npy'}: pair {index} (examples {2 * index} and {2 * index + 1}) "
+                f"is not side by side in one row, chosen first: placements {at[0]} and {at[1]}, in rows "
+                f"{int(self.rows[at[0]])} and {int(self.rows[at[1]])}")
 
     def _check_supervision(self) -> None:
         """What the fill and the loss trust of ``supervision.npy``: flips that rise inside the
@@ -421,6 +459,8 @@ class PackedDataset:
             self.supervision = manifest.get("supervision")
             #: Whether documents are taken as given (fine-tuning records as TRL has them), not framed.
             self.as_given = bool((self.supervision or {}).get("as_given_documents"))
+            #: Whether the examples are preference pairs (format version 3): see :meth:`pair_map`.
+            self.pairs = self.version >= fmt.PAIRED_VERSION
             self.parts = [Part(self.path / record["name"], record, self.config, self.token_dtype, self.long,
                                self.version)
                           for record in records]
@@ -440,6 +480,7 @@ class PackedDataset:
         self.row_count = sum(part.row_count for part in self.parts)
         self.occurrence_count = sum(part.example_count for part in self.parts)
         self.document_count = sum(part.documents.shape[0] for part in self.parts)
+        self.pair_count = sum(part.pair_count for part in self.parts)
         per_batch = self.config.rows_per_batch
         self.largest_batch_rows = min(per_batch, max(part.row_count for part in self.parts))
         largest = max(int(np.diff(part.bounds).max()) for part in self.parts)
@@ -452,22 +493,24 @@ class PackedDataset:
         self.memory_peak = index_bytes + self.batch_peak
 
     def _check_version(self, manifest: dict, records: list) -> None:
-        """The manifest holds what its format version writes: version 1 nothing only version 2
-        writes (read as version 1, a version-2 dataset would supervise every target),
-        version 2 everything it always writes."""
-        fields = [(".".join(keys), always, _holds(manifest, keys)) for keys, always in fmt.SUPERVISION_FIELDS.items()]
-        fields += [(f"parts[{index}].{'.'.join(keys)}", always, _holds(record, keys))
-                   for index, record in enumerate(records) for keys, always in fmt.PART_SUPERVISION_FIELDS.items()]
-        if self.version == 1:
-            wrong = [name for name, _, held in fields if held]
-            problem = "holds {}, which only version 2 writes"
-        else:
-            wrong = [name for name, always, held in fields if always and not held]
-            problem = "lacks {}, which version 2 always writes"
-        if wrong:
-            more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
-            raise InvalidInputError(f"{self.path / fmt.MANIFEST}: format version {self.version}, but the manifest "
-                                    f"{problem.format(wrong[0] + more)}")
+        """The manifest holds what its format version writes: nothing a later version adds
+        (read as version 1, a version-2 dataset would supervise every target; read as
+        version 2, a version-3 one would lose its pairs), and everything its own version
+        and the earlier ones always write."""
+        for since, (fields, part_fields) in fmt.VERSION_FIELDS.items():
+            found = [(".".join(keys), always, _holds(manifest, keys)) for keys, always in fields.items()]
+            found += [(f"parts[{index}].{'.'.join(keys)}", always, _holds(record, keys))
+                      for index, record in enumerate(records) for keys, always in part_fields.items()]
+            if self.version < since:
+                wrong = [name for name, _, held in found if held]
+                problem = f"holds {{}}, which only version {since} and later write"
+            else:
+                wrong = [name for name, always, held in found if always and not held]
+                problem = f"lacks {{}}, which version {since} and later always write"
+            if wrong:
+                more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+                raise InvalidInputError(f"{self.path / fmt.MANIFEST}: format version {self.version}, but the "
+                                        f"manifest {problem.format(wrong[0] + more)}")
 
     def _check_counts(self, records: list, counts: dict) -> None:
         """Each part's firsts are the running sums of the parts before it, every total is
@@ -544,7 +587,7 @@ class PackedDataset:
                                 part.lengths[first:end], ordinals.astype(np.int32))
         rows = min(per_batch, part.row_count - local * per_batch)
         return PackedBatch.filled(self.partition, self.binding, source, placements, (rows, self.config.capacity),
-                                  buffers)
+                                  buffers, self.pairs)
 
     def __getitem__(self, index):
         return batch_at(self, index, "this dataset")
@@ -566,6 +609,20 @@ class PackedDataset:
         return np.concatenate([np.add.reduceat(part.targets, part.bounds[:-1]) if part.batch_count
                                else np.zeros(0, np.int64) for part in self.parts])
 
+    def batch_pairs(self) -> np.ndarray:
+        """Preference pairs of every batch (int64, all zero unless ``pairs``), without building any."""
+        return np.concatenate([np.diff(part.bounds) // 2 if self.pairs else np.zeros(part.batch_count, np.int64)
+                               for part in self.parts])
+
+    def pair_map(self) -> np.ndarray:
+        """Every preference pair's chosen and rejected global example ordinals, int64
+        ``[pairs, 2]``: pair ``p`` is ``(2p, 2p + 1)`` (see :mod:`seqpack.io.format`). A
+        dataset of other examples has no pairs: an error."""
+        if not self.pairs:
+            raise InvalidInputError(f"{self.path}: a dataset of format version {self.version} holds no preference "
+                                    f"pairs (version 3 does)")
+        return np.concatenate([part.pair_map + part.first_example for part in self.parts])
+
     def lengths(self) -> np.ndarray:
         """Every example's predictions, by global ordinal (int64)."""
         result = np.empty(self.occurrence_count, dtype=np.int64)
@@ -581,7 +638,8 @@ class PackedDataset:
     def report(self) -> EfficiencyReport:
         """Storage and attention efficiency of the packed epoch."""
         lengths = np.concatenate([part.lengths for part in self.parts])
-        return EfficiencyReport.of(self.policy, self.config.capacity, self.row_count, lengths, self.batch_targets())
+        return EfficiencyReport.of(self.policy, self.config.capacity, self.row_count, lengths, self.batch_targets(),
+                                   self.pair_count)
 
     def _part_of_example(self, ordinal) -> tuple[Part, int]:
         if isinstance(ordinal, bool) or not isinstance(ordinal, (int, np.integer)) \

@@ -18,7 +18,7 @@ subdirectory (``part-00000``...) packed on its own:
 ``documents.npy``
     int64 ``[documents, 3]``: the input (an index into the manifest's ``inputs``), the
     place in it (line, row or sequence) and the framed token count of each document.
-``supervision.npy`` (format version 2 only)
+``supervision.npy`` (format versions 2 and 3)
     Which targets count in the loss, as *flips*: the sorted positions in ``tokens.bin``
     whose supervision differs from the token before (the one before the first counts
     as supervised); uint32 when the part holds fewer than 2**32 tokens, else int64. An
@@ -26,13 +26,23 @@ subdirectory (``part-00000``...) packed on its own:
     falls on one: a prompt and its completion cost two integers, a fully supervised
     example none.
 
+``pairs.npy`` (format version 3 only)
+    int64 ``[pairs, 2]``: each preference pair's chosen and rejected example ordinals,
+    part-local like ``occurrences.npy``'s. Pair ``p`` is always examples ``2p`` (chosen)
+    and ``2p + 1`` (rejected), placed side by side in one row, chosen first, so a
+    batch's occurrences come as (chosen, rejected) of each of its pairs in turn.
+
 A dataset is written in version 2 when its inputs carry supervision (prompt-completion
 records, conversations, or mask columns): its manifest then records under
 ``supervision`` what was applied, and its counts and parts ``supervised_targets`` and
 ``skipped_unsupervised_windows`` (``--cut-long`` windows with no supervised target,
-left out). Any other dataset is written in version 1, byte for byte as before; both open.
-A version-1 manifest holds nothing only version 2 writes (:data:`SUPERVISION_FIELDS`) and
-its parts no ``supervision.npy``, so a version lowered by hand is refused where a trace is left.
+left out). A dataset of preference pairs (DPO records: every input of the pack holds
+them) is written in version 3: everything version 2 writes, plus each part's
+``pairs.npy`` and the pair count (``pairs``) in the counts, the report and each part's record.
+Any other dataset is written in version 1, byte for byte as before; all three open.
+A manifest holds nothing only a later version writes (:data:`VERSION_FIELDS`) and its
+parts no file only a later version writes (:data:`VERSION_FILES`), so a version lowered
+by hand is refused where a trace is left.
 
 ``manifest.json`` records the format version, the binding (tokenizer identity, split
 digest, limits), partition, config, policy, token dtype, inputs, counts, the
@@ -44,7 +54,7 @@ The manifest is sealed (:func:`seal`): its ``seal`` holds the SHA-256 of its can
 JSON and a digest of each field down to three levels of keys (``binding.limits.max_tokens``,
 ``inputs[0].name``, ``parts[0].files.tokens.bin``), so an edited field is an error naming it wherever the manifest is
 read. Only a version-1 manifest may have none (one written before seals existed), and it
-still opens; every seqpack that writes version 2 seals it, so a version-2 manifest without a
+still opens; every seqpack that writes version 2 or 3 seals it, so such a manifest without a
 seal had it removed and is refused. :func:`read_manifest` reads a complete dataset's
 manifest, its format and seal checked.
 
@@ -64,9 +74,12 @@ import numpy as np
 from ..errors import InvalidInputError
 
 FORMAT = "seqpack-packed-dataset"
-#: The version written for a dataset with supervision; one without is written as version 1.
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+#: The version written for a dataset with supervision, and for one of preference pairs (the
+#: latest); one with neither is written as version 1.
+SUPERVISED_VERSION = 2
+PAIRED_VERSION = 3
+FORMAT_VERSION = PAIRED_VERSION
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST = "manifest.json"
 SEAL = "seal"
 #: How many levels of keys the seal names: ``binding.limits.max_tokens`` is three.
@@ -75,8 +88,15 @@ SEAL_DEPTH = 3
 UNSEALED_VERSIONS = (1,)
 PART_FILES = ("tokens.bin", "occurrences.npy", "examples.npy", "documents.npy")
 SUPERVISION_FILE = "supervision.npy"
+PAIRS_FILE = "pairs.npy"
+#: The part file each later version adds (a part of that version or later holds it).
+VERSION_FILES = {SUPERVISED_VERSION: SUPERVISION_FILE, PAIRED_VERSION: PAIRS_FILE}
 #: The counts a version-2 dataset adds (totals of the parts', like ``COUNTS``).
 SUPERVISION_COUNTS = ("supervised_targets", "skipped_unsupervised_windows")
+#: The counts a version-3 dataset adds.
+PAIR_COUNTS = ("pairs",)
+#: The counts each later version adds.
+VERSION_COUNTS = {SUPERVISED_VERSION: SUPERVISION_COUNTS, PAIRED_VERSION: PAIR_COUNTS}
 #: What only version 2 writes in the manifest (by keys) and whether it always does: a
 #: version-1 manifest holds none of it, a version-2 one every field marked True (the report
 #: has ``supervised_targets`` only when some target is unsupervised).
@@ -84,6 +104,13 @@ SUPERVISION_FIELDS = {("supervision",): True, **{("counts", key): True for key i
                       ("report", "supervised_targets"): False}
 #: The same in each part's record.
 PART_SUPERVISION_FIELDS = {("files", SUPERVISION_FILE): True, **{(key,): True for key in SUPERVISION_COUNTS}}
+#: What only version 3 writes, in the manifest and in each part's record.
+PAIR_FIELDS = {**{("counts", key): True for key in PAIR_COUNTS}, ("report", "pairs"): True}
+PART_PAIR_FIELDS = {("files", PAIRS_FILE): True, **{(key,): True for key in PAIR_COUNTS}}
+#: Each later version's fields: ``(in the manifest, in each part's record)``. A manifest of an
+#: earlier version holds none of them; one of that version or later every field marked True.
+VERSION_FIELDS = {SUPERVISED_VERSION: (SUPERVISION_FIELDS, PART_SUPERVISION_FIELDS),
+                  PAIRED_VERSION: (PAIR_FIELDS, PART_PAIR_FIELDS)}
 #: The manifest's totals, each the sum of the parts' counts of that name.
 COUNTS = ("documents", "examples", "tokens", "document_tokens", "rows", "batches", "valid_targets",
           "permitted_edges", "skipped_empty_documents")
@@ -95,12 +122,18 @@ UINT16_VOCABULARY = 1 << 16
 
 def part_files(version: int) -> tuple[str, ...]:
     """The files a part of a dataset of format ``version`` holds."""
-    return PART_FILES if version == 1 else (*PART_FILES, SUPERVISION_FILE)
+    return (*PART_FILES, *(name for since, name in VERSION_FILES.items() if since <= version))
 
 
 def counts_of(version: int) -> tuple[str, ...]:
     """The manifest's totals in format ``version``."""
-    return COUNTS if version == 1 else (*COUNTS, *SUPERVISION_COUNTS)
+    return (*COUNTS, *(key for since, keys in VERSION_COUNTS.items() if since <= version for key in keys))
+
+
+def version_of(supervised: bool, paired: bool) -> int:
+    """The format version a dataset is written in: 3 for preference pairs (which always
+    carry supervision), 2 for other supervision, else 1."""
+    return PAIRED_VERSION if paired else SUPERVISED_VERSION if supervised else 1
 
 
 def flips_dtype(tokens: int) -> np.dtype:
@@ -221,7 +254,8 @@ def read_manifest(directory, failure=InvalidInputError) -> dict:
     version = manifest.get("format_version")
     if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise InvalidInputError(
-            f"{path}: format version {version!r}; this seqpack reads {' and '.join(map(str, READABLE_VERSIONS))}"
+            f"{path}: format version {version!r}; this seqpack reads "
+            f"{', '.join(map(str, READABLE_VERSIONS[:-1]))} and {READABLE_VERSIONS[-1]}"
         )
     check_seal(path, manifest, failure)
     return manifest

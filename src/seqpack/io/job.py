@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+
 from .._arguments import check_bool, check_optional_int, is_int
 from .._threads import check_threads
 from ..data.binding import BatchBinding, Partition, check_partition
@@ -37,7 +39,7 @@ from .readers import Input, reader_for
 from .shards import PLACEMENT_SCOPE, Shard, ShardProgress, pack_shard, plan_shards
 from .templates import TemplateLimits
 from .tokenizer_file import TokenizerFile
-from .writer import describe_binding, manifest_of, no_content, supervise_part
+from .writer import describe_binding, manifest_of, mixed_kinds, no_content, supervise_part
 
 #: What :func:`pack_corpus` refuses, each an InvalidInputError naming the path, and the
 #: line or row. Its docstring and ``seqpack pack --help`` show this table.
@@ -51,7 +53,8 @@ REFUSED_INPUTS = (
     "a packed dataset given as an input (inside a directory it is skipped and reported)",
     "a JSONL line that is not an object, or a field that is not a string (a list of IDs with --ids-field)",
     "a record of another kind than its input's first",
-    "a preference record ('chosen' and 'rejected')",
+    "preference records ('chosen' and 'rejected') beside other records (a dataset holds pairs only, or none)",
+    "a preference pair longer than a row, chosen and rejected together, even with long='cut' (a pair is never cut)",
     "a control token inside a plain text",
     "an ID outside the vocabulary",
     "a document longer than a row without long='cut' (--cut-long)",
@@ -195,7 +198,9 @@ def run_job(job: PackJob, run: Runner | None = None) -> dict:
 
     Example ordinals, documents, rows and batches are global in shard order, then input
     order. When some shard's inputs carry supervision, every part gets a supervision
-    file (those without, an empty one) and the dataset is format version 2.
+    file (those without, an empty one) and the dataset is format version 2; a dataset of
+    preference pairs (every part's, or an error naming the first document of the other
+    kind) is version 3.
     """
     run = run or SerialRunner()
     _, planned = plan_shards(list(job.readers), job.shards if job.shards is not None else run.default_shards)
@@ -224,6 +229,7 @@ def run_job(job: PackJob, run: Runner | None = None) -> dict:
         parts = [record for record in records if record["name"] is not None]
         if not parts:
             raise no_content()
+        check_one_kind(job, parts, staging)
         # Shards of nothing but empty documents have no part; their count goes to the first part.
         parts[0]["skipped_empty_documents"] += sum(r["skipped_empty_documents"] for r in records if r["name"] is None)
         if any("supervision" in record for record in parts):
@@ -245,6 +251,24 @@ def run_job(job: PackJob, run: Runner | None = None) -> dict:
     return manifest
 
 
+def check_one_kind(job: PackJob, parts: list[dict], staging: Path) -> None:
+    """Every part holds preference pairs, or none does: else the error names the first
+    document of the first part of the other kind than the first part's (as
+    :func:`~seqpack.io.writer.encode_documents` does within one shard)."""
+    kinds = ["pairs" in record for record in parts]
+    if all(kinds) or not any(kinds):
+        return
+
+    def first_document(record: dict) -> tuple[Input, int]:
+        index, location = np.load(staging / record["name"] / "documents.npy", mmap_mode="r")[0, :2]
+        return job.inputs[int(index)], int(location)
+
+    first, at = first_document(parts[0])
+    other, location = first_document(parts[kinds.index(not kinds[0])])
+    error = InvalidInputError(mixed_kinds(not kinds[0], first.where(at)))
+    raise error.within(other.where(location), path=other.name, line=location if other.unit is not None else None)
+
+
 def pack_corpus(inputs, out, **options) -> dict:
     """Pack every document of ``inputs`` into a packed dataset at ``out``; return its manifest.
 
@@ -262,16 +286,22 @@ def pack_corpus(inputs, out, **options) -> dict:
     ``template_limits``), and token IDs beside ``completion_mask``, ``assistant_masks`` or
     ``labels`` columns. These documents are taken as TRL gives them (no BOS or EOS added).
 
+    Preference records (TRL's DPO formats: ``chosen`` and ``rejected``, with or without a
+    ``prompt``, or their ``*_ids``) are packed as pairs into a dataset of format version 3:
+    each pair's chosen and rejected sequences (examples ``2p`` and ``2p + 1``) side by side
+    in one row.
+
     ``long="error"`` (default) refuses a document longer than ``config.capacity``
     predictions naming its file and line; ``long="cut"`` cuts it into overlapping
-    windows. ``framed`` takes pre-tokenized documents as already ``[BOS, ..., EOS]``.
-    ``shards`` splits the inputs into at most that many shards of about equal bytes, each
-    placed on its own into one part (default: one; see
-    :func:`~seqpack.io.shards.plan_shards`). ``threads`` runs the tokenizer and kernels on
-    that many threads (default: every core this process may use). ``progress`` draws a
-    bar. An existing ``out`` is refused unless ``force``. The dataset appears at ``out``
-    only once complete (see :mod:`seqpack.io.publish`). :func:`seqpack.ray.pack_corpus`
-    takes the same arguments and writes the same bytes.
+    windows (never a preference pair: one longer than a row is refused either way).
+    ``framed`` takes pre-tokenized documents as already ``[BOS, ..., EOS]``. ``shards``
+    splits the inputs into at most that many shards of about equal bytes, each placed on
+    its own into one part (default: one; see :func:`~seqpack.io.shards.plan_shards`), and
+    never splits a record. ``threads`` runs the tokenizer and kernels on that many threads
+    (default: every core this process may use). ``progress`` draws a bar. An existing
+    ``out`` is refused unless ``force``. The dataset appears at ``out`` only once complete
+    (see :mod:`seqpack.io.publish`). :func:`seqpack.ray.pack_corpus` takes the same
+    arguments and writes the same bytes.
 
     Refused inputs (each an InvalidInputError naming the path, and the line or row):
     {refused}.

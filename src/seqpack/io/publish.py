@@ -41,7 +41,7 @@ import numpy as np
 
 from .._arguments import check_bool
 from ..errors import InvalidInputError
-from .format import MANIFEST, PART_FILES, SUPERVISION_FILE, is_packed_dataset, part_name, seal
+from .format import FORMAT_VERSION, MANIFEST, is_packed_dataset, part_files, part_name, seal
 
 #: Writes at least this large are hashed on a second thread while they are written, and
 #: start writing back to the disk (on a third) while the caller prepares the next one.
@@ -260,7 +260,7 @@ def _stranger(directory: Path) -> str | None:
             return repr(entry.name)
         else:
             inside = sorted(child.name for child in entry.iterdir()
-                            if child.name not in (*PART_FILES, SUPERVISION_FILE))
+                            if child.name not in part_files(FORMAT_VERSION))
             if inside:
                 return repr(f"{entry.name}/{inside[0]}")
     return None

@@ -3,8 +3,9 @@
 :func:`plan_shards` splits the readers' inputs into at most ``count`` contiguous shards
 of about equal input bytes, in input order: whole files (a directory's files one by
 one), Parquet files by row groups, and JSONL files of at least a shard's bytes by line
-ranges cut near the shard boundaries. :func:`pack_shard` packs one shard on its own into
-one part (placement policies apply within a shard, never across shards); the driver
+ranges cut near the shard boundaries: every cut falls between records, so no record (nor
+the two sequences of a preference pair) is ever split. :func:`pack_shard` packs one shard
+on its own into one part (placement policies apply within a shard, never across shards); the driver
 (:func:`seqpack.io.job.run_job`) has a runner pack every shard, here or on a cluster,
 and publishes the dataset once every part is complete. A part depends only on its
 shard and the job, so the dataset's bytes do not depend on which process packed which

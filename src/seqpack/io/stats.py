@@ -4,7 +4,8 @@
 attention edges), the counts, the bytes on disk per token against the bytes an eager
 in-memory epoch would hold per cell, and two histograms: example lengths and row fill.
 On a dataset with supervision the report also holds ``supervised_target_fraction``
-(supervised targets per cell) beside ``real_target_fraction`` (valid targets per cell).
+(supervised targets per cell) beside ``real_target_fraction`` (valid targets per cell);
+the counts of a dataset of preference pairs hold ``pairs``.
 ``stats_svg`` draws both histograms as one self-contained SVG figure.
 """
 
@@ -73,6 +74,8 @@ def stats_text(stats: dict) -> str:
         ("documents", f"{counts['documents']:,}"),
         ("examples", f"{counts['examples']:,} (lengths: median {_number(lengths['median'])}, "
                      f"mean {lengths['mean']:.1f}, max {lengths['max']:,})"),
+        *([("preference pairs", f"{counts['pairs']:,} (chosen and rejected side by side in one row)")]
+          if "pairs" in counts else []),
         ("tokens", f"{counts['tokens']:,}"),
         ("rows / batches", f"{report['rows']:,} / {report['batches']:,}"),
         ("cells", f"{report['cells']:,}"),

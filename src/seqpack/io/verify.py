@@ -7,7 +7,8 @@ file the manifest lists, finds any file or directory it
 does not list, then checks the part files
 against each other and the manifest: examples are exactly the documents' whole ranges
 (or their windows, for a pack that cut long documents), the placement is exactly what
-the recorded policy gives for those lengths and tiles each row's prefix, tokens are in
+the recorded policy gives for those lengths (for preference pairs, what it gives placing
+each pair as one item) and tiles each row's prefix, tokens are in
 the vocabulary with BOS and EOS exactly where the documents' frames put them (a dataset
 whose supervision records documents taken as given, TRL's as its tokenizer made them,
 has no frames to check), no
@@ -16,8 +17,12 @@ open: examples must be the documents whole, or their windows for ``cut``), and e
 count matches: each part's against its files, the firsts and totals against the parts
 (checked on open), the report against the one the parts give, the shard count against
 the parts; the supervision's flips rise, none falls on an example's first token, every
-example has a supervised target and the supervised counts are the files'. Finally every
-batch is built and ``verify()``-ed (its ``loss_mask`` against the flips). The first failure raises
+example has a supervised target and the supervised counts are the files'; the pair map
+of a dataset of preference pairs has one row per pair and names pair ``p`` as examples
+``2p`` (chosen) and ``2p + 1`` (rejected), so every example is in exactly one pair, each
+pair lies side by side in one row (so in one batch), and the pair counts are the files'
+(checked on open). Finally every batch is built and ``verify()``-ed (its ``loss_mask``
+against the flips, its pairs whole). The first failure raises
 :class:`~seqpack.errors.VerificationError` naming the file and the field.
 """
 
@@ -102,7 +107,7 @@ def check_part(dataset: PackedDataset, part: Part) -> None:
                                                 f"the manifest's binding.limits.max_tokens is {max_tokens}")
     # Placement: what the recorded policy gives, in row-then-column order.
     lengths = part.examples[:, 2] - part.examples[:, 1] - 1
-    placement = place(lengths, capacity, policy)
+    placement = place(lengths, capacity, policy, pairs=dataset.pairs)
     if placement.row_count != part.row_count or not (
             np.array_equal(placement.rows[part.ordinals], part.rows)
             and np.array_equal(placement.starts[part.ordinals], part.starts)):
@@ -218,5 +223,6 @@ def verify_dataset(path, *, tokenizer=None, progress: Progress | None = None, ba
         progress.close()
     return {"path": str(path), "sealed": fmt.SEAL in manifest,
             "tokenizer": None if tokenizer is None else str(tokenizer), "files": sum(len(p["files"]) for p in manifest["parts"]), "bytes": checked_bytes,
-            "parts": len(manifest["parts"]), "examples": dataset.occurrence_count, "batches": dataset.batch_count,
+            "parts": len(manifest["parts"]), "examples": dataset.occurrence_count,
+            "pairs": dataset.pair_count if dataset.pairs else None, "batches": dataset.batch_count,
             "batches_verified": dataset.batch_count if batches else 0}

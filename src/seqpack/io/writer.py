@@ -7,8 +7,11 @@ Once every length is known, the examples (whole documents, or with ``long="cut"`
 overlapping windows of :func:`~seqpack.data.window_ranges`) are placed by the chosen
 policy, and the part's ``tokens.bin`` is written in placement order from the spooled
 tokens, block by block. A document longer than a row is an error
-naming its file and line unless ``long="cut"``; nothing is ever truncated. See
-:mod:`seqpack.io.format` for the files and :mod:`seqpack.io.job` for the driver.
+naming its file and line unless ``long="cut"``; nothing is ever truncated. Preference
+records give pairs of documents (chosen, then rejected) that are placed as one item, side
+by side in one row: a pair longer than a row is an error naming its record whatever
+``long`` says, as no pair is ever cut, and a pack's inputs hold preference records only,
+or none. See :mod:`seqpack.io.format` for the files and :mod:`seqpack.io.job` for the driver.
 """
 
 from __future__ import annotations
@@ -105,7 +108,8 @@ class EncodedDocuments:
     ``mismatched`` counts the prompts that are no prefix of their record (``first_mismatched``
     names the first) and ``as_given`` the documents taken as given (fine-tuning records, not
     framed, which make a dataset of version 2 even with no mask applied: its manifest says
-    so); without, ``flips`` is None."""
+    so); without, ``flips`` is None. ``paired``: documents ``2p`` and ``2p + 1`` are preference
+    pair ``p``'s chosen and rejected sequences (which always carry supervision)."""
 
     pieces: list
     lengths: np.ndarray
@@ -118,6 +122,7 @@ class EncodedDocuments:
     mismatched: int = 0
     first_mismatched: str | None = None
     as_given: int = 0
+    paired: bool = False
 
     @property
     def token_count(self) -> int:
@@ -129,18 +134,27 @@ def encode_documents(readers: list[Reader], encoder: ChunkEncoder, spool: TokenS
     """Read, tokenize and validate every document into ``spool``.
 
     With ``long="error"`` a document of more than ``capacity`` predictions is a
-    :class:`CapacityError` naming its file and line (or row). Readers of nothing but
-    empty documents are no error here (they may be one shard of many).
+    :class:`CapacityError` naming its file and line (or row); under any ``long``, so is a
+    preference pair of more than ``capacity`` predictions together. Documents of another
+    kind than the first (preference pairs or not) are an error naming the first of them.
+    Readers of nothing but empty documents are no error here (they may be one shard of many).
     """
     lengths, inputs, locations = [], [], []
     skipped = input_bytes = mismatched = as_given = 0
     first_input, first_mismatched, supervision = 0, None, set()
+    paired, first = None, None  # whether the first chunk's documents are pairs, and where it is
     for reader in readers:
         with closing(read_ahead(reader.chunks(first_input), enabled=encoder.read_ahead)) as chunks:
             for chunk in chunks:
                 encoded = encoder.encode(chunk)
+                if paired is None:
+                    paired, first = encoded.paired, encoder.where(chunk, 0)
+                elif encoded.paired != paired:
+                    raise encoder.refused(chunk, 0, mixed_kinds(encoded.paired, first))
                 document_lengths = np.diff(encoded.offsets)
-                if long == "error":
+                if paired:
+                    check_pairs(encoder, encoded, document_lengths, capacity)
+                elif long == "error":
                     check_lengths(encoder, encoded, document_lengths, capacity)
                 spool.add(encoded.tokens, encoded.supervised)
                 supervision.update(encoded.supervision)
@@ -159,8 +173,8 @@ def encode_documents(readers: list[Reader], encoder: ChunkEncoder, spool: TokenS
         first_input += len(reader.inputs)
     join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
     return EncodedDocuments(spool.pieces(), join(lengths), join(inputs), join(locations), skipped, input_bytes,
-                            spool.flips() if supervision or as_given else None, tuple(sorted(supervision)),
-                            mismatched, first_mismatched, as_given)
+                            spool.flips() if supervision or as_given or paired else None, tuple(sorted(supervision)),
+                            mismatched, first_mismatched, as_given, bool(paired))
 
 
 def check_lengths(encoder: ChunkEncoder, encoded: Encoded, document_lengths: np.ndarray, capacity: int) -> None:
@@ -173,6 +187,28 @@ def check_lengths(encoder: ChunkEncoder, encoded: Encoded, document_lengths: np.
                 hint=" (--cut-long cuts long documents into overlapping windows)")
 
 
+def check_pairs(encoder: ChunkEncoder, encoded: Encoded, document_lengths: np.ndarray, capacity: int) -> None:
+    """A :class:`CapacityError` naming the record of the first pair of ``encoded`` (documents
+    ``2p`` and ``2p + 1``) with more than ``capacity`` predictions together: a pair's two
+    sequences share one row, and no ``long`` setting cuts a pair."""
+    chosen, rejected = document_lengths[0::2] - 1, document_lengths[1::2] - 1
+
+    def pair(index: int) -> str:
+        where = encoder.inputs[int(encoded.inputs[2 * index])].where(int(encoded.locations[2 * index]))
+        return f"{where}: the preference pair (chosen {int(chosen[index])} + rejected {int(rejected[index])})"
+
+    refuse_long(chosen + rejected, capacity, pair,
+                hint="; its chosen and rejected sequences share one row, and a pair is never cut (not even by "
+                     "--cut-long)")
+
+
+def mixed_kinds(paired: bool, first: str) -> str:
+    """Why a document of the other kind than the pack's first, at ``first``, is refused:
+    a preference record (``paired``) after other records, or the other way round."""
+    return (f"{'a' if paired else 'not a'} preference record, but {first} {'is not' if paired else 'is one'}: "
+            f"a dataset of preference pairs holds nothing else")
+
+
 def no_content() -> InvalidInputError:
     """The error of a corpus whose every document is empty."""
     return InvalidInputError("the inputs hold no document with content")
@@ -182,8 +218,9 @@ def write_part(directory: Path, encoded: EncodedDocuments, config: PackConfig, p
                progress: Progress) -> dict:
     """Place the encoded documents' examples and write one part into ``directory``.
 
-    Returns the part's manifest record (counts, report figures, files), without the
-    global firsts, which the manifest assigns.
+    Preference pairs are placed as pairs (each pair's examples side by side in one row)
+    and get the part's ``pairs.npy``. Returns the part's manifest record (counts, report
+    figures, files), without the global firsts, which the manifest assigns.
     """
     capacity, per_batch = config.capacity, config.rows_per_batch
     documents, ranges = document_examples(encoded.lengths, capacity, long)
@@ -199,7 +236,7 @@ def write_part(directory: Path, encoded: EncodedDocuments, config: PackConfig, p
     check_example_count(documents.shape[0])
     lengths = ranges[:, 1] - ranges[:, 0] - 1
     targets = lengths if targets is None else targets
-    placement = place(lengths, capacity, policy)
+    placement = place(lengths, capacity, policy, pairs=encoded.paired)
     if policy == "next-fit":  # rows never decrease in input order
         order = None
         rows, starts = placement.rows, placement.starts
@@ -218,11 +255,15 @@ def write_part(directory: Path, encoded: EncodedDocuments, config: PackConfig, p
         placed = placed_flips(encoded.flips, *((begins, ends) if order is None else (begins[order], ends[order])))
         files[fmt.SUPERVISION_FILE] = publish.write_array(directory / fmt.SUPERVISION_FILE,
                                                       placed.astype(fmt.flips_dtype(tokens)))
+    if encoded.paired:  # a pair's documents are its examples: no pair is cut or has a window left out
+        files[fmt.PAIRS_FILE] = publish.write_array(directory / fmt.PAIRS_FILE,
+                                                    np.arange(documents.shape[0], dtype=np.int64).reshape(-1, 2))
     sorted_targets = targets if order is None else targets[order]
     batch_count = -(-placement.row_count // per_batch)
     bounds = np.searchsorted(rows, np.arange(batch_count, dtype=np.int64) * per_batch)
     batch_targets = np.add.reduceat(sorted_targets, bounds)
-    report = EfficiencyReport.of(policy, capacity, placement.row_count, lengths, batch_targets)
+    pairs = int(documents.shape[0]) // 2 if encoded.paired else 0
+    report = EfficiencyReport.of(policy, capacity, placement.row_count, lengths, batch_targets, pairs)
     record = {
         "examples": int(documents.shape[0]), "documents": int(encoded.lengths.shape[0]),
         "tokens": tokens, "document_tokens": encoded.token_count,
@@ -236,6 +277,8 @@ def write_part(directory: Path, encoded: EncodedDocuments, config: PackConfig, p
                       supervision={"applied": list(encoded.supervision), "mismatched_prompts": encoded.mismatched,
                                    "first_mismatched_prompt": encoded.first_mismatched,
                                    "as_given_documents": encoded.as_given})
+    if encoded.paired:
+        record["pairs"] = pairs
     return record
 
 
@@ -305,11 +348,12 @@ def manifest_of(parts: list[dict], *, binding: dict, partition: Partition, confi
                 options: SupervisionOptions = SupervisionOptions()) -> dict:
     """The manifest of ``parts`` (records from :func:`write_part`, in order, each with
     its ``name``): assigns each part its first global example, document, row and batch,
-    and sums the counts and the report. Parts with supervision (every part, or none:
-    see :func:`supervise_part`) make a dataset of format version 2, recording what was
-    applied under ``options``; else it is version 1."""
+    and sums the counts and the report. Parts of preference pairs (every part, or none)
+    make a dataset of format version 3; else parts with supervision (every part, or none:
+    see :func:`supervise_part`) one of version 2, recording what was applied under
+    ``options``; else it is version 1."""
     supervision = supervision_record([part.pop("supervision", None) for part in parts], options)
-    version = 1 if supervision is None else fmt.FORMAT_VERSION
+    version = fmt.version_of(supervision is not None, any("pairs" in part for part in parts))
     running = dict.fromkeys(fmt.FIRSTS, 0)
     for part in parts:
         for first, count in fmt.FIRSTS.items():
@@ -317,7 +361,8 @@ def manifest_of(parts: list[dict], *, binding: dict, partition: Partition, confi
             running[first] += part[count]
     counts = {key: sum(part[key] for part in parts) for key in fmt.counts_of(version)}
     report = report_counts(policy, config.capacity, counts["rows"], counts["batches"], counts["valid_targets"],
-                           counts.get("supervised_targets", counts["valid_targets"]), counts["permitted_edges"])
+                           counts.get("supervised_targets", counts["valid_targets"]), counts["permitted_edges"],
+                           counts.get("pairs", 0))
     if supervision is not None:
         extra = {**(extra or {}), "supervision": supervision}
     return {
@@ -334,21 +379,24 @@ def supervision_record(parts: list[dict | None], options: SupervisionOptions) ->
     """What the manifest records of the supervision the parts applied (None: none had
     any). An option none of the applied sources used is recorded as None:
     ``completion_only_loss`` applies to prompt-completion records and ``completion_mask``,
-    ``assistant_only_loss`` and the template to rendered records. ``as_given_documents``
-    counts the documents taken as given (not framed): ``verify`` checks their IDs only."""
+    ``assistant_only_loss`` to rendered records other than preference pairs (supervised on
+    their completions whatever it says, as in TRL), the template to every rendered record.
+    ``as_given_documents`` counts the documents taken as given (not framed): ``verify``
+    checks their IDs only."""
     if all(part is None for part in parts):
         return None
     if any(part is None for part in parts):
         raise AssertionError("some parts have supervision and some not: supervise_part the others")
     applied = sorted({name for part in parts for name in part["applied"]})
-    rendered = any(name in ("conversation", "conversational prompt-completion") for name in applied)
+    assistant = any(name in ("conversation", "conversational prompt-completion") for name in applied)
+    rendered = assistant or "conversational preference" in applied
     completion = any(name in ("prompt-completion", "conversational prompt-completion", "completion_mask")
                      for name in applied)
     template = options.chat_template if rendered else None
     return {
         "applied": applied,
         "completion_only_loss": options.completion_only_loss if completion else None,
-        "assistant_only_loss": options.assistant_only_loss if rendered else None,
+        "assistant_only_loss": options.assistant_only_loss if assistant else None,
         "chat_template_sha256": None if template is None else hashlib.sha256(template.encode("utf-8")).hexdigest(),
         "mismatched_prompts": sum(part["mismatched_prompts"] for part in parts),
         "first_mismatched_prompt": next((part["first_mismatched_prompt"] for part in parts
