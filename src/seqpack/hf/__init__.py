@@ -1,6 +1,7 @@
 """Hugging Face transformers integration: seqpack range attention inside HF models, batches
 in transformers' keys and dtypes, a Trainer collator, Trainer's loss denominator, TRL's
-token count, and packed evaluation (per-example NLL sums and a token-weighted ``eval_loss``).
+token count, packed evaluation (per-example NLL sums and a token-weighted ``eval_loss``), and
+packed preference pairs for TRL's ``DPOTrainer``.
 
 Importable only with transformers and PyTorch (``pip install 'seqpack[hf]'``); ``import
 seqpack`` never imports them. ``seqpack.hf.register()`` makes ``attn_implementation="seqpack"``
@@ -19,7 +20,9 @@ except ImportError as error:  # pragma: no cover - exercised in an environment w
 from .attention import NAME, register, seqpack_attention, seqpack_mask
 from .collators import PackingCollator, flat, num_items_in_batch, rows
 from .evaluation import Evaluation, TokenWeightedEvaluation, evaluate
-from .trainers import SFTTokenCount, token_count
+from .preference import PreferenceCollator
+from .trainers import PackedDPO, SFTTokenCount, token_count
 
-__all__ = ["NAME", "Evaluation", "PackingCollator", "SFTTokenCount", "TokenWeightedEvaluation", "evaluate", "flat",
-           "num_items_in_batch", "register", "rows", "seqpack_attention", "seqpack_mask", "token_count"]
+__all__ = ["NAME", "Evaluation", "PackedDPO", "PackingCollator", "PreferenceCollator", "SFTTokenCount",
+           "TokenWeightedEvaluation", "evaluate", "flat", "num_items_in_batch", "register", "rows",
+           "seqpack_attention", "seqpack_mask", "token_count"]

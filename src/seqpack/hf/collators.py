@@ -35,6 +35,7 @@ from ..data.table import ExampleTable
 from ..errors import CapacityError, InvalidInputError
 from ..layout.exports import cumulative_lengths
 from ..packing.config import PackConfig
+from ..packing.placement import check_policy
 from ..packing.planning import pack
 from ..torch.attention import int_array
 from ..torch.counts import micro_batches, step_target_count
@@ -238,14 +239,10 @@ class PackingCollator:
 
     def __init__(self, config: PackConfig, *, tokenizer_identity, policy: str = "best-fit-decreasing",
                  split: str = "hf-collator", completion_only_loss: bool | None = None):
-        if not isinstance(config, PackConfig):
-            raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
         if completion_only_loss is not None and not isinstance(completion_only_loss, bool):
             raise InvalidInputError(f"completion_only_loss must be None, True or False, not {completion_only_loss!r}")
-        self.config = config
-        self.policy = policy
+        self.config, self.policy, self.binding = collator_setup(config, tokenizer_identity, policy, split)
         self.completion_only_loss = completion_only_loss
-        self.binding = BatchBinding.for_tokenizer(tokenizer_identity, split=split)
 
     def __call__(self, features: Sequence[dict]) -> dict:
         if not features:
@@ -254,12 +251,7 @@ class PackingCollator:
         for index, feature in enumerate(features):
             if "input_ids" not in feature:
                 raise InvalidInputError(f"feature {index} has no input_ids; its keys are {sorted(feature)}")
-            document = np.asarray(feature["input_ids"])
-            if document.ndim != 1 or (document.size and document.dtype.kind not in "iu"):
-                raise InvalidInputError(
-                    f"feature {index}: input_ids must be a 1-D sequence of integer token ids, got "
-                    f"shape {document.shape} and dtype {document.dtype}"
-                )
+            document = token_ids(index, "input_ids", feature["input_ids"])
             predictions, capacity = document.size - 1, self.config.capacity
             if predictions > capacity:
                 # Here, so that the error names the feature and the remedy (the table below names an example).
@@ -272,18 +264,45 @@ class PackingCollator:
                 )
             documents.append(document)
             supervision.append(_supervision(index, feature, document, self.completion_only_loss))
-        offsets = np.zeros(len(documents) + 1, dtype=np.int64)
-        np.cumsum([document.size for document in documents], out=offsets[1:])
-        supervised = np.concatenate(supervision)
-        table = ExampleTable.from_arrays(np.concatenate(documents), offsets, self.binding,
-                                         partition=Partition.TRAIN, as_given=True,
-                                         supervised=None if supervised.all() else supervised)
-        epoch = pack(table, self.config, partition=Partition.TRAIN, binding=self.binding, policy=self.policy)
-        if len(epoch.batches) > 1:
-            needed = sum(batch.shape[0] for batch in epoch.batches)
-            raise CapacityError(
-                f"{len(features)} features need {needed} rows of {self.config.capacity}; the config allows "
-                f"{self.config.rows_per_batch} per batch: lower per_device_train_batch_size or raise rows_per_batch",
-                needed * self.config.capacity, self.config.max_cells,
-            )
-        return rows(epoch.batches[0])
+        return rows(one_batch(documents, supervision, self.config, self.policy, self.binding, features=len(features)))
+
+
+def collator_setup(config, tokenizer_identity, policy: str, split: str) -> tuple[PackConfig, str, BatchBinding]:
+    """A collator's ``(config, policy, binding)``, once ``config`` is a :class:`~seqpack.PackConfig`
+    and ``policy`` one of :data:`seqpack.POLICIES`."""
+    if not isinstance(config, PackConfig):
+        raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
+    check_policy(policy, config.capacity)
+    return config, policy, BatchBinding.for_tokenizer(tokenizer_identity, split=split)
+
+
+def token_ids(index: int, key: str, value) -> np.ndarray:
+    """``feature[key]`` as a 1-D int64 array (empty allowed)."""
+    array = np.asarray(value)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise InvalidInputError(f"feature {index}: {key} must be a 1-D sequence of integer token ids, got "
+                                f"shape {array.shape} and dtype {array.dtype}")
+    return array.astype(np.int64, copy=False)
+
+
+def one_batch(documents: list, supervision: list, config: PackConfig, policy: str, binding: BatchBinding, *,
+              features: int, pairs: bool = False, ids: list[str] | None = None):
+    """The one batch that packs ``documents``, each taken as given (IDs of ``binding``) and
+    supervised where ``supervision`` says (documents ``2p`` and ``2p + 1`` as preference pair
+    ``p`` with ``pairs``); ``ids`` name them in the table's errors. More rows than
+    ``config.rows_per_batch`` is a :class:`~seqpack.CapacityError` naming the ``features``."""
+    offsets = np.zeros(len(documents) + 1, dtype=np.int64)
+    np.cumsum([document.size for document in documents], out=offsets[1:])
+    supervised = np.concatenate(supervision)
+    table = ExampleTable.from_arrays(np.concatenate(documents), offsets, binding, ids=ids,
+                                     partition=Partition.TRAIN, as_given=True,
+                                     supervised=None if supervised.all() else supervised)
+    epoch = pack(table, config, partition=Partition.TRAIN, binding=binding, policy=policy, pairs=pairs)
+    if len(epoch.batches) > 1:
+        needed = sum(batch.shape[0] for batch in epoch.batches)
+        raise CapacityError(
+            f"{features} features need {needed} rows of {config.capacity}; the config allows "
+            f"{config.rows_per_batch} per batch: lower per_device_train_batch_size or raise rows_per_batch",
+            needed * config.capacity, config.max_cells,
+        )
+    return epoch.batches[0]

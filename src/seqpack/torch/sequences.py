@@ -89,7 +89,8 @@ def sequence_logprobs(logits: torch.Tensor, batch) -> SequenceLogprobs:
       the sequences of ``cu_seq_lens_q`` (else the runs of ``seq_idx``), where the target of
       position ``i`` is ``labels[0, i + 1]`` and a sequence's last position has none.
 
-    For one batch, all four give the same results. Only eligible logit rows are read.
+    For one batch, all four give the same results; a dict's other keys (``pair_ids``,
+    ``use_cache``...) are not read. Only eligible logit rows are read.
     Memory: beyond its ``[n]`` and ``[N]`` results, the forward pass holds one block of
     eligible rows at a time, at most ``min(BLOCK_ELEMENTS // V, cells // 3)`` rows (one row
     at least) in the compute dtype, so never more than one ``[cells, V]`` tensor's bytes in
@@ -111,6 +112,29 @@ def sequence_logprobs(logits: torch.Tensor, batch) -> SequenceLogprobs:
     return SequenceLogprobs(sums, counts, ordinals, targets.example_ids)
 
 
+def target_statistics(logits: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(entropy, mean_logit, is_top1)`` ``[N]`` of every supervised target, in
+    :func:`token_logprobs`' order, without gradient: the entropy of its next-token
+    distribution (natural log), the mean of its logits over the vocabulary, and whether
+    the target is the most likely token (the first one, on ties). These are the per-token
+    statistics TRL's fused LM head reports for its metrics. ``logits`` and ``batch`` as
+    :func:`sequence_logprobs` takes them; logit rows are read a block at a time.
+    """
+    targets = _targets(batch)
+    logits = _checked_logits(logits, targets).detach()
+    rows, columns, gold = (t.to(logits.device) for t in (targets.rows, targets.columns, targets.gold))
+    compute = _compute_dtype(logits)
+    entropy = torch.empty(gold.numel(), dtype=compute, device=logits.device)          # [E]
+    mean = torch.empty_like(entropy)
+    top = torch.empty(gold.numel(), dtype=torch.bool, device=logits.device)
+    for start, stop in _blocks(gold.numel(), logits):
+        block = logits[rows[start:stop], columns[start:stop]].to(compute)               # [k, V]
+        mean[start:stop] = block.mean(1)
+        top[start:stop] = block.argmax(1) == gold[start:stop]
+        entropy[start:stop] = torch.special.entr(block.softmax(1)).sum(1)               # 0 log 0 = 0
+    return entropy, mean, top
+
+
 # --- the logits -------------------------------------------------------------------------
 
 
@@ -130,6 +154,11 @@ def _checked_logits(logits, targets: _Targets) -> torch.Tensor:
         raise InvalidInputError(f"{targets.what}: row {int(targets.rows[bad])}, column {int(targets.columns[bad])} "
                                 f"has target {int(targets.gold[bad])}, outside the vocabulary [0, {classes})")
     return logits
+
+
+def _compute_dtype(logits: torch.Tensor) -> torch.dtype:
+    """What the logits are read in: float32 for half precision, else their dtype."""
+    return torch.float32 if logits.element_size() < 4 else logits.dtype
 
 
 def _gold_logprobs(logits: torch.Tensor, targets: _Targets) -> torch.Tensor:
@@ -158,7 +187,7 @@ class _GoldLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, rows, columns, gold):
-        compute = torch.float32 if logits.element_size() < 4 else logits.dtype  # half precision: float32
+        compute = _compute_dtype(logits)
         lse = torch.empty(gold.numel(), dtype=compute, device=logits.device)          # [E]
         for start, stop in _blocks(gold.numel(), logits):
             block = logits[rows[start:stop], columns[start:stop]].to(compute)            # [k, V], a copy
