@@ -116,7 +116,7 @@ def test_the_readme_is_a_guide_of_at_most_500_lines_with_its_sections_in_order()
     assert len(text.splitlines()) <= 500
     sections = re.findall(r"^## (.+)$", text, flags=re.M)
     order = ["From corpus to training", "PyTorch and Hugging Face", "Fine-tuning on prompts and conversations",
-             "Command line", "Ray", "On disk", "API", "Benchmarks"]
+             "Preference pairs (DPO)", "Command line", "Ray", "On disk", "API", "Benchmarks"]
     assert [section for section in sections if section in order] == order
     assert (ROOT / "bench" / "RESULTS.md").is_file()
 
