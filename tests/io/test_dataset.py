@@ -232,7 +232,7 @@ MANY_PARTS_UNDER_A_LOW_FD_LIMIT = """
 import resource, sys
 import numpy as np
 import seqpack as sp
-from seqpack.io import dataset as module
+from seqpack.io import part as module
 module.MAPPED_PARTS = 4
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 opened = sp.open_dataset(sys.argv[1])

@@ -36,7 +36,8 @@ import numpy as np
 from ..errors import InvalidInputError, VerificationError
 from ..packing.placement import place
 from . import format as fmt
-from .dataset import Part, PackedDataset, malformed
+from .dataset import PackedDataset, malformed
+from .part import Part
 from .progress import Progress
 
 HASH_BLOCK = 8 << 20
