@@ -355,6 +355,10 @@ def _check_input_flags(args, readers) -> None:
                                                             "ids") for r in structured),
                                       "no INPUT holds prompt-completion records or token IDs (whose records may "
                                       "carry a 'completion_mask')"),
+        "--assistant-only-loss": (any(r.record_fields.conversational and not r.record_fields.preference
+                                      for r in structured),
+                                  "no INPUT holds conversations or conversational prompt-completion records "
+                                  "(preference pairs are supervised on their completions)"),
     }
     for flag in ("--template-seconds", "--template-characters"):
         uses[flag] = (args.chat_template is not None, "it bounds the rendering of --chat-template")

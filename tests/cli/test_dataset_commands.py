@@ -25,6 +25,15 @@ def docs(tmp_path):
 
 
 @pytest.fixture
+def conversational_pairs(tmp_path):
+    """``dpo.jsonl``, one conversational preference record, and ``chat.jinja``, a template for it."""
+    turn = [{"role": "user", "content": "hi"}]
+    (tmp_path / "dpo.jsonl").write_text(json.dumps({"prompt": turn, "chosen": [{"role": "assistant", "content": "yes"}],
+                                                    "rejected": [{"role": "assistant", "content": "no"}]}) + "\n")
+    (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+@pytest.fixture
 def packed(tmp_path, docs):
     result = run("pack", docs, "--out", tmp_path / "packed", "--capacity", 128, "--rows-per-batch", 2,
                  "--policy", "best-fit-decreasing", "--cut-long")
@@ -112,6 +121,8 @@ def test_every_subcommand_has_help(command):
     (("pack", "docs/00.txt", "--out", "x", "--glob", "*.py"), 2, "--glob has no effect here: no INPUT is a directory"),
     (("pack", "docs", "--out", "x", "--framed"), 2, "--framed has no effect here"),
     (("pack", "--sample", "--out", "x", "--glob", "*.py"), 2, "--glob has no effect here"),
+    (("pack", "dpo.jsonl", "--out", "x", "--chat-template", "chat.jinja", "--assistant-only-loss"), 2,
+     r"--assistant-only-loss has no effect here: .* \(preference pairs are supervised on their completions\)"),
     (("pack", "docs", "--out", "x", "--split", "nope.json"), 1, "nope.json: cannot read: No such file"),
     (("pack", "docs/00.txt", "docs/00.txt", "--out", "x"), 1, "docs/00.txt is an input twice"),
     (("pack", "docs", "docs/03.txt", "--out", "x"), 1, "docs/03.txt is an input twice"),
@@ -120,7 +131,7 @@ def test_every_subcommand_has_help(command):
     (("show", "nonsense"), 1, "nonsense: neither a packed dataset directory"),
     (("show", "packed", "--row", "9"), 1, "row 9 is outside this batch's rows"),
 ])
-def test_errors_exit_with_one_line(tmp_path, docs, args, status, message):
+def test_errors_exit_with_one_line(tmp_path, docs, conversational_pairs, args, status, message):
     result = run(*args, cwd=tmp_path)
     assert result.returncode == status, (result.stdout, result.stderr)
     assert re.search(message, result.stderr), result.stderr
