@@ -253,6 +253,26 @@ def test_half_precision_logits_are_read_in_float32(dtype):
     assert st.sequence_logprobs(random_logits(batch, 0, torch.float64), batch).sums.dtype == torch.float64
 
 
+@pytest.mark.parametrize("layout", ["transposed", "sliced classes", "contiguous"])
+def test_strided_logits_give_the_contiguous_results_bit_for_bit(layout):
+    # Rows are read through a [rows * T, V] view where the strides allow one, else by indexing.
+    batch = batches([9, 12, 4, 11, 3], 2, 1, "best-fit-decreasing", 5)[0]
+    dense = random_logits(batch, 2)
+    if layout == "transposed":  # [rows, T] not mergeable: stride(0) < T * stride(1)
+        logits = dense.transpose(0, 1).contiguous().transpose(0, 1)
+    elif layout == "sliced classes":
+        logits = torch.cat([dense, torch.full_like(dense[..., :3], float("nan"))], 2)[..., :VOCABULARY]
+    else:
+        logits = dense.clone()
+    logits.requires_grad_()
+    dense.requires_grad_()
+    for given in (logits, dense):
+        result = st.sequence_logprobs(given, batch)
+        (result.sums * torch.arange(1.0, 1.0 + result.sums.numel(), dtype=result.sums.dtype)).sum().backward()
+    assert torch.equal(st.sequence_logprobs(logits, batch).sums, st.sequence_logprobs(dense, batch).sums)
+    assert torch.equal(logits.grad, dense.grad)
+
+
 def test_no_copy_of_the_logit_rows_is_kept_for_backward():
     batch = batches([9, 12, 4, 11], 2, 0, "next-fit", 9)[0]
     logits = random_logits(batch, 0, torch.float32).requires_grad_()
