@@ -52,7 +52,6 @@ the threads, the load average before and after, and the peak RSS.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -65,7 +64,7 @@ import time
 
 import numpy as np
 
-from timing import positive
+from timing import arguments
 
 CAPACITY = 2048
 VOCABULARY = 512
@@ -276,13 +275,7 @@ def step_memory(pairs: int, threads: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=positive, default=16, help="preference pairs in the step (default 16)")
-    parser.add_argument("--repeats", type=positive, default=3,
-                        help="rounds, each running every method's step once (default 3)")
-    parser.add_argument("--threads", type=positive, default=2, help="torch threads (default 2)")
-    parser.add_argument("--json", action="store_true", help="print machine-readable records")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__.splitlines()[0], 3, ("--pairs", 16, "preference pairs in the step")).parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     import transformers

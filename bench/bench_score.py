@@ -36,7 +36,6 @@ matmul peak measured in this run and the peak RSS.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -47,7 +46,7 @@ import time
 
 import numpy as np
 
-from timing import positive
+from timing import arguments
 
 CAPACITY = 2048
 ROWS_PER_BATCH = 4
@@ -248,14 +247,8 @@ def logprob_timings(torch, model, hf, batch, repeats: int):
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=positive, default=32, help="examples scored (default 32)")
-    parser.add_argument("--repeats", type=positive, default=5,
-                        help="rounds, each running every method once (default 5)")
-    parser.add_argument("--padded-batch", type=positive, default=8, help="HF padded batch size (default 8)")
-    parser.add_argument("--threads", type=positive, default=2, help="torch threads (default 2)")
-    parser.add_argument("--json", action="store_true", help="print machine-readable records")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__.splitlines()[0], 5, ("--examples", 32, "examples scored"),
+                     ("--padded-batch", 8, "HF padded batch size")).parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     import transformers

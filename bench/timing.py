@@ -18,6 +18,20 @@ def positive(text: str) -> int:
     return value
 
 
+def arguments(description: str, repeats: int, *counts: tuple[str, int, str]) -> argparse.ArgumentParser:
+    """A benchmark's parser: each ``(flag, default, help)`` of ``counts`` (positive integers), then
+    ``--repeats`` (rounds, each running every method once), ``--threads`` (torch threads, 2)
+    and ``--json``."""
+    parser = argparse.ArgumentParser(description=description)
+    for flag, default, what in counts:
+        parser.add_argument(flag, type=positive, default=default, help=f"{what} (default {default})")
+    parser.add_argument("--repeats", type=positive, default=repeats,
+                        help=f"rounds, each running every method once (default {repeats})")
+    parser.add_argument("--threads", type=positive, default=2, help="torch threads (default 2)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable records")
+    return parser
+
+
 def timings(call, repeat: int) -> list[float]:
     """Seconds of ``repeat`` calls of ``call``, after one untimed call (imports, caches,
     first touches of memory)."""
