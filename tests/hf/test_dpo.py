@@ -203,6 +203,25 @@ def test_a_short_packed_dpo_run_widens_the_margins(text_pairs, tmp_path):
     assert all(e["rewards/accuracies"] == 1.0 for e in last)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("precompute", [False, True], ids=["reference-model", "precomputed"])
+def test_evaluate_reports_trls_padded_evaluation(precompute, text_pairs, tmp_path, monkeypatch):
+    """``trainer.evaluate(dataset)`` over two batches of four pairs: the same ``eval_loss`` and
+    ``eval_rewards/...``, ``eval_logps/...`` metrics as TRL's padded evaluation (float64)."""
+    dpo, datasets = trl_modules()
+    float64_norms(monkeypatch)
+    monkeypatch.setattr(dpo, "add_fused_lm_head", float64_head)
+    options = {"per_device_eval_batch_size": PAIRS, "precompute_ref_log_probs": precompute}
+    theirs, ours = (trainer(kind, *text_pairs, tmp_path, **options).evaluate(datasets.Dataset.from_list(text_pairs[0]))
+                    for kind in ("theirs", "ours"))
+    timing = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
+    assert set(ours) == set(theirs) >= {"eval_loss", "eval_rewards/margins", "eval_logps/chosen", *timing}
+    assert theirs["eval_loss"] > 0 and theirs["eval_rewards/margins"] != 0
+    for name in set(theirs) - timing:
+        assert close(torch.tensor(ours[name], dtype=torch.float64), torch.tensor(theirs[name], dtype=torch.float64)), \
+            (name, ours[name], theirs[name])
+
+
 # --- the collator ----------------------------------------------------------------------------
 
 
