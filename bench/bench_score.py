@@ -52,6 +52,8 @@ CAPACITY = 2048
 ROWS_PER_BATCH = 4
 METHODS = ("HF per example", "HF padded", "HF packed sdpa", "seqpack", "no-op bound")
 BASELINES = ("HF per example", "HF padded", "HF packed sdpa")
+#: Samples of the sequence_logprobs / loss_sum timings (each ~20 ms; a few ms per call, so noisy).
+LOGPROB_SAMPLES = 25
 
 
 def documents(count: int) -> list[np.ndarray]:
@@ -278,7 +280,7 @@ def main(argv=None) -> dict:
             samples[name].append(time.perf_counter() - start)
     first_batch = plan.batch(0)
     (sequence_fwd, loss_fwd, sequence_both, loss_both), logits_shape, difference = logprob_timings(
-        torch, model, hf, first_batch, max(5, args.repeats))
+        torch, model, hf, first_batch, LOGPROB_SAMPLES)
     memory = logprob_memory(args.examples, logits_shape[-1])
     load_after = os.getloadavg()
 
@@ -344,7 +346,7 @@ def main(argv=None) -> dict:
           f"{noop[0]:.2f} ({noop[1]:.2f}..{noop[2]:.2f}) of its no-op bound, which is "
           f"{result['against_best_hf']['no-op bound'][0]:.2f}x the best HF method")
     print(f"\nper-example sums from logits {tuple(logits_shape)} float32 (one seqpack batch); medians of "
-          f"{max(5, args.repeats)} samples, taking turns; their totals differ by {difference:.1e} (relative)\n")
+          f"{LOGPROB_SAMPLES} samples, taking turns; their totals differ by {difference:.1e} (relative)\n")
     print("| | `sequence_logprobs` ms | `loss_sum` ms | ratio | within 1.1x |")
     print("| --- | --- | --- | --- | --- |")
     for label, mine, theirs in (("forward", sequence_fwd, loss_fwd), ("forward + backward", sequence_both, loss_both)):

@@ -92,8 +92,8 @@ def sequence_logprobs(logits: torch.Tensor, batch) -> SequenceLogprobs:
     For one batch, all four give the same results; a dict's other keys (``pair_ids``,
     ``use_cache``...) are not read. Only eligible logit rows are read.
     Memory: beyond its ``[n]`` and ``[N]`` results, the forward pass holds one block of
-    eligible rows at a time and its log-softmax, each at most ``min(BLOCK_ELEMENTS // V,
-    cells // 6)`` rows (one row at least) in the compute dtype, so never more than one
+    eligible rows at a time (log-softmaxed in place), at most ``min(BLOCK_ELEMENTS // V,
+    cells // 3)`` rows (one row at least) in the compute dtype, so never more than one
     ``[cells, V]`` tensor's bytes in the logits' dtype; it keeps no copy of the rows for backward, which recomputes them a
     block at a time into the logits' gradient (an ``[rows, T, V]`` tensor, as any loss makes).
     Bitwise reproducible on the CPU at every thread count: each row reduces on one
@@ -169,7 +169,7 @@ def _gold_logprobs(logits: torch.Tensor, targets: _Targets) -> torch.Tensor:
 def _blocks(count: int, logits: torch.Tensor):
     """``(start, stop)`` blocks of ``count`` eligible rows (see ``sequence_logprobs``' memory bound)."""
     rows, width, classes = logits.shape
-    size = max(1, min(BLOCK_ELEMENTS // max(classes, 1), rows * width // 6))
+    size = max(1, min(BLOCK_ELEMENTS // max(classes, 1), rows * width // 3))
     return [(start, min(start + size, count)) for start in range(0, count, size)]
 
 
@@ -201,8 +201,9 @@ class _GoldLogprobs(torch.autograd.Function):
         compute = _compute_dtype(logits)
         values = torch.empty(gold.numel(), dtype=compute, device=logits.device)       # [E]
         for start, stop in _blocks(gold.numel(), logits):
-            block = _eligible_rows(logits, rows[start:stop], columns[start:stop]).to(compute)  # [k, V]
-            values[start:stop] = block.log_softmax(1).gather(1, gold[start:stop, None])[:, 0]
+            block = _eligible_rows(logits, rows[start:stop], columns[start:stop]).to(compute)  # [k, V], a copy
+            torch.log_softmax(block, 1, out=block)                                       # in place
+            values[start:stop] = block.gather(1, gold[start:stop, None])[:, 0]
         ctx.save_for_backward(logits, rows, columns, gold)
         return values
 
@@ -215,8 +216,8 @@ class _GoldLogprobs(torch.autograd.Function):
         grad_logits = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)  # [rows, T, V]
         for start, stop in _blocks(gold.numel(), logits):
             g = grad[start:stop, None]                                                   # [k, 1]
-            block = _eligible_rows(logits, rows[start:stop], columns[start:stop]).to(grad.dtype)
-            block = block.softmax(1).mul_(-g)                                            # [k, V]
+            block = _eligible_rows(logits, rows[start:stop], columns[start:stop]).to(grad.dtype)  # a copy
+            torch.softmax(block, 1, out=block).mul_(-g)                                  # [k, V], in place
             block[torch.arange(stop - start, device=block.device), gold[start:stop]] += g[:, 0]
             cells = rows[start:stop] * width + columns[start:stop]                       # distinct cells
             grad_logits.view(-1, classes).index_copy_(0, cells, block.to(logits.dtype))
