@@ -55,6 +55,18 @@ cdef inline bint interrupted(Interrupt *state) noexcept nogil:
     return seqpack_load_flag(&state.stop) != 0
 
 
+cdef inline bint interrupted_after(Interrupt *state, Py_ssize_t *since, Py_ssize_t work,
+                                   Py_ssize_t every) noexcept nogil:
+    """From the calling thread only: ``interrupted``, asked once the ``work`` added to
+    ``since[0]`` reaches ``every`` (``since[0]`` then starts again from 0), so a loop of short
+    steps reads the clock once per chunk of work instead of once per step."""
+    since[0] += work
+    if since[0] < every:
+        return False
+    since[0] = 0
+    return interrupted(state)
+
+
 cdef inline int interrupt_finish(Interrupt *state) except -1:
     """With the GIL, once the kernel's work has ended: raise what a signal handler raised
     during the call (the kernel stopped early), or run the handlers of signals that

@@ -11,7 +11,7 @@ rows (``KeyboardInterrupt``; outputs then undefined).
 from libc.math cimport exp, log
 from libc.stdint cimport int64_t
 
-from _interrupt cimport Interrupt, interrupt_finish, interrupt_requested, interrupt_start, interrupted
+from _interrupt cimport Interrupt, interrupt_finish, interrupt_requested, interrupt_start, interrupted_after
 from _kernel_types cimport real, cell_t
 
 # Logit cells between two looks at pending signals (a row of a small vocabulary is cheaper
@@ -62,11 +62,8 @@ def indexed_nll_forward(
     with nogil:
         interrupt_start(&interrupt)
         for item in range(count):
-            since += logits.shape[1]
-            if since >= CHECK_CELLS:
-                since = 0
-                if interrupted(&interrupt):
-                    break
+            if interrupted_after(&interrupt, &since, logits.shape[1], CHECK_CELLS):
+                break
             logsumexp[item] = _row_logsumexp(logits[rows[item]])
             losses[item] = logsumexp[item] - logits[rows[item], targets[item]]
             total += losses[item]
@@ -89,11 +86,8 @@ def indexed_nll_backward(
     with nogil:
         interrupt_start(&interrupt)
         for item in range(count):
-            since += logits.shape[1]
-            if since >= CHECK_CELLS:
-                since = 0
-                if interrupted(&interrupt):
-                    break
+            if interrupted_after(&interrupt, &since, logits.shape[1], CHECK_CELLS):
+                break
             _add_row_gradient(logits[rows[item]], logsumexp[item], targets[item], scale, dlogits[rows[item]])
     interrupt_finish(&interrupt)
 
@@ -116,11 +110,8 @@ def occurrence_logprob_sums(
     with nogil:
         interrupt_start(&interrupt)
         for occurrence in range(sums.shape[0]):
-            since += offsets[occurrence + 1] - offsets[occurrence] + 1
-            if since >= CHECK_CELLS:
-                since = 0
-                if interrupted(&interrupt):
-                    break
+            if interrupted_after(&interrupt, &since, offsets[occurrence + 1] - offsets[occurrence] + 1, CHECK_CELLS):
+                break
             total = 0.0
             for item in range(offsets[occurrence], offsets[occurrence + 1]):
                 values[item] = -losses[item]
@@ -149,11 +140,8 @@ def occurrence_logprob_backward(
         for occurrence in range(weights.shape[0]):
             scale = -weights[occurrence]  # log p is minus the loss
             for item in range(offsets[occurrence], offsets[occurrence + 1]):
-                since += logits.shape[1]
-                if since >= CHECK_CELLS:
-                    since = 0
-                    if interrupted(&interrupt):
-                        break
+                if interrupted_after(&interrupt, &since, logits.shape[1], CHECK_CELLS):
+                    break
                 _add_row_gradient(logits[rows[item]], logsumexp[item], targets[item], scale,
                                   dlogits[rows[item]])
             if interrupt_requested(&interrupt):

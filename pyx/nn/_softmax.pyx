@@ -12,7 +12,7 @@ Ctrl-C stops either kernel between rows (``KeyboardInterrupt``; outputs then und
 from libc.math cimport exp
 from libc.stdint cimport int64_t
 
-from _interrupt cimport Interrupt, interrupt_finish, interrupt_start, interrupted
+from _interrupt cimport Interrupt, interrupt_finish, interrupt_start, interrupted_after
 from _kernel_types cimport real, cell_t
 
 # Score cells between two looks at pending signals (a short row is cheaper than the clock read).
@@ -82,11 +82,8 @@ def range_softmax_forward(
             if interrupt.stop:
                 break
             for query in range(width):
-                since += width
-                if since >= CHECK_CELLS:
-                    since = 0
-                    if interrupted(&interrupt):
-                        break
+                if interrupted_after(&interrupt, &since, width, CHECK_CELLS):
+                    break
                 if query < lengths[grid]:
                     _softmax_row(
                         &scores[grid, query, 0], &probabilities[grid, query, 0], starts[grid, query], query, width
@@ -113,11 +110,8 @@ def range_softmax_backward(
             if interrupt.stop:
                 break
             for query in range(width):
-                since += width
-                if since >= CHECK_CELLS:
-                    since = 0
-                    if interrupted(&interrupt):
-                        break
+                if interrupted_after(&interrupt, &since, width, CHECK_CELLS):
+                    break
                 if query < lengths[grid]:
                     _softmax_row_backward(
                         &probabilities[grid, query, 0], &dprobabilities[grid, query, 0],
