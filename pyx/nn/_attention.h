@@ -72,59 +72,75 @@
                      T *restrict ds, T di)
 #if SEQPACK_X86_PATHS
 #include <immintrin.h>
-/* The AVX2 path's vectors: the loop's steps above on whole registers, written out
-   because gcc vectorizes the two clamps into nine compares and blends. ``x < LO ? LO :
-   x`` is MAXPS(LO, x) and ``xc > HI ? HI : xc`` is MINPS(HI, xc), NaN and signed zeros
+/* The vector paths: the loop's steps above on whole registers, written out because gcc
+   vectorizes the two clamps into nine compares and blends. ``x < LO ? LO : x`` is
+   MAXPS(LO, x) and ``xc > HI ? HI : xc`` is MINPS(HI, xc), NaN and signed zeros
    included, and every other step is the same IEEE operation, so the bits are the C
-   loop's; the constants are folded in the loop's order. The tail (fewer than one
-   register) is left to the C loop: row, ds and n are advanced past the vectors. */
-#define SEQPACK_EXP_VECTORS(T, V, W, S, SI, EPI, EPI_SET1, FMA, DEGREE, LAST, LO, HI, MAGIC, MANTISSA, BIAS, LN2_HI, LN2_LO) \
+   loop's; the constants are folded in the loop's order. One macro for both widths: P is
+   the intrinsics' prefix (_mm256_ or _mm512_), BITS the register's, ZERO_BELOW(x, y)
+   is ``x < LO ? 0 : y`` against the macro's ``lo`` (an AND-NOT with a compare in AVX2,
+   a zero-masked move in AVX-512). The tail (fewer than one register) is left to the C loop: row, ds and n are
+   advanced past the vectors. */
+#define SEQPACK_EXP_VECTORS(P, BITS, T, V, VI, W, S, SI, EPI, EPI_SET1, ZERO_BELOW, FMA, DEGREE, LAST, LO, HI, MAGIC, MANTISSA, BIAS, LN2_HI, LN2_LO) \
 {                                                                                         \
     T folded[DEGREE + 1], c = (T)(LAST);                                                  \
     folded[DEGREE] = c;                                                                   \
     for (int k = DEGREE; k > 0; k--) { c = c * (T)k; folded[k - 1] = c; }                 \
-    const V lo = _mm256_set1_##S((T)(LO)), hi = _mm256_set1_##S((T)(HI));                \
-    const V magic = _mm256_set1_##S((T)(MAGIC)), log2e = _mm256_set1_##S((T)1.4426950408889634074); \
-    const V ln2_hi = _mm256_set1_##S((T)(LN2_HI)), ln2_lo = _mm256_set1_##S((T)(LN2_LO)); \
-    const V by = _mm256_set1_##S(shift), dv = _mm256_set1_##S(di);                       \
-    const __m256i bias = EPI_SET1(BIAS), magic_i = _mm256_cast##SI##_si256(magic); \
+    const V lo = P##set1_##S((T)(LO)), hi = P##set1_##S((T)(HI));                        \
+    const V magic = P##set1_##S((T)(MAGIC)), log2e = P##set1_##S((T)1.4426950408889634074); \
+    const V ln2_hi = P##set1_##S((T)(LN2_HI)), ln2_lo = P##set1_##S((T)(LN2_LO));         \
+    const V by = P##set1_##S(shift), dv = P##set1_##S(di);                               \
+    const VI bias = EPI_SET1(BIAS), magic_i = P##cast##SI##_si##BITS(magic);             \
     ptrdiff_t j = 0;                                                                      \
     for (; j + W <= n; j += W) {                                                          \
-        V x = _mm256_sub_##S(_mm256_loadu_##S(row + j), by);                              \
-        V xc = _mm256_min_##S(hi, _mm256_max_##S(lo, x));                                 \
-        V t = _mm256_fmadd_##S(xc, log2e, magic), nf = _mm256_sub_##S(t, magic);          \
-        __m256i e = _mm256_sub_##EPI(_mm256_cast##SI##_si256(t), magic_i);                \
-        V r = _mm256_fnmadd_##S(nf, ln2_hi, xc);                                          \
-        r = _mm256_fnmadd_##S(nf, ln2_lo, r);                                             \
-        V p = _mm256_set1_##S(folded[DEGREE]);                                            \
-        for (int k = DEGREE; k > 0; k--) p = _mm256_fmadd_##S(p, r, _mm256_set1_##S(folded[k - 1])); \
-        V s = _mm256_castsi256_##SI(_mm256_slli_##EPI(_mm256_add_##EPI(e, bias), MANTISSA)); \
-        V y = _mm256_andnot_##S(_mm256_cmp_##S(x, lo, _CMP_LT_OQ), _mm256_mul_##S(p, s)); \
-        _mm256_storeu_##S(row + j, y);                                                    \
+        V x = P##sub_##S(P##loadu_##S(row + j), by);                                      \
+        V xc = P##min_##S(hi, P##max_##S(lo, x));                                         \
+        V t = P##fmadd_##S(xc, log2e, magic), nf = P##sub_##S(t, magic);                  \
+        VI e = P##sub_##EPI(P##cast##SI##_si##BITS(t), magic_i);                          \
+        V r = P##fnmadd_##S(nf, ln2_hi, xc);                                              \
+        r = P##fnmadd_##S(nf, ln2_lo, r);                                                 \
+        V p = P##set1_##S(folded[DEGREE]);                                                \
+        for (int k = DEGREE; k > 0; k--) p = P##fmadd_##S(p, r, P##set1_##S(folded[k - 1])); \
+        V s = P##castsi##BITS##_##SI(P##slli_##EPI(P##add_##EPI(e, bias), MANTISSA));    \
+        V y = ZERO_BELOW(x, P##mul_##S(p, s));                                            \
+        P##storeu_##S(row + j, y);                                                        \
         if (ds != NULL)                                                                   \
-            _mm256_storeu_##S(ds + j, _mm256_mul_##S(y, _mm256_sub_##S(_mm256_loadu_##S(ds + j), dv))); \
+            P##storeu_##S(ds + j, P##mul_##S(y, P##sub_##S(P##loadu_##S(ds + j), dv)));   \
     }                                                                                     \
     row += j, n -= j;                                                                     \
     if (ds != NULL) ds += j;                                                              \
 }
-#define SEQPACK_EXP_VECTORS_F(...) SEQPACK_EXP_VECTORS(float, __m256, 8, ps, ps, epi32, _mm256_set1_epi32, __VA_ARGS__)
-#define SEQPACK_EXP_VECTORS_D(...) SEQPACK_EXP_VECTORS(double, __m256d, 4, pd, pd, epi64, _mm256_set1_epi64x, __VA_ARGS__)
-#define SEQPACK_EXP_SHIFT(T, I, SUFFIX, VECTORS, ...)                                      \
+#define SEQPACK_ZERO_BELOW_256_PS(x, y) _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), y)
+#define SEQPACK_ZERO_BELOW_256_PD(x, y) _mm256_andnot_pd(_mm256_cmp_pd(x, lo, _CMP_LT_OQ), y)
+#define SEQPACK_ZERO_BELOW_512_PS(x, y) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), y)
+#define SEQPACK_ZERO_BELOW_512_PD(x, y) _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(x, lo, _CMP_NLT_UQ), y)
+#define SEQPACK_EXP_AVX2_F(...) SEQPACK_EXP_VECTORS(_mm256_, 256, float, __m256, __m256i, 8, ps, ps, epi32, \
+                                                     _mm256_set1_epi32, SEQPACK_ZERO_BELOW_256_PS, __VA_ARGS__)
+#define SEQPACK_EXP_AVX2_D(...) SEQPACK_EXP_VECTORS(_mm256_, 256, double, __m256d, __m256i, 4, pd, pd, epi64, \
+                                                     _mm256_set1_epi64x, SEQPACK_ZERO_BELOW_256_PD, __VA_ARGS__)
+#define SEQPACK_EXP_AVX512_F(...) SEQPACK_EXP_VECTORS(_mm512_, 512, float, __m512, __m512i, 16, ps, ps, epi32, \
+                                                       _mm512_set1_epi32, SEQPACK_ZERO_BELOW_512_PS, __VA_ARGS__)
+#define SEQPACK_EXP_AVX512_D(...) SEQPACK_EXP_VECTORS(_mm512_, 512, double, __m512d, __m512i, 8, pd, pd, epi64, \
+                                                       _mm512_set1_epi64, SEQPACK_ZERO_BELOW_512_PD, __VA_ARGS__)
+#define SEQPACK_EXP_SHIFT(T, I, SUFFIX, AVX2, AVX512, ...)                                 \
     SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_baseline) SEQPACK_EXP_BODY(T, I, __VA_ARGS__) \
     SEQPACK_AVX2 SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_avx2)                     \
     {                                                                                     \
-        VECTORS(__VA_ARGS__)                                                              \
+        AVX2(__VA_ARGS__)                                                                 \
         SEQPACK_EXP_BODY(T, I, __VA_ARGS__)                                               \
     }                                                                                     \
     SEQPACK_AVX512 SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_avx512)                 \
-        SEQPACK_EXP_BODY(T, I, __VA_ARGS__)
+    {                                                                                     \
+        AVX512(__VA_ARGS__)                                                               \
+        SEQPACK_EXP_BODY(T, I, __VA_ARGS__)                                               \
+    }
 #else
-#define SEQPACK_EXP_SHIFT(T, I, SUFFIX, VECTORS, ...)                                      \
+#define SEQPACK_EXP_SHIFT(T, I, SUFFIX, AVX2, AVX512, ...)                                      \
     SEQPACK_EXP_SIGNATURE(T, seqpack_exp_##SUFFIX##_baseline) SEQPACK_EXP_BODY(T, I, __VA_ARGS__)
 #endif
-SEQPACK_EXP_SHIFT(float, int32_t, f, SEQPACK_EXP_VECTORS_F, fmaf, 7, 1.0 / 5040.0, -87.0, 88.0,
+SEQPACK_EXP_SHIFT(float, int32_t, f, SEQPACK_EXP_AVX2_F, SEQPACK_EXP_AVX512_F, fmaf, 7, 1.0 / 5040.0, -87.0, 88.0,
                   12582912.0, 23, 127, 0.693359375, -2.12194440e-4)
-SEQPACK_EXP_SHIFT(double, int64_t, d, SEQPACK_EXP_VECTORS_D, fma, 12, 1.0 / 479001600.0, -708.0,
+SEQPACK_EXP_SHIFT(double, int64_t, d, SEQPACK_EXP_AVX2_D, SEQPACK_EXP_AVX512_D, fma, 12, 1.0 / 479001600.0, -708.0,
                   709.0, 6755399441055744.0, 52, 1023,
                   6.93147180369123816490e-01, 1.90821492927058770002e-10)
 
@@ -380,7 +396,6 @@ static int seqpack_exp_use_path(int path)
     if (path == 1) { seqpack_exp_shift_f = seqpack_exp_f_avx2; seqpack_exp_shift_d = seqpack_exp_d_avx2; }
     if (path == 2) { seqpack_exp_shift_f = seqpack_exp_f_avx512; seqpack_exp_shift_d = seqpack_exp_d_avx512; }
     if (path >= 1) {
-        seqpack_transpose_f = seqpack_transpose_f_avx2, seqpack_transpose_d = seqpack_transpose_d_avx2;
         seqpack_sum_f = seqpack_sum_f_avx2, seqpack_sum_d = seqpack_sum_d_avx2;
         seqpack_dot_f = seqpack_dot_f_avx2, seqpack_dot_d = seqpack_dot_d_avx2;
         seqpack_max_f = seqpack_max_f_avx2, seqpack_max_d = seqpack_max_d_avx2;

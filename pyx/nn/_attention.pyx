@@ -30,9 +30,9 @@ Paths. The exponential and the tile products are compiled for AVX-512, AVX2 and 
 x86-64 and chosen at load time by ``__builtin_cpu_supports`` (no ``ifunc``, so musl builds too; no
 ``-march=native``, no ``-ffast-math``). The kernels are built with ``-ffp-contract=off``:
 the only fused multiply-adds are the explicit ones, which every path rounds alike, so
-every path gives the same bits (``tests/nn/test_cpu_dispatch.py`` forces each). On AVX2 the
-exponential's clamps are MAXPS and MINPS intrinsics (the compiler made nine compares and
-blends of the C expressions). On an x86-64 CPU without FMA each fused multiply-add is a
+every path gives the same bits (``tests/nn/test_cpu_dispatch.py`` forces each). On AVX2 and
+AVX-512 the exponential is written with intrinsics, its clamps MAXPS and MINPS (the compiler
+made nine compares and blends of the C expressions). On an x86-64 CPU without FMA each fused multiply-add is a
 call to libm's exact ``fma``: the tile products then run about a hundred times slower.
 
 Numerics. Inactive queries give exactly zero output, log-sum-exp and gradients. An
