@@ -396,6 +396,7 @@ static int seqpack_exp_use_path(int path)
     if (path == 1) { seqpack_exp_shift_f = seqpack_exp_f_avx2; seqpack_exp_shift_d = seqpack_exp_d_avx2; }
     if (path == 2) { seqpack_exp_shift_f = seqpack_exp_f_avx512; seqpack_exp_shift_d = seqpack_exp_d_avx512; }
     if (path >= 1) {
+        seqpack_transpose_f = seqpack_transpose_f_avx2, seqpack_transpose_d = seqpack_transpose_d_avx2;
         seqpack_sum_f = seqpack_sum_f_avx2, seqpack_sum_d = seqpack_sum_d_avx2;
         seqpack_dot_f = seqpack_dot_f_avx2, seqpack_dot_d = seqpack_dot_d_avx2;
         seqpack_max_f = seqpack_max_f_avx2, seqpack_max_d = seqpack_max_d_avx2;
