@@ -114,6 +114,15 @@ enum { SEQPACK_KC = 256, SEQPACK_PARTIAL = 4608 };
     x = BROADCAST(a3 + o); c30 = FMADD(x, b0, c30); c31 = FMADD(x, b1, c31);           \
     x = BROADCAST(a4 + o); c40 = FMADD(x, b0, c40); c41 = FMADD(x, b1, c41);           \
     x = BROADCAST(a5 + o); c50 = FMADD(x, b0, c50); c51 = FMADD(x, b1, c51);
+/* The step of the 6 rows on B's first vector alone (the second is past the end of C,
+   or above the diagonal of a LOWER_OUTPUT product). */
+#define SEQPACK_SIX_ROWS_FIRST(BROADCAST, FMADD)                                          \
+    x = BROADCAST(a0 + o); c00 = FMADD(x, b0, c00);                                    \
+    x = BROADCAST(a1 + o); c10 = FMADD(x, b0, c10);                                    \
+    x = BROADCAST(a2 + o); c20 = FMADD(x, b0, c20);                                    \
+    x = BROADCAST(a3 + o); c30 = FMADD(x, b0, c30);                                    \
+    x = BROADCAST(a4 + o); c40 = FMADD(x, b0, c40);                                    \
+    x = BROADCAST(a5 + o); c50 = FMADD(x, b0, c50);
 /* One row's step: the ``SEQPACK_SIX_ROWS`` step of row R alone. */
 #define SEQPACK_ONE_ROW(R, BROADCAST, FMADD)                                               \
     x = BROADCAST(a##R + o); c##R##0 = FMADD(x, b0, c##R##0); c##R##1 = FMADD(x, b1, c##R##1);
@@ -166,6 +175,9 @@ __attribute__((target(TARGET), noinline)) static void NAME(const seqpack_product
         ptrdiff_t width = g->n - j0 < 2 * W ? g->n - j0 : 2 * W;                           \
         ptrdiff_t rows = g->m - i0 < SEQPACK_MR ? g->m - i0 : SEQPACK_MR, first, last;     \
         if (seqpack_strip_skipped(g, i0, rows, j0)) continue;                              \
+        /* A LOWER_OUTPUT block whose second vector lies wholly above the diagonal computes \
+           and stores its first alone (each element's chain is unchanged). */             \
+        if (width > W && seqpack_strip_skipped(g, i0, rows, j0 + W)) width = W;            \
         seqpack_block_inner(g, i0, rows, &first, &last);                                   \
         /* This chunk's part [from, to) of the block's chain; an empty chain ends in the   \
            first chunk. */                                                                 \
@@ -215,10 +227,15 @@ __attribute__((target(TARGET), noinline)) static void NAME(const seqpack_product
                 _mm_prefetch((const char *)(bp + 2 * W / NRB * g->b_strip), _MM_HINT_T0);  \
                 SEQPACK_SIX_ROWS(BROADCAST, FMADD)                                         \
             }                                                                              \
-        } else {                                                                           \
+        } else if (width > W) {                                                            \
             for (; s < body; s++, o += ai, bp += ldb) {                                    \
                 V b0 = MASKLOAD(bp, mask0), b1 = MASKLOAD(bp + second, mask1), x;          \
                 SEQPACK_SIX_ROWS(BROADCAST, FMADD)                                         \
+            }                                                                              \
+        } else {                                                                           \
+            for (; s < body; s++, o += ai, bp += ldb) {                                    \
+                V b0 = MASKLOAD(bp, mask0), x;                                             \
+                SEQPACK_SIX_ROWS_FIRST(BROADCAST, FMADD)                                   \
             }                                                                              \
         }                                                                                  \
         for (; s < steps; s++, o += ai, bp += ldb) {                                       \
