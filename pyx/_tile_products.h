@@ -370,6 +370,16 @@ static int seqpack_products_supported(int path)
     return 0;
 }
 
+/* The product path in use (0 portable, 1 AVX2, 2 AVX-512), for tests. */
+static int seqpack_products_path(void)
+{
+#if SEQPACK_PRODUCT_X86
+    if (seqpack_product_f == seqpack_product_f_avx2 && seqpack_product_d == seqpack_product_d_avx2) return 1;
+    if (seqpack_product_f == seqpack_product_f_avx512 && seqpack_product_d == seqpack_product_d_avx512) return 2;
+#endif
+    return seqpack_product_f == seqpack_product_f_portable && seqpack_product_d == seqpack_product_d_portable ? 0 : -1;
+}
+
 /* Use product path ``path``; return 0 (nothing changed) when the CPU cannot run it. */
 static int seqpack_products_use_path(int path)
 {

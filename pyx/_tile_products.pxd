@@ -11,9 +11,9 @@
 # C; the AVX-512 and AVX2 paths and the portable path (C99 ``fma``) compute exactly that, so every path
 # gives the same bits, and the thread count never enters. A causal ``shape`` skips work
 # known to be zero or unwanted:
-#   LOWER_OUTPUT  only C[i, j] with j <= i + diagonal is wanted: 16-column strips that
-#                 lie wholly right of it for a block of 6 rows are skipped (others are
-#                 computed whole);
+#   LOWER_OUTPUT  only C[i, j] with j <= i + diagonal is wanted: a block of 6 rows skips
+#                 its vectors of columns (16 floats or 8 doubles; 8 and 4 in AVX2) that
+#                 lie wholly right of it (others are computed whole);
 #   LOWER_A       A[i, p] == 0 for p > i + diagonal: row i's chain stops after its own p;
 #   UPPER_A       A[i, p] == 0 for p < i - diagonal: row i's chain starts at its own p.
 # A row's chain never takes those zeros, so an infinity or NaN in a row of B that only
@@ -44,3 +44,4 @@ cdef extern from "_tile_products.h":
     void seqpack_product_d(const seqpack_product *g) noexcept nogil
     int seqpack_products_supported(int path) noexcept nogil
     int seqpack_products_use_path(int path) noexcept nogil
+    int seqpack_products_path() noexcept nogil

@@ -365,6 +365,28 @@ static double (*seqpack_dot_d)(const double *restrict, const double *restrict, p
 static float (*seqpack_max_f)(const float *restrict, ptrdiff_t) = seqpack_max_f_baseline;
 static double (*seqpack_max_d)(const double *restrict, ptrdiff_t) = seqpack_max_d_baseline;
 
+/* Which path's helpers are in use, for tests: out[0] the exp loops, out[1] the K/V
+   transposes, out[2] the row sums, dots and maxima (0 baseline, 1 AVX2, 2 AVX-512; -1
+   when the float and double helpers of a group disagree). */
+#define SEQPACK_EXP_IS(P) (seqpack_exp_shift_f == seqpack_exp_f_##P && seqpack_exp_shift_d == seqpack_exp_d_##P)
+#define SEQPACK_TRANSPOSE_IS(P) \
+    (seqpack_transpose_f == seqpack_transpose_f_##P && seqpack_transpose_d == seqpack_transpose_d_##P)
+#define SEQPACK_REDUCTIONS_ARE(P) (seqpack_sum_f == seqpack_sum_f_##P && seqpack_sum_d == seqpack_sum_d_##P \
+    && seqpack_dot_f == seqpack_dot_f_##P && seqpack_dot_d == seqpack_dot_d_##P                        \
+    && seqpack_max_f == seqpack_max_f_##P && seqpack_max_d == seqpack_max_d_##P)
+static void seqpack_helper_paths(int *out)
+{
+    out[0] = SEQPACK_EXP_IS(baseline) ? 0 : -1;
+    out[1] = SEQPACK_TRANSPOSE_IS(baseline) ? 0 : -1;
+    out[2] = SEQPACK_REDUCTIONS_ARE(baseline) ? 0 : -1;
+#if SEQPACK_X86_PATHS
+    if (SEQPACK_EXP_IS(avx2)) out[0] = 1;
+    if (SEQPACK_EXP_IS(avx512)) out[0] = 2;
+    if (SEQPACK_TRANSPOSE_IS(avx2)) out[1] = 1;
+    if (SEQPACK_REDUCTIONS_ARE(avx2)) out[2] = 1;
+#endif
+}
+
 /* Whether this CPU can run path ``path``. */
 static int seqpack_exp_path_supported(int path)
 {

@@ -71,6 +71,7 @@ from _tile_products cimport (
     seqpack_product,
     seqpack_product_d,
     seqpack_product_f,
+    seqpack_products_path,
     seqpack_products_use_path,
 )
 
@@ -85,6 +86,7 @@ cdef extern from "_attention.h":
                              Py_ssize_t lds, double *dst, Py_ssize_t ldd) noexcept nogil
     int seqpack_exp_path_supported(int path) noexcept nogil
     int seqpack_exp_use_path(int path) noexcept nogil
+    void seqpack_helper_paths(int *out) noexcept nogil
     float seqpack_sum_f(const float *x, Py_ssize_t n) noexcept nogil
     double seqpack_sum_d(const double *x, Py_ssize_t n) noexcept nogil
     float seqpack_dot_f(const float *x, const float *y, Py_ssize_t n) noexcept nogil
@@ -136,6 +138,18 @@ def use_cpu_path(int path):
     if chosen >= 0:
         seqpack_products_use_path(chosen)
     return chosen
+
+
+def paths_in_use():
+    """The CPU path each group of kernel code now runs, by name: ``exp``, ``products``,
+    ``transposes`` (K and V) and ``reductions`` (row sums, dots and maxima); None for a
+    group whose float and double code disagree. For tests: the bits alone cannot show a
+    vector path that runs the portable code."""
+    cdef int helpers[3]
+    seqpack_helper_paths(helpers)
+    names = {-1: None, **dict(enumerate(CPU_PATHS))}
+    return {"exp": names[helpers[0]], "products": names[seqpack_products_path()],
+            "transposes": names[helpers[1]], "reductions": names[helpers[2]]}
 
 
 use_cpu_path(-1)

@@ -1,5 +1,6 @@
 """One result on every CPU: each compiled CPU path (exp loops, tile products, K/V transposes)
-gives the same bits, and no path depends on an ifunc (which musl does not have)."""
+gives the same bits and runs its own code, and no path depends on an ifunc (which musl does
+not have)."""
 
 import struct
 import sys
@@ -119,6 +120,17 @@ def test_the_avx512_path_gives_the_bits_of_every_other_path(every_path, dtype, h
     for key, arrays in results.items():
         for mine, baseline in zip(arrays, results["baseline", 1]):
             assert np.array_equal(mine, baseline), f"{key} differs from the baseline on one thread"
+
+
+def test_each_path_runs_its_own_code(every_path):
+    """A vector path that fell back on the portable code would give the same bits, only slower:
+    each group of kernel code reports the path it was switched to (the transposes and row
+    reductions have AVX2 code only, which the AVX-512 path runs)."""
+    for path in every_path:
+        assert _attention.use_cpu_path(_attention.CPU_PATHS.index(path)) >= 0
+        plain = "baseline" if path == "baseline" else "avx2"
+        assert _attention.paths_in_use() == {"exp": path, "products": path, "transposes": plain,
+                                             "reductions": plain}
 
 
 def test_a_path_this_cpu_cannot_run_is_refused(every_path):
