@@ -218,7 +218,7 @@ class _GoldLogprobs(torch.autograd.Function):
             g = grad[start:stop, None]                                                   # [k, 1]
             block = _eligible_rows(logits, rows[start:stop], columns[start:stop]).to(grad.dtype)  # a copy
             torch.softmax(block, 1, out=block).mul_(-g)                                  # [k, V], in place
-            block[torch.arange(stop - start, device=block.device), gold[start:stop]] += g[:, 0]
+            block.scatter_add_(1, gold[start:stop, None], g)                             # + g at the gold column
             cells = rows[start:stop] * width + columns[start:stop]                       # distinct cells
             grad_logits.view(-1, classes).index_copy_(0, cells, block.to(logits.dtype))
         return grad_logits, None, None, None
