@@ -127,8 +127,9 @@ def target_statistics(logits: torch.Tensor, batch) -> tuple[torch.Tensor, torch.
     entropy = torch.empty(gold.numel(), dtype=compute, device=logits.device)          # [E]
     mean = torch.empty_like(entropy)
     top = torch.empty(gold.numel(), dtype=torch.bool, device=logits.device)
-    for start, stop in _blocks(gold.numel(), logits):
-        block = _eligible_rows(logits, rows[start:stop], columns[start:stop]).to(compute)  # [k, V]
+    buffer, blocks = _blocks(gold.numel(), logits, compute)
+    for start, stop in blocks:
+        block = _eligible_rows(logits, rows[start:stop], columns[start:stop], buffer)     # [k, V]
         mean[start:stop] = block.mean(1)
         top[start:stop] = block.argmax(1) == gold[start:stop]
         entropy[start:stop] = _row_sums(torch.special.entr(block.softmax(1)))           # 0 log 0 = 0
@@ -166,11 +167,14 @@ def _gold_logprobs(logits: torch.Tensor, targets: _Targets) -> torch.Tensor:
     return _GoldLogprobs.apply(logits, targets.rows.to(device), targets.columns.to(device), targets.gold.to(device))
 
 
-def _blocks(count: int, logits: torch.Tensor):
-    """``(start, stop)`` blocks of ``count`` eligible rows (see ``sequence_logprobs``' memory bound)."""
+def _blocks(count: int, logits: torch.Tensor, dtype: torch.dtype):
+    """``(buffer, [(start, stop), ...])``: blocks of ``count`` eligible rows (see
+    ``sequence_logprobs``' memory bound) and one ``[block, V]`` buffer of ``dtype`` that every
+    block is read into in turn (one allocation, its pages touched once)."""
     rows, width, classes = logits.shape
     size = max(1, min(BLOCK_ELEMENTS // max(classes, 1), rows * width // 3))
-    return [(start, min(start + size, count)) for start in range(0, count, size)]
+    buffer = torch.empty((min(size, count), classes), dtype=dtype, device=logits.device)
+    return buffer, [(start, min(start + size, count)) for start in range(0, count, size)]
 
 
 def _row_sums(block: torch.Tensor) -> torch.Tensor:
@@ -181,13 +185,17 @@ def _row_sums(block: torch.Tensor) -> torch.Tensor:
     return block.sum(1)
 
 
-def _eligible_rows(logits: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    """``logits[rows, columns]`` ``[k, V]``, a copy: by ``index_select`` over the ``[rows * T, V]``
-    view where the logits' strides allow one (about four times faster than advanced indexing)."""
+def _eligible_rows(logits: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+    """``logits[rows, columns]`` ``[k, V]`` copied into the first ``k`` rows of ``buffer`` (in its
+    dtype), which it returns: by ``index_select`` over the ``[rows * T, V]`` view where the logits'
+    strides allow one (about four times faster than advanced indexing)."""
     batch_rows, width, classes = logits.shape
+    block = buffer[:rows.numel()]
     if batch_rows <= 1 or logits.stride(0) == width * logits.stride(1):
-        return logits.view(-1, classes).index_select(0, rows * width + columns)
-    return logits[rows, columns]
+        if logits.dtype == block.dtype:
+            return torch.index_select(logits.view(-1, classes), 0, rows * width + columns, out=block)
+        return block.copy_(logits.view(-1, classes).index_select(0, rows * width + columns))
+    return block.copy_(logits[rows, columns])
 
 
 class _GoldLogprobs(torch.autograd.Function):
@@ -200,8 +208,9 @@ class _GoldLogprobs(torch.autograd.Function):
     def forward(ctx, logits, rows, columns, gold):
         compute = _compute_dtype(logits)
         values = torch.empty(gold.numel(), dtype=compute, device=logits.device)       # [E]
-        for start, stop in _blocks(gold.numel(), logits):
-            block = _eligible_rows(logits, rows[start:stop], columns[start:stop]).to(compute)  # [k, V], a copy
+        buffer, blocks = _blocks(gold.numel(), logits, compute)
+        for start, stop in blocks:
+            block = _eligible_rows(logits, rows[start:stop], columns[start:stop], buffer)  # [k, V], a copy
             torch.log_softmax(block, 1, out=block)                                       # in place
             values[start:stop] = block.gather(1, gold[start:stop, None])[:, 0]
         ctx.save_for_backward(logits, rows, columns, gold)
@@ -214,9 +223,10 @@ class _GoldLogprobs(torch.autograd.Function):
         logits, rows, columns, gold = ctx.saved_tensors
         batch_rows, width, classes = logits.shape
         grad_logits = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)  # [rows, T, V]
-        for start, stop in _blocks(gold.numel(), logits):
+        buffer, blocks = _blocks(gold.numel(), logits, grad.dtype)
+        for start, stop in blocks:
             g = grad[start:stop, None]                                                   # [k, 1]
-            block = _eligible_rows(logits, rows[start:stop], columns[start:stop]).to(grad.dtype)  # a copy
+            block = _eligible_rows(logits, rows[start:stop], columns[start:stop], buffer)  # a copy
             torch.softmax(block, 1, out=block).mul_(-g)                                  # [k, V], in place
             block.scatter_add_(1, gold[start:stop, None], g)                             # + g at the gold column
             cells = rows[start:stop] * width + columns[start:stop]                       # distinct cells
