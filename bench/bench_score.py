@@ -17,10 +17,11 @@ from the logits), one model and one set of examples for all, in this process:
   ``transformers.DataCollatorWithFlattening`` into one row (``position_ids``; transformers
   detects the packing and builds a dense block-causal mask for sdpa);
 - ``seqpack``: ``seqpack.hf.evaluate`` of the plan (best-fit-decreasing, batches of 4 rows
-  of 2048), seqpack attention;
-- ``no-op bound``: the same rows and the same per-example sums with attention replaced by
-  a function that returns its query: what the rest of the model costs, the most any
-  attention could reach on these rows.
+  of 2048, each handed to the model flattened by ``seqpack.hf.flat``: no padding), seqpack
+  attention;
+- ``no-op bound``: the same flattened batches and the same per-example sums with attention
+  replaced by a function that returns its query: what the rest of the model costs, the
+  most any attention could reach on them.
 
 Each round runs every method once, in turn, so load changes hit all of them; figures are
 medians over rounds and the ratios medians of per-round ratios. Every method's per-example
@@ -203,9 +204,10 @@ class Methods:
         self._using("noop-query")
         with torch.no_grad():
             for batch in batches.batches(reuse_buffers=True) if hasattr(batches, "batches") else batches:
-                inputs = {k: v for k, v in self.hf.rows(batch).items() if k not in ("labels", "shift_labels")}
-                scored = sequence_logprobs(self.model(**inputs).logits.double(), batch)
-                sums[scored.ordinals.numpy()] = -scored.sums.numpy()
+                fields = self.hf.flat(batch)
+                inputs = {k: v for k, v in fields.items() if k != "labels"}
+                scored = sequence_logprobs(self.model(**inputs, use_cache=False).logits.double(), fields)
+                sums[batch.occurrence_records["ordinal"]] = -scored.sums.numpy()
         return sums
 
     def calls(self, warm_up=False):
@@ -324,13 +326,13 @@ def main(argv=None) -> dict:
           f"peak RSS {result['peak_rss_mib']:.0f} MiB")
     print(f"scoring: forward only, float32 model, NLL sums in float64; {args.examples} examples, {targets:,} targets; "
           f"seqpack: {len(plan)} batches of at most {ROWS_PER_BATCH} rows of {CAPACITY} (best-fit-decreasing), "
-          f"{plan.row_count} rows, {targets / (plan.row_count * CAPACITY):.1%} of their cells targets; medians of "
-          f"{args.repeats} rounds\n")
+          f"{plan.row_count} rows, {targets / (plan.row_count * CAPACITY):.1%} of their cells targets, each batch "
+          f"flattened for the model (seqpack.hf.flat); medians of {args.repeats} rounds\n")
     labels = {"HF per example": "HF per example (batch 1, sdpa)",
               "HF padded": f"HF padded batches of {args.padded_batch} (sdpa, attention_mask)",
               "HF packed sdpa": "HF packed sdpa (DataCollatorWithFlattening, the seqpack batches' examples)",
               "seqpack": "**seqpack packed (`seqpack.hf.evaluate`)**",
-              "no-op bound": "no-op attention bound (seqpack's rows)"}
+              "no-op bound": "no-op attention bound (seqpack's flattened batches)"}
     print("| method | s (median) | min..max s | targets/s | against the best HF method | max NLL-sum difference "
           "from seqpack (relative) |")
     print("| --- | --- | --- | --- | --- | --- |")

@@ -7,8 +7,8 @@ the logits (transformers' own loss rounds the logits to float32). Packing then c
 nothing: the result equals evaluating every example alone.
 
 * :func:`evaluate` runs a packed dataset on disk, a plan, an epoch or an iterable of
-  batches through the model, one :func:`~seqpack.hf.rows` batch at a time, and returns an
-  :class:`Evaluation`: each example's supervised targets and NLL sum.
+  batches through the model, one batch at a time flattened by :func:`~seqpack.hf.flat`,
+  and returns an :class:`Evaluation`: each example's supervised targets and NLL sum.
 * :class:`TokenWeightedEvaluation`, a mixin before ``transformers.Trainer``, makes
   ``eval_loss`` that token-weighted mean; Trainer's own averages the batches' mean
   losses, each batch weighing the same however many targets it holds.
@@ -35,7 +35,7 @@ from ..packing.epoch import Epoch
 from ..torch.sequences import sequence_logprobs
 from ..torch.tensors import IGNORE_INDEX, eligible_logits
 from .attention import NAME, seqpack_attention
-from .collators import rows
+from .collators import flat
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,7 +201,9 @@ def evaluate(model, data, *, progress: bool = False) -> Evaluation:
 
     ``data``: a packed dataset on disk (:func:`seqpack.open_dataset`), a plan
     (:func:`seqpack.plan`), an epoch (:func:`seqpack.pack` or :func:`seqpack.pad`) or an
-    iterable of batches. Each batch goes to the model as :func:`~seqpack.hf.rows`, under
+    iterable of batches. Each batch goes to the model as :func:`~seqpack.hf.flat` gives it
+    (its examples in one row with ``cu_seq_lens_q``, no padding: transformers'
+    padding-free layout, so the model computes nothing for a row's empty cells), under
     ``torch.no_grad()`` with the model in eval mode (every module's mode is restored
     afterwards); its logits are cast to float64 and each example's ``log p`` summed over
     its supervised targets (:func:`seqpack.torch.sequence_logprobs`), so the result equals
@@ -245,25 +247,26 @@ def evaluate(model, data, *, progress: bool = False) -> Evaluation:
                 if binding is None:
                     binding = batch.binding
                     _check_vocabulary(vocabulary, binding, "its embeddings")
+                fields = flat(batch)                       # its occurrences' sequences, in order
                 inputs = {key: value.to(device) if isinstance(value, torch.Tensor) else value
-                          for key, value in rows(batch).items() if key not in ("labels", "shift_labels")}
-                outputs = model(**inputs)
-                logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]   # [rows, T, V]
+                          for key, value in fields.items() if key != "labels"}
+                outputs = model(**inputs, use_cache=False)
+                logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]   # [1, N, V]
                 del outputs
                 _check_vocabulary(int(logits.shape[-1]), binding, "its logits")
-                scored = sequence_logprobs(logits.to(torch.float64), batch)
+                scored = sequence_logprobs(logits.to(torch.float64), fields)
                 del logits
-                found = scored.ordinals.cpu().numpy().astype(np.int64)
+                found = batch.occurrence_records["ordinal"].astype(np.int64)
                 for index, ordinal in enumerate(found.tolist()):
                     if ordinal in seen:
                         raise InvalidInputError(
-                            f"example {ordinal} ({scored.example_ids[index]!r}) occurs again in batch {number}: "
+                            f"example {ordinal} ({batch.example_ids[index]!r}) occurs again in batch {number}: "
                             f"evaluate scores each example once, so pass one epoch (evaluate several apart)"
                         )
                     seen.add(ordinal)
                 counts = scored.counts.cpu().numpy().astype(np.int64)
                 ordinals.append(found)
-                ids.extend(scored.example_ids)
+                ids.extend(batch.example_ids)
                 targets.append(counts)
                 sums.append(0.0 - scored.sums.detach().cpu().numpy().astype(np.float64))
                 bar.scored(found.size, int(counts.sum()))
