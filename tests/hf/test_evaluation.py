@@ -137,6 +137,21 @@ def test_evaluation_runs_in_eval_mode_without_gradients():
     assert seen == [(False, False)]
 
 
+def test_the_model_sees_no_padding_cell():
+    """Each batch reaches the model flattened (``flat()``): one row of its examples' tokens,
+    so a padded row's empty cells are never computed."""
+    table, docs, binding = byte_table()
+    data = data_of("padded", table, binding)
+    assert any(batch.shape[0] * batch.shape[1] > int(batch.valid_lengths.sum()) for batch in data)  # padding
+    net = hf_cases.model("llama")
+    shapes = []
+    net.model.register_forward_pre_hook(lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
+                                        with_kwargs=True)
+    sph.evaluate(net, data)
+    assert len(shapes) == len(data) and all(rows == 1 for rows, _ in shapes)
+    assert sum(tokens for _, tokens in shapes) == sum(len(doc) for doc in docs)
+
+
 def test_a_float32_model_is_summed_in_float64():
     """A float32 model's logits are summed in float64: the sums equal the float64
     cross-entropy of those logits computed here, beyond float32's precision."""
