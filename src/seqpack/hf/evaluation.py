@@ -168,8 +168,8 @@ def _vocabulary_size(model) -> int | None:
     for layer in ("get_input_embeddings", "get_output_embeddings"):
         try:
             weight = getattr(getattr(model, layer)(), "weight", None)
-        except (AttributeError, NotImplementedError):
-            continue
+        except (AttributeError, NotImplementedError):   # transformers raises NotImplementedError when
+            continue                                    # it finds no embeddings (speech, vision backbones)
         if isinstance(weight, torch.Tensor) and weight.dim() == 2:
             sizes.append(int(weight.shape[0]))
     return min(sizes) if sizes else None
