@@ -146,7 +146,7 @@ def test_gradients_are_those_of_each_sequence_s_log_softmax():
     F.logsigmoid(0.1 * (result.chosen - result.rejected)).sum().backward()
 
     picked = dense.log_softmax(-1).gather(-1, torch.from_numpy(batch.targets.astype(np.int64)).clamp(min=0)[..., None])
-    mask = torch.from_numpy(batch.loss_mask)
+    mask = torch.from_numpy(batch.loss_mask.copy())
     sums = {o.ordinal: picked[o.row, o.columns, 0][mask[o.row, o.columns]].sum() for o in batch.occurrences}
     F.logsigmoid(0.1 * torch.stack([sums[2 * p] - sums[2 * p + 1] for p in result.pair_ids.tolist()])).sum().backward()
     assert sorted(result.pair_ids.tolist()) == [0, 1, 2]
@@ -155,7 +155,7 @@ def test_gradients_are_those_of_each_sequence_s_log_softmax():
 
 def test_nan_at_prompt_targets_and_padding_reaches_no_sum_and_no_gradient():
     (batch,) = paired_batches([6, 9, 3, 3, 10, 2, 5, 8], rows=4, extra=7, seed=11)
-    mask = torch.from_numpy(batch.loss_mask)
+    mask = torch.from_numpy(batch.loss_mask.copy())
     assert torch.from_numpy(batch.target_valid & ~batch.loss_mask).any()  # prompt targets occur ...
     assert not torch.from_numpy(batch.token_valid).all()                  # ... and padding
     clean = random_logits(batch.shape, 8)
@@ -184,7 +184,7 @@ def test_target_statistics_are_each_supervised_target_s_distribution():
     from seqpack.torch.sequences import target_statistics
 
     (batch,) = paired_batches([6, 9, 3, 3, 10, 2], rows=3, extra=4, seed=2)
-    mask = torch.from_numpy(batch.loss_mask)
+    mask = torch.from_numpy(batch.loss_mask.copy())
     targets = torch.from_numpy(batch.targets.astype(np.int64))
     logits = random_logits(batch.shape, 6)
     (first, second), gold = mask.nonzero()[:2].tolist(), targets[mask][:2].tolist()
@@ -198,6 +198,27 @@ def test_target_statistics_are_each_supervised_target_s_distribution():
     assert close(mean, rows.mean(-1)) and torch.equal(top, rows.argmax(-1) == targets[mask])
     assert top[0].item() is (gold[0] + 1 < VOCABULARY) and top[1].item() is not (gold[1] > 0)  # first on ties
     assert entropy.numel() == batch.target_count == int(st.token_logprobs(logits, batch)[1][-1])
+
+
+def test_target_statistics_are_bitwise_the_same_at_every_thread_count():
+    # Three cells make one-row blocks, and 40,000 classes a row long enough for PyTorch to
+    # split a lone row's reduction across threads.
+    from seqpack.torch.sequences import target_statistics
+
+    generator = torch.Generator().manual_seed(3)
+    batch = {"shift_labels": torch.tensor([[5, 39999, 7]]), "position_ids": torch.tensor([[0, 1, 0]]),
+             "valid_lengths": torch.tensor([3])}
+    cases = [4 * torch.randn(1, 3, 40000, generator=generator) + 1 for _ in range(8)]
+    threads = torch.get_num_threads()
+    seen = []
+    try:
+        for count in (1, 2, 1, 2):
+            torch.set_num_threads(count)
+            seen.append([value for logits in cases for value in target_statistics(logits, batch)])
+    finally:
+        torch.set_num_threads(threads)
+    for other in seen[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(seen[0], other))
 
 
 # --- whole pairs, or an error naming the occurrence ------------------------------------------

@@ -182,7 +182,51 @@ def test_a_flat_sequence_s_last_token_predicts_nothing_whatever_label_follows():
     assert close(result.sums, torch.stack([picked[0] + picked[1], picked[2]]))
 
 
+@pytest.mark.parametrize("options", [{}, {"return_seq_idx": True}, {"return_flash_attn_kwargs": True},
+                                     {"return_flash_attn_kwargs": True, "return_seq_idx": True}])
+def test_every_output_of_transformers_flattening_collator_is_read(options):
+    # By default the collator marks its sequences by position_ids alone.
+    pytest.importorskip("transformers", reason="the oracle is transformers' collator: pip install 'seqpack[hf]'")
+    from transformers import DataCollatorWithFlattening
+
+    lengths = [4, 1, 6, 3]
+    generator = torch.Generator().manual_seed(8)
+    features = [{"input_ids": torch.randint(0, 10, (n,), generator=generator).tolist()} for n in lengths]
+    flat = DataCollatorWithFlattening(**options)(features, return_tensors="pt")
+    logits = torch.randn(1, sum(lengths), 10, dtype=torch.float64, generator=generator)
+    result = st.sequence_logprobs(logits, flat)
+    expected, start = [], 0
+    for feature in features:
+        tokens = torch.tensor(feature["input_ids"])
+        rows = torch.log_softmax(logits[0, start:start + tokens.numel() - 1], -1)
+        expected.append(rows[torch.arange(tokens.numel() - 1), tokens[1:]].sum())
+        start += tokens.numel()
+    assert result.counts.tolist() == [n - 1 for n in lengths] and close(result.sums, torch.stack(expected))
+
+
+def test_empty_layouts_give_empty_results():
+    flat = {"labels": torch.zeros(1, 0, dtype=torch.int64), "cu_seq_lens_q": torch.tensor([0])}
+    rows = {"shift_labels": torch.zeros(2, 0, dtype=torch.int64), "position_ids": torch.zeros(2, 0, dtype=torch.int64),
+            "valid_lengths": torch.tensor([0, 0])}
+    for batch, shape in ((flat, (1, 0, 5)), ({**flat, "seq_idx": torch.zeros(1, 0)}, (1, 0, 5)), (rows, (2, 0, 5))):
+        batch = {k: v.long() for k, v in batch.items()}
+        result = st.sequence_logprobs(torch.zeros(shape), batch)
+        values, offsets = st.token_logprobs(torch.zeros(shape), batch)
+        assert result.sums.numel() == result.counts.numel() == values.numel() == 0 and offsets.tolist() == [0]
+
+
 # --- precision, gradients, excluded cells ---------------------------------------------
+
+
+def test_a_long_float32_sequence_is_summed_without_drift():
+    # 100,000 float32 log-probabilities added in float32 drift by about 5e-6 relative.
+    generator = torch.Generator().manual_seed(0)
+    size = 100_000
+    flat = {"labels": torch.randint(0, 4, (1, size), generator=generator), "cu_seq_lens_q": torch.tensor([0, size])}
+    logits = torch.randn(1, size, 4, generator=generator)
+    (total,) = st.sequence_logprobs(logits, flat).sums
+    exact = torch.log_softmax(logits[0, :-1].double(), -1)[torch.arange(size - 1), flat["labels"][0, 1:]].sum()
+    assert total.dtype == torch.float32 and close(total, exact, relative=1e-7)
 
 
 def test_gradcheck_in_float64():

@@ -86,8 +86,9 @@ def sequence_logprobs(logits: torch.Tensor, batch) -> SequenceLogprobs:
     * its ``seqpack.hf.rows`` dict: ``[rows, T, V]``; targets ``shift_labels``; an occurrence
       starts wherever ``position_ids`` restarts at 0 inside a row's ``valid_lengths``;
     * its ``seqpack.hf.flat`` dict (or any ``DataCollatorWithFlattening`` output): ``[1, N, V]``;
-      the sequences of ``cu_seq_lens_q`` (else the runs of ``seq_idx``), where the target of
-      position ``i`` is ``labels[0, i + 1]`` and a sequence's last position has none.
+      the sequences of ``cu_seq_lens_q``, else the runs of ``seq_idx``, else (a dict without
+      ``shift_labels``) a new sequence wherever ``position_ids`` is not the previous one plus 1;
+      the target of position ``i`` is ``labels[0, i + 1]`` and a sequence's last position has none.
 
     For one batch, all four give the same results; a dict's other keys (``pair_ids``,
     ``use_cache``...) are not read. Only eligible logit rows are read.
@@ -97,7 +98,8 @@ def sequence_logprobs(logits: torch.Tensor, batch) -> SequenceLogprobs:
     ``[cells, V]`` tensor's bytes in the logits' dtype; it keeps no copy of the rows for backward, which recomputes them a
     block at a time into the logits' gradient (an ``[rows, T, V]`` tensor, as any loss makes).
     Bitwise reproducible on the CPU at every thread count: each row reduces on one
-    thread, each occurrence sums its targets in column order (``torch.segment_reduce``).
+    thread, each occurrence sums its targets in column order in float64 (``torch.segment_reduce``),
+    then rounds the sum to the compute dtype once.
 
     Refused with :class:`~seqpack.InvalidInputError`: logits that are not a floating-point
     tensor or not of the shape above, a target outside the vocabulary, a dict none of these
@@ -107,7 +109,10 @@ def sequence_logprobs(logits: torch.Tensor, batch) -> SequenceLogprobs:
     logits = _checked_logits(logits, targets)
     values = _gold_logprobs(logits, targets)
     counts = targets.counts.to(logits.device)
-    sums = torch.segment_reduce(values, "sum", lengths=counts) if counts.numel() else values[:0]
+    if counts.numel():  # in float64: a float32 sum of 100k targets drifts by about 1e-5 relative
+        sums = torch.segment_reduce(values.double(), "sum", lengths=counts).to(values.dtype)
+    else:
+        sums = values[:0]
     ordinals = None if targets.ordinals is None else targets.ordinals.to(logits.device)
     return SequenceLogprobs(sums, counts, ordinals, targets.example_ids)
 
@@ -130,7 +135,7 @@ def target_statistics(logits: torch.Tensor, batch) -> tuple[torch.Tensor, torch.
     buffer, blocks = _blocks(gold.numel(), logits, compute)
     for start, stop in blocks:
         block = _eligible_rows(logits, rows[start:stop], columns[start:stop], buffer)     # [k, V]
-        mean[start:stop] = block.mean(1)
+        mean[start:stop] = _row_sums(block) / block.shape[1]
         top[start:stop] = block.argmax(1) == gold[start:stop]
         entropy[start:stop] = _row_sums(torch.special.entr(block.softmax(1)))           # 0 log 0 = 0
     return entropy, mean, top
@@ -248,6 +253,8 @@ def _targets(batch) -> _Targets:
                                 fields["valid_lengths"])
         if "cu_seq_lens_q" in batch or "seq_idx" in batch:
             return _flat_targets(batch)
+        if "position_ids" in batch and "shift_labels" not in batch and "labels" in batch:
+            return _flat_targets(batch)  # DataCollatorWithFlattening's default output
         if "position_ids" in batch:
             what = "the rows() dict"
             labels = _entry(batch, "shift_labels", what, 2)
@@ -301,7 +308,7 @@ def _row_targets(what: str, labels: torch.Tensor, positions: torch.Tensor, lengt
         raise InvalidInputError(f"{what}: row {row}, column {column} holds target {int(labels[row, column])} past "
                                 f"the row's valid length {int(lengths[row])}")
     starts = valid & (positions == 0)
-    row = _first(valid[:, 0] & ~starts[:, 0])
+    row = _first(valid[:, 0] & ~starts[:, 0]) if width else None
     if row is not None:
         raise InvalidInputError(f"{what}: row {row} begins at position {int(positions[row, 0])}; a row's valid "
                                 f"cells must begin a sequence at position 0")
@@ -323,7 +330,8 @@ def _first(mask: torch.Tensor):
 
 
 def _flat_targets(batch: dict) -> _Targets:
-    """``[1, N]`` sequences: position ``i``'s target is ``labels[0, i + 1]`` within its sequence."""
+    """``[1, N]`` sequences (see ``sequence_logprobs``): position ``i``'s target is
+    ``labels[0, i + 1]`` within its sequence."""
     what = "the flat() dict"
     labels = _entry(batch, "labels", what, 2)
     if labels.shape[0] != 1:
@@ -345,8 +353,13 @@ def _flat_targets(batch: dict) -> _Targets:
         if lengths is not None and not torch.equal(runs, lengths):
             raise InvalidInputError(f"{what}'s seq_idx and cu_seq_lens_q describe different sequences")
         lengths = runs
+    if lengths is None:  # position_ids alone, as transformers reads them
+        positions = _entry(batch, "position_ids", what, 2, labels.shape)[0]
+        starts = torch.ones(size, dtype=torch.bool)
+        starts[1:] = positions[1:] != positions[:-1] + 1
+        lengths = torch.nonzero(starts).flatten().diff(append=torch.tensor([size]))
     sequence = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)          # [N]
-    following = torch.cat([labels[0, 1:], torch.tensor([IGNORE_INDEX])])                 # labels[0, i + 1]
+    following = torch.cat([labels[0, 1:], torch.tensor([IGNORE_INDEX])])[:size]         # labels[0, i + 1]
     eligible = following != IGNORE_INDEX
     eligible[torch.cumsum(lengths, 0) - 1] = False                                       # a sequence's last token
     columns = torch.nonzero(eligible).flatten()
