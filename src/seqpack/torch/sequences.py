@@ -262,8 +262,8 @@ def _targets(batch) -> _Targets:
                                 _entry(batch, "valid_lengths", what, 1, labels.shape[:1]))
         raise InvalidInputError(
             "expected a padded or packed batch or a dict of seqpack.torch.tensors(batch) (with segments), "
-            "seqpack.hf.rows(batch) (with position_ids) or seqpack.hf.flat(batch) (with cu_seq_lens_q or "
-            f"seq_idx); this dict has {', '.join(map(repr, sorted(map(str, batch))))}"
+            "seqpack.hf.rows(batch) (with shift_labels and position_ids) or seqpack.hf.flat(batch) (labels with "
+            f"cu_seq_lens_q, seq_idx or position_ids); this dict has {', '.join(map(repr, sorted(map(str, batch))))}"
         )
     raise InvalidInputError(f"expected a padded or packed batch or one of its dicts, not {type(batch).__name__}")
 
