@@ -173,7 +173,8 @@ def _add_score(commands) -> None:
     score.add_argument("--dtype", choices=SCORE_DTYPES, default="float32",
                        help="the model's dtype (default float32)")
     score.add_argument("--quiet", action="store_true", help="no progress bar")
-    score.add_argument("--json", action="store_true", help="print the totals as JSON")
+    score.add_argument("--json", action="store_true", help="print the totals as JSON (null for a "
+                       "perplexity or loss beyond the float range)")
     score.set_defaults(run=_score)
 
 
@@ -457,7 +458,7 @@ def _score(args) -> int:
     summary = {"dataset": str(args.dataset), "model": str(args.model), "dtype": args.dtype, "out": str(args.out),
                "batches": count, "dataset_batches": len(dataset), "examples": len(evaluation.example_ids),
                "targets": int(evaluation.total_targets), "nll_sum": float(evaluation.nll_sums.sum()),
-               "loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf}
+               "loss": loss, "perplexity": _exp(loss)}
     # A signal before the rename leaves nothing; one from the rename on, a complete file.
     late = write_scores(scores_table(dataset, evaluation, summary), args.out, force=args.force, dataset=args.dataset)
     try:
@@ -471,9 +472,19 @@ def _score(args) -> int:
     return 0
 
 
+def _exp(x: float) -> float:
+    """``e ** x``, infinite past the float range."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
 def _print_score(args, summary: dict) -> None:
     if args.json:
-        _print_json(summary)
+        from .io.scores import json_ready
+
+        _print_json(json_ready(summary))
         return
     from .io.render import printable
 
@@ -551,18 +562,25 @@ def _causal_lm(path: Path, dtype, hf):
             raise InvalidInputError(f"{path}: a {config.model_type!r} model is not a causal LM "
                                     f"(AutoModelForCausalLM has no class for it)")
         config.use_cache = False
-        try:
+        from safetensors import SafetensorError
+
+        try:  # weights of another shape than the config's come back as mismatched_keys, refused below
             model, loading = AutoModelForCausalLM.from_pretrained(
                 path, config=config, dtype=dtype, attn_implementation=hf.NAME, local_files_only=True,
-                output_loading_info=True)
-        except (OSError, ValueError, KeyError, RuntimeError) as error:
+                output_loading_info=True, ignore_mismatched_sizes=True)
+        except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as error:
             raise InvalidInputError(f"{path}: cannot load the model: {_first_line(error)}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-    absent = sorted(loading["missing_keys"]) + sorted(str(key) for key in loading["mismatched_keys"])
-    if absent:
+    if loading["mismatched_keys"]:
+        name, stored, expected = sorted(loading["mismatched_keys"], key=lambda found: found[0])[0]
+        raise InvalidInputError(
+            f"{path}: {_counted(len(loading['mismatched_keys']), 'weight')} of the checkpoint do not fit config.json "
+            f"(first: {name} is {list(stored)} in the checkpoint, {list(expected)} in the model)")
+    if loading["missing_keys"]:
+        absent = sorted(loading["missing_keys"])
         raise InvalidInputError(f"{path}: the checkpoint lacks {_counted(len(absent), 'weight')} of the model "
                                 f"(first: {absent[0]}), which would score with random values")
     return model.eval()

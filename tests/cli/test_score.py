@@ -9,6 +9,7 @@ tokenized by a byte-level BPE trained here; one random Llama saved with ``save_p
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -164,6 +165,26 @@ def test_batches_limits_and_force_replaces(corpus, scored):
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == []
 
 
+def test_a_perplexity_past_the_float_range_is_json_null(corpus):
+    from transformers import LlamaForCausalLM
+
+    root, packed, model = corpus
+    diverged = root / "diverged"
+    weights = LlamaForCausalLM.from_pretrained(model)
+    with torch.no_grad():
+        weights.lm_head.weight.mul_(1e4)  # a loss of thousands of nats per target
+    weights.save_pretrained(diverged)
+    out = root / "diverged.parquet"
+    result = run("score", packed, "--model", diverged, "--out", out, "--batches", 1, "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    totals = json.loads(result.stdout, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert totals["loss"] > 710 and totals["perplexity"] is None
+    stored = parquet.read_schema(out).metadata[b"seqpack.scores"]
+    assert json.loads(stored, parse_constant=lambda name: pytest.fail(f"{name} is not JSON")) == totals
+    text = run("score", packed, "--model", diverged, "--out", out, "--batches", 1, "--force", "--quiet").stdout
+    assert text.splitlines()[1].endswith("perplexity inf")
+
+
 def small_vocabulary(root, vocabulary):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -177,7 +198,8 @@ def small_vocabulary(root, vocabulary):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing model", "empty model directory", "not a causal LM", "no weights",
-                                  "small vocabulary", "not a dataset", "inside the dataset", "a directory"])
+                                  "truncated weights", "weights of other shapes", "small vocabulary",
+                                  "not a dataset", "inside the dataset", "a directory"])
 def test_each_refusal_is_one_line(corpus, case):
     root, packed, model = corpus
     out, extra = root / f"refused-{case.replace(' ', '-')}.parquet", []
@@ -190,12 +212,25 @@ def test_each_refusal_is_one_line(corpus, case):
         elif case == "no weights":
             (target / "config.json").write_text((model / "config.json").read_text())
         model = target
+    elif case in ("truncated weights", "weights of other shapes"):
+        shutil.copytree(model, target, dirs_exist_ok=True)
+        if case == "truncated weights":
+            weights = (model / "model.safetensors").read_bytes()
+            (target / "model.safetensors").write_bytes(weights[:len(weights) // 2])
+        else:
+            config = json.loads((model / "config.json").read_text())
+            (target / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))
+        model = target
     messages = {
         "missing model": f"{root / 'missing-model'}: no such directory (--model takes a directory written by "
                          f"save_pretrained)",
         "empty model directory": f"{target}: no config.json: not a model written by save_pretrained",
         "not a causal LM": f"{target}: a 'vit' model is not a causal LM (AutoModelForCausalLM has no class for it)",
         "no weights": f"{target}: cannot load the model: Error no file named model.safetensors",
+        "truncated weights": f"{target}: cannot load the model: Error while deserializing header",
+        "weights of other shapes": f"{target}: 6 weights of the checkpoint do not fit config.json (first: "
+                                   f"model.layers.0.mlp.down_proj.weight is [64, 128] in the checkpoint, [64, 96] "
+                                   f"in the model)",
         "small vocabulary": f"the model's vocabulary (its embeddings) has {vocabulary - 1} entries, fewer than the "
                             f"{vocabulary} token IDs",
         "not a dataset": f"{root / 'docs'}/manifest.json: missing",

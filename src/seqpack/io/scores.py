@@ -21,6 +21,7 @@ sequence of Megatron, 1 for a text file, which is one document), ``example_id`` 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -104,8 +105,15 @@ def scores_table(dataset, evaluation, metadata: dict | None = None):
                "example_id": pyarrow.array(evaluation.example_ids, type=pyarrow.string()), "targets": targets,
                "nll_sum": sums, "nll_mean": means, "perplexity": perplexities}
     schema = pyarrow.schema([(name, getattr(pyarrow, kind)()) for name, kind in COLUMNS],
-                            metadata={METADATA_KEY: json.dumps(metadata or {}, sort_keys=True).encode()})
+                            metadata={METADATA_KEY: json.dumps(json_ready(metadata or {}), sort_keys=True,
+                                                                allow_nan=False).encode()})
     return pyarrow.Table.from_pydict(columns, schema=schema)
+
+
+def json_ready(record: dict) -> dict:
+    """``record`` with each infinite or NaN float as None (JSON's null): JSON holds neither."""
+    return {key: None if isinstance(value, float) and not math.isfinite(value) else value
+            for key, value in record.items()}
 
 
 def remove_dead_partials(out: Path) -> list[str]:
