@@ -307,6 +307,8 @@ def collate(features, capacity=12, rows_per_batch=3):
     (lambda f: f[0].update(chosen_ids=[7.0, 1.0]), InvalidInputError,
      r"feature 0: chosen_ids must be a 1-D sequence of integer token ids, got shape \(2,\) and dtype float64"),
     (lambda f: f[2].update(prompt_ids=[[0, 1]]), InvalidInputError, r"feature 2: prompt_ids must be a 1-D"),
+    (lambda f: f[1].update(prompt_ids=[[0, 1], [2]]), InvalidInputError,
+     r"feature 1: prompt_ids is not a regular array: setting an array element with a sequence"),
     (lambda f: f[2].update(rejected_ids=[2, 258, 1]), TokenizerError,
      r"example 'feature 2 rejected' \(index 5\), document 5: token 258 at position 1 is out of vocabulary"),
     (lambda f: f[1].update(chosen_ids=[]), InvalidInputError,
@@ -317,7 +319,8 @@ def collate(features, capacity=12, rows_per_batch=3):
      r"feature 0's chosen and rejected sequences have 4 \+ 10 = 14 predictions, and a pair shares one row; "
      r"PackConfig's capacity is 12: raise it to at least 14"),
     (lambda f: f.extend(copy.deepcopy(f)), CapacityError,
-     "6 features need 4 rows of 12; the config allows 3 per batch: lower per_device_train_batch_size"),
+     r"6 features need 4 rows of 12; the config allows 3 per batch: lower the batch size that made it "
+     r"\(per_device_train_batch_size, per_device_eval_batch_size or precompute_ref_batch_size\)"),
     (lambda f: [x.update(ref_chosen_logps=-1.0) for x in f[:2]], InvalidInputError,
      "feature 2 lacks ref_chosen_logps, which feature 0 carries"),
     (lambda f: [x.update(ref_rejected_logps="-1.0") for x in f], InvalidInputError,
@@ -367,6 +370,19 @@ def test_packed_dpo_refuses_per_token_options(options, message, text_pairs, tmp_
     with pytest.raises(InvalidInputError, match=message):
         trainer("ours", *text_pairs, tmp_path, **options)
     trainer("ours", *text_pairs, tmp_path, loss_type=["sigmoid", "ipo"])     # the twin: sums suffice
+
+
+def test_a_deep_copy_of_a_packed_model_runs_its_own_weights(text_pairs, tmp_path):
+    # Iterative DPO: the next round's reference is a copy of this round's policy.
+    ours = trainer("ours", *text_pairs, tmp_path)
+    batch = ours._prepare_inputs(ours.data_collator([ours.train_dataset[i] for i in range(PAIRS)]))
+    before = ours.compute_ref_log_probs(ours.model, batch)
+    frozen = copy.deepcopy(ours.model)
+    with torch.no_grad():
+        for parameter in ours.model.parameters():
+            parameter.mul_(1.5)
+    assert all(torch.equal(a, b) for a, b in zip(ours.compute_ref_log_probs(frozen, batch), before))
+    assert not torch.equal(ours.compute_ref_log_probs(ours.model, batch)[0], before[0])
 
 
 def test_packed_dpo_refuses_a_batch_trl_would_truncate_or_without_packed_rows(text_pairs, tmp_path):

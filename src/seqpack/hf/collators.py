@@ -152,10 +152,7 @@ _FEATURE_KEYS = ("labels", "completion_mask", "assistant_masks", "attention_mask
 
 def _per_token(index: int, key: str, value, length: int, kinds: str, what: str) -> np.ndarray:
     """``feature[key]`` as a 1-D array of ``length`` ``what`` (a dtype kind in ``kinds``)."""
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError) as error:
-        raise InvalidInputError(f"feature {index}: {key} is not a regular array: {error}") from None
+    array = _regular_array(index, key, value)
     if array.shape != (length,) or (array.size and array.dtype.kind not in kinds):
         raise InvalidInputError(
             f"feature {index}: {key} must be a 1-D sequence of {length} {what} (one per input_ids token), got "
@@ -276,9 +273,17 @@ def collator_setup(config, tokenizer_identity, policy: str, split: str) -> tuple
     return config, policy, BatchBinding.for_tokenizer(tokenizer_identity, split=split)
 
 
+def _regular_array(index: int, key: str, value) -> np.ndarray:
+    """``feature[key]`` as an array; a ragged or unreadable value is an error naming both."""
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise InvalidInputError(f"feature {index}: {key} is not a regular array: {error}") from None
+
+
 def token_ids(index: int, key: str, value) -> np.ndarray:
     """``feature[key]`` as a 1-D int64 array (empty allowed)."""
-    array = np.asarray(value)
+    array = _regular_array(index, key, value)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise InvalidInputError(f"feature {index}: {key} must be a 1-D sequence of integer token ids, got "
                                 f"shape {array.shape} and dtype {array.dtype}")
@@ -302,7 +307,8 @@ def one_batch(documents: list, supervision: list, config: PackConfig, policy: st
         needed = sum(batch.shape[0] for batch in epoch.batches)
         raise CapacityError(
             f"{features} features need {needed} rows of {config.capacity}; the config allows "
-            f"{config.rows_per_batch} per batch: lower per_device_train_batch_size or raise rows_per_batch",
+            f"{config.rows_per_batch} per batch: lower the batch size that made it (per_device_train_batch_size, "
+            f"per_device_eval_batch_size or precompute_ref_batch_size) or raise rows_per_batch",
             needed * config.capacity, config.max_cells,
         )
     return epoch.batches[0]

@@ -15,6 +15,7 @@ on a padded ``[2P, S]`` batch; :class:`PackedDPO` makes its models answer that c
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 
@@ -73,7 +74,8 @@ class PackedDPO:
 
     TRL asks its models for per-token log-probabilities with ``model(..., labels=labels,
     fused_lm_head=True)``. Given a batch's ``packed_rows``, the policy and the reference
-    (wrapped when the trainer is built) run on the packed rows instead, take each
+    (wrapped when the trainer is built; a ``copy.deepcopy`` of a wrapped model, such as the
+    next round's reference in iterative DPO, runs its own weights) run on the packed rows instead, take each
     sequence's sum from :func:`seqpack.torch.pair_logprobs` and answer in the layout of
     TRL's padded batch: ``log_probs`` ``[2P, 1]`` (one sum per sequence, which TRL sums over
     dim 1) and the per-token ``entropy``, ``mean_logits`` and ``is_top1`` of its completion
@@ -124,22 +126,28 @@ _MODEL_KEYS = ("input_ids", "position_ids", "valid_lengths", "use_cache")
 
 
 def _wrap(model, max_length: int | None) -> None:
-    """Make ``model``'s fused forward (TRL's) run on a call's ``packed_rows``."""
-    previous = model.forward
-    if getattr(previous, "runs_packed_rows", False):
-        return
+    """Make ``model``'s fused forward (TRL's) run on a call's ``packed_rows``.
 
-    @functools.wraps(previous)
-    def forward(*args, packed_rows=None, fused_lm_head=False, **kwargs):
+    The new forward is bound to the model, and reads the model it runs through ``self``
+    on each call, so a ``copy.deepcopy`` of the model (an iterative-DPO reference) runs
+    its own weights; a call without ``fused_lm_head`` goes to the forward it replaced.
+    """
+    if getattr(model.forward, "runs_packed_rows", False):
+        return
+    model._seqpack_unpacked_forward = model.forward
+
+    @functools.wraps(type(model).forward)  # its signature, as TRL keeps it for generate
+    def forward(self, *args, packed_rows=None, fused_lm_head=False, **kwargs):
         if not fused_lm_head:  # generation, or TRL's extra forward for logits: its padded batch
-            return previous(*args, **kwargs)
+            return self._seqpack_unpacked_forward(*args, **kwargs)
         if packed_rows is None:
             raise InvalidInputError("PackedDPO's models run on packed rows, and this batch has none: give the "
                                     "trainer a seqpack.hf.PreferenceCollator as its data_collator")
-        return _packed_output(previous, packed_rows, kwargs["labels"], max_length)
+        return _packed_output(functools.partial(type(self).forward, self), packed_rows, kwargs["labels"],
+                              max_length)
 
     forward.runs_packed_rows = True
-    model.forward = forward
+    model.forward = types.MethodType(forward, model)
 
 
 def _packed_output(run, packed: dict, labels: torch.Tensor, max_length: int | None):
