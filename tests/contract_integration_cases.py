@@ -481,6 +481,9 @@ def loss_reference(logits, target, fields, denominator):
         if not cells.size:
             raise Invalid("no eligible target")
         return total / len(cells), None
+    if isinstance(denominator, torch.Tensor) and denominator.is_floating_point() and denominator.numel() == 1 \
+            and float(denominator).is_integer():
+        denominator = int(denominator.item())  # Trainer's num_items_in_batch (transformers 5)
     if isinstance(denominator, torch.Tensor) and not denominator.is_floating_point() and \
             denominator.dtype != torch.bool and denominator.numel() == 1:
         denominator = int(denominator.item())
@@ -536,7 +539,7 @@ def loss_arguments(draw):
         [None] * 6 + [ABSENT] * 2 + [int(loss_mask(fields).sum()), int(loss_mask(fields).sum()) + 5,
                                         int(loss_mask(fields).sum()) - 1, 0, -3, True, 2.0, np.int8(100),
                                         np.uint64(2**64 - 1), torch.tensor(500), torch.tensor([[200]]),
-                                        torch.tensor(7.0), torch.tensor([1, 2]), "9"]))
+                                        torch.tensor(7.0), torch.tensor(7.5), torch.tensor([1, 2]), "9"]))
     return logits, target, fields, denominator, batch
 
 
@@ -559,8 +562,12 @@ def count_reference(item, fields_of):
     """Eligible targets of one micro-batch (``step_target_count``'s docstring), or Invalid."""
     if isinstance(item, sp.PaddedBatch | sp.PackedBatch):
         return int(loss_mask(fields_of[id(item)]).sum())
-    if isinstance(item, torch.Tensor) and item.dim() == 0 and not item.is_floating_point() \
-            and not item.is_complex() and item.dtype != torch.bool:
+    if isinstance(item, torch.Tensor) and item.dim() == 0 and item.is_floating_point():
+        # Trainer's num_items_in_batch (transformers 5): a float tensor of the count
+        if not float(item).is_integer():
+            raise Invalid("a fractional count")
+        item = int(item)
+    if isinstance(item, torch.Tensor) and item.dim() == 0 and not item.is_complex() and item.dtype != torch.bool:
         item = int(item)
     if is_int(item):
         if item < 0:
@@ -587,7 +594,8 @@ def count_form(draw, batch, fields):
 
 
 COUNT_ODD = [5, np.int32(7), np.uint64(3), torch.tensor(4), torch.tensor(9, dtype=torch.int8), -1, True, 2.0,
-             None, torch.tensor(2.0), torch.tensor(True), {"labels": torch.tensor([1])}, "3"]
+             None, torch.tensor(2.0), torch.tensor(2.5), torch.tensor(-3.0), torch.tensor(float("nan")),
+             torch.tensor(True), {"labels": torch.tensor([1])}, "3"]
 
 
 def container_of(items, container):
@@ -600,14 +608,18 @@ def container_of(items, container):
     return {"int": 12, "none": None}.get(container, items)
 
 
-def count_case(function, arguments, count_one) -> None:
-    """``function(batches)`` against the sum of ``count_one(item, fields_of)`` over the items."""
+def count_case(function, arguments, count_one, *, positive=False) -> None:
+    """``function(batches)`` against the sum of ``count_one(item, fields_of)`` over the items
+    (which must be positive with ``positive``)."""
     items, container, fields_of = arguments
 
     def reference():
         if container in ("lone", "int", "none"):
             raise Invalid("not a sequence of micro-batches", names=("batches",))
-        return sum(count_one(item, fields_of) for item in items)
+        total = sum(count_one(item, fields_of) for item in items)
+        if positive and total == 0:
+            raise Invalid("no eligible target in the window")
+        return total
 
     def compare(result, expected):
         assert type(result) is int and result == expected, f"{result!r} != {expected}"
@@ -742,7 +754,7 @@ TRAINER_ODD = [{"labels": [[1, 2], [3]]}, {"labels": torch.tensor(5)}, {"labels"
 @contract(150)
 @given(micro_batch_lists(trainer_form, TRAINER_ODD))
 def test_hf_num_items_in_batch(arguments):
-    count_case(sph.num_items_in_batch, arguments, trainer_count)
+    count_case(sph.num_items_in_batch, arguments, trainer_count, positive=True)
 
 
 # --- 5. seqpack.hf.seqpack_attention called directly -----------------------------------

@@ -198,7 +198,19 @@ def test_num_items_in_batch_equals_trainers_own_count(tmp_path):
                                                                     use_cpu=True))
     for make in (sph.rows, sph.flat):
         samples = [make(b) for b in window]
-        assert int(trainer._get_num_items_in_batch(samples, torch.device("cpu"))) == sph.num_items_in_batch(samples)
+        theirs = trainer._get_num_items_in_batch(samples, torch.device("cpu"))  # a float tensor in transformers 5
+        assert int(theirs) == sph.num_items_in_batch(samples)
+        # seqpack's objective takes Trainer's count as it comes
+        assert spt.step_target_count([theirs]) == spt.LossAccumulator([theirs]).denominator == int(theirs)
+        logits = torch.randn(*window[0].shape, window[0].binding.vocabulary_size, dtype=torch.float64)
+        ours = spt.token_weighted_loss(logits, window[0], denominator=theirs)
+        assert ours == spt.token_weighted_loss(logits, window[0], denominator=int(theirs))
+    with pytest.raises(InvalidInputError, match="a target count is 70.5, not a whole number of targets"):
+        spt.LossAccumulator([torch.tensor(141.0) / 2])
+    with pytest.raises(InvalidInputError, match="denominator is 70.5, not a whole number of targets"):
+        spt.token_weighted_loss(logits, window[0], denominator=torch.tensor(141.0) / 2)
+    with pytest.raises(InvalidInputError, match="a step needs at least one eligible target"):
+        sph.num_items_in_batch([{"labels": [[5, -100, -100]]}])  # the first label is no target
 
 
 def test_packing_collator_packs_features_into_rows():

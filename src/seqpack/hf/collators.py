@@ -38,7 +38,7 @@ from ..packing.config import PackConfig
 from ..packing.placement import check_policy
 from ..packing.planning import pack
 from ..torch.attention import int_array
-from ..torch.counts import micro_batches, step_target_count
+from ..torch.counts import check_denominator, micro_batches, step_target_count
 from ..torch.tensors import batch_tensors, check_batch
 
 
@@ -141,9 +141,10 @@ def num_items_in_batch(batches: Iterable, group=None) -> int:
     a list (or iterable) of seqpack batches or dicts from :func:`flat`, :func:`rows` or any
     collator, whose labels are integers (tensors, arrays or lists). Passing it
     to ``ForCausalLMLoss`` (or the model) makes each micro-batch's loss its sum over
-    the window's count, the token-weighted loss of :mod:`seqpack.torch`.
+    the window's count, the token-weighted loss of :mod:`seqpack.torch`. A window without
+    an eligible target is an :class:`~seqpack.InvalidInputError` (its loss would be 0 / 0).
     """
-    return step_target_count([_eligible(item) for item in micro_batches(batches)], group)
+    return check_denominator(step_target_count([_eligible(item) for item in micro_batches(batches)], group))
 
 
 #: The keys a feature may carry besides ``input_ids`` (their rules: ``PackingCollator``).

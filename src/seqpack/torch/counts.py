@@ -14,9 +14,24 @@ from ..layout.batch import BatchLayout
 from .tensors import IGNORE_INDEX, eligible_targets, is_integer_tensor
 
 
+def _counted(name: str, value: torch.Tensor) -> int:
+    """A count held in a one-element integer or floating tensor, as an int. Trainer's
+    ``num_items_in_batch`` is a float tensor in transformers 5: the count divided by the
+    tensor-, context- and sequence-parallel sizes, so a fraction is refused by name."""
+    number = value.item()
+    if isinstance(number, float) and not number.is_integer():
+        raise InvalidInputError(f"{name} is {number}, not a whole number of targets (Trainer divides its "
+                                f"num_items_in_batch by the tensor-, context- and sequence-parallel sizes)")
+    return int(number)
+
+
+def _is_count_tensor(value) -> bool:
+    return is_integer_tensor(value) or (isinstance(value, torch.Tensor) and value.is_floating_point())
+
+
 def check_denominator(value) -> int:
-    if is_integer_tensor(value) and value.numel() == 1:
-        value = int(value.item())
+    if _is_count_tensor(value) and value.numel() == 1:
+        value = _counted("denominator", value)
     if not is_int(value):
         raise InvalidInputError(f"denominator must be an int (a target count), not {type(value).__name__}")
     if value < 1:
@@ -64,11 +79,12 @@ def gradient_factor(ddp: bool, group) -> int:
 
 def target_count(item) -> int:
     """Eligible targets of a batch, a ``tensors()`` dict or targets; a plain count (an int,
-    a numpy integer or a 0-d integer tensor such as Trainer's ``num_items_in_batch``) as is."""
+    a numpy integer or a 0-d integer or whole floating tensor such as Trainer's
+    ``num_items_in_batch``) as is."""
     if isinstance(item, BatchLayout):
         return item.target_count
-    if is_integer_tensor(item) and item.dim() == 0:
-        item = int(item)
+    if _is_count_tensor(item) and item.dim() == 0:
+        item = _counted("a target count", item)
     if is_int(item):
         if item < 0:
             raise InvalidInputError(f"a target count must be non-negative, got {item}")
@@ -92,7 +108,8 @@ def step_target_count(batches: Iterable, group=None) -> int:
     """The eligible targets of one optimizer step, summed over every rank of ``group``.
 
     ``batches``: this rank's micro-batches of the step (batches, ``tensors()`` dicts,
-    targets, or plain counts: ints, numpy integers or 0-d integer tensors). When ``torch.distributed`` is initialized the count is
+    targets, or plain counts: ints, numpy integers or 0-d tensors of a whole number). When
+    ``torch.distributed`` is initialized the count is
     all-reduced over ``group`` (None: the default group, as in ``torch.distributed``), so
     every rank divides by the same global count.
     """

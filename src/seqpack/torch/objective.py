@@ -46,7 +46,8 @@ def token_weighted_loss(logits: torch.Tensor, batch_or_targets, *, denominator=N
     ``batch_or_targets``: a padded or packed batch, its :func:`~seqpack.torch.tensors`
     dict (its ``shift_labels``), or integer targets with ``-100`` at excluded cells.
     ``denominator`` (None: this call's eligible count, which must be positive) is the
-    step's count when the step spans micro-batches or ranks (:func:`step_target_count`),
+    step's count when the step spans micro-batches or ranks (:func:`step_target_count`, or
+    Trainer's ``num_items_in_batch``: an int or a one-element tensor of a whole number),
     so at least this call's count; a micro-batch without eligible targets then
     contributes a zero loss with a graph.
     """
