@@ -309,6 +309,15 @@ def test_the_model_must_run_seqpack_attention():
         sph.evaluate(torch.nn.Linear(2, 2), [batch])
     with pytest.raises(InvalidInputError, match="not function"):
         sph.evaluate(lambda **kwargs: None, [batch])
+    # transformers accepts "seqpack" for a model that never calls an attention function
+    from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
+
+    own = OpenAIGPTLMHeadModel._from_config(OpenAIGPTConfig(vocab_size=300, n_embd=32, n_layer=1, n_head=2),
+                                            attn_implementation="seqpack")
+    assert own.config._attn_implementation == "seqpack"
+    with pytest.raises(InvalidInputError, match="OpenAIGPTLMHeadModel computes attention in its own code, never "
+                                                "through transformers' AttentionInterface"):
+        sph.evaluate(own, [batch])
 
 
 def test_an_example_met_twice_is_refused():

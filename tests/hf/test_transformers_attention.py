@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch", reason="seqpack.hf needs PyTorch: pip insta
 pytest.importorskip("transformers", reason="seqpack.hf needs transformers: pip install 'seqpack[hf]'")
 
 from hf_cases import CAPACITY, close, float64_norms, model, packed
+from transformers import AutoModelForCausalLM, FalconConfig, GPT2Config  # noqa: E402
 from transformers.loss.loss_utils import ForCausalLMLoss
 
 import seqpack.hf as sph
@@ -99,20 +100,29 @@ def positions_withheld_model(kind, attention):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("padding_mask", [False, True], ids=["positions", "positions-and-mask"])
 @pytest.mark.parametrize("kind", ["gpt_bigcode", "persimmon"])
-def test_packed_rows_stay_apart_when_the_model_withholds_position_ids(kind):
+def test_packed_rows_stay_apart_when_the_model_withholds_position_ids(kind, padding_mask):
     """transformers found the packing in the model's position_ids and composed it into the
     mask function; seqpack's mask hook passes those sequences on. Before, these models' rows
-    were one segment each: every example attended to the examples packed before it."""
+    were one segment each: every example attended to the examples packed before it. With a
+    2-D padding mask transformers does not look for packing at all (sdpa then mixes the
+    examples); the hook reads the model's position_ids itself."""
     batch, docs = packed()
     ours = positions_withheld_model(kind, "seqpack")
     reference = positions_withheld_model(kind, "sdpa")
+    fields = sph.rows(batch)
+    if padding_mask:
+        columns = torch.arange(batch.shape[1])
+        fields["attention_mask"] = (columns[None, :] < fields["valid_lengths"][:, None]).long()
+        assert not fields["attention_mask"].all()
     with torch.no_grad():
-        out = ours(**sph.rows(batch))
+        out = ours(**fields)
         for got, doc in zip(cells_of(batch, out.logits, docs), docs):
             alone = reference(input_ids=torch.from_numpy(doc[None, :-1]), use_cache=False).logits[0]
             assert close(got, alone)
-        assert close(out.loss, reference(**sph.rows(batch)).loss)
+        if not padding_mask:
+            assert close(out.loss, reference(**sph.rows(batch)).loss)
 
 
 @pytest.mark.slow
@@ -261,8 +271,12 @@ def test_no_t_by_t_tensor_is_made():
     ("left", "not right-padded"),
     ("softcap", "softcapping"),
     ("weights", "computes no attention weights"),
+    ("built cache", "does not use a cache \\(the model built a cache for this call\\)"),
+    ("captured weights", "computes no attention weights"),
+    ("alibi", "does not compute an additive position bias \\(this model's config has alibi=True\\)"),
 ])
 def test_what_seqpack_attention_cannot_compute_is_an_error(case, message):
+    sph.register()
     batch, _ = packed(lengths=(5, 3, 9, 12))
     fields = sph.rows(batch)
     if case == "dropout":
@@ -283,6 +297,19 @@ def test_what_seqpack_attention_cannot_compute_is_an_error(case, message):
     elif case == "weights":
         net = model("llama")
         fields["output_attentions"] = True
+    elif case == "built cache":  # GPTBigCode hands use_cache to no attention call
+        net = positions_withheld_model("gpt_bigcode", "seqpack")
+        net.config.use_cache = True
+        del fields["use_cache"]
+    elif case == "captured weights":  # GPT-2 collects them by hooks, without telling its attention calls
+        config = GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4, attn_pdrop=0.0)
+        net = AutoModelForCausalLM.from_config(config, attn_implementation="seqpack")
+        fields = {"input_ids": fields["input_ids"], "output_attentions": True, "use_cache": False}
+    elif case == "alibi":
+        net = AutoModelForCausalLM.from_config(FalconConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2,
+                                                            num_attention_heads=4, alibi=True),
+                                               attn_implementation="seqpack")
+        fields = {"input_ids": fields["input_ids"], "use_cache": False}
     else:
         net = model("llama")
         fields["softcap"] = 30.0

@@ -13,10 +13,11 @@ computed.
 * The segments come from the ``cu_seq_lens_q`` keyword (flash-attention's offsets over
   the flattened ``[B * T]`` cells), else ``seq_idx`` (a segment index per cell), else
   ``position_ids`` (a new segment wherever a position is not the previous one plus 1:
-  transformers' own packed-sequence rule), else the packed sequences transformers found
-  in the model's ``position_ids`` when it built the mask (some models, GPTBigCode and
-  Persimmon among them, do not hand ``position_ids`` to their attention), else one
-  segment per row.
+  transformers' own packed-sequence rule), else the packed sequences of the model's
+  ``position_ids`` by that rule, read when transformers built the mask (some models,
+  GPTBigCode and Persimmon among them, do not hand ``position_ids`` to their attention;
+  the rule holds with a 2-D ``attention_mask`` too, where transformers does not look for
+  packed sequences), else one segment per row.
 * Valid cells: the ``valid_lengths`` keyword (``[B]``, as :func:`seqpack.hf.rows` gives
   it), else a right-padded 2-D ``attention_mask``, else the end of ``cu_seq_lens_q``,
   else every cell. Cells past a row's valid length are skipped: zero output, zero
@@ -25,17 +26,18 @@ computed.
   are not repeated) are read where they are; the output is written straight into
   ``[B, T, H, D]`` storage, and the gradients into ``[B, T, heads, D]`` storage, so the
   projections' reshapes never copy.
-* Clear errors instead of silent fallbacks: dropout > 0, a cache (``use_cache=True`` or
-  keys longer than the queries), a sliding window or attention chunk narrower than a
-  segment, softcapping, attention sinks, position biases, sparse key or block selections,
-  bidirectional attention or bidirectional blocks (``block_sequence_ids``), extra mask
-  functions, ``output_attentions=True``, and segment, position and padding keywords that
-  disagree with each other.
+* Clear errors instead of silent fallbacks: dropout > 0, a cache (``use_cache=True``, a
+  cache the model built, or keys longer than the queries), a sliding window or attention
+  chunk narrower than a segment, softcapping, attention sinks, position biases (ALiBi
+  included), sparse key or block selections, bidirectional attention or bidirectional
+  blocks (``block_sequence_ids``), extra mask functions, ``output_attentions=True``, and
+  segment, position and padding keywords that disagree with each other.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -122,7 +124,14 @@ def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
     transformers found packed)."""
     from transformers.masking_utils import bidirectional_mask_function
 
-    _check_dispatches_attention(kwargs.get("config"))
+    config = kwargs.get("config")
+    _check_dispatches_attention(config)
+    if getattr(config, "alibi", False):
+        raise InvalidInputError("seqpack attention does not compute an additive position bias (this model's config "
+                                "has alibi=True)")
+    builder = _mask_builder_locals(sys._getframe(1))
+    if builder.get("cache") is not None:
+        raise _cache_error("the model built a cache for this call")
     if mask_function is bidirectional_mask_function:
         raise InvalidInputError("seqpack attention is causal; this model asked for bidirectional attention")
     if use_vmap:
@@ -138,9 +147,46 @@ def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
         raise _cache_error(f"keys span {kv_length} cells for {q_length} queries")
     padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask
     sequences = _packed_sequences(mask_function)
+    if sequences is None and builder.get("position_ids") is not None:
+        # transformers looks for packed sequences only without a 2-D mask; the rule here is the same with one
+        from transformers.masking_utils import find_packed_sequence_indices
+
+        sequences = find_packed_sequence_indices(builder["position_ids"].expand(batch_size, -1))
     if local_size is None and sequences is None:
         return padding
     return LayerMask(padding, None if local_size is None else int(local_size), sequences)
+
+
+def _mask_builder_locals(frame) -> dict:
+    """The local variables of the ``transformers.masking_utils`` function that called the
+    mask hook (``create_causal_mask`` and its sliding-window and chunked kin), or ``{}``.
+
+    They hold what the hook's arguments leave out: the ``cache`` the model built (a model
+    such as GPTBigCode or Persimmon hands ``use_cache`` to no attention call) and its
+    ``position_ids`` (which transformers reads for packed sequences only when no 2-D
+    ``attention_mask`` is given, and which such a model does not hand on either).
+    """
+    for _ in range(3):  # the builder calls the hook directly; a wrapper or two are allowed
+        if frame is None:
+            break
+        if frame.f_globals.get("__name__") == "transformers.masking_utils" and "cache" in frame.f_code.co_varnames:
+            return frame.f_locals
+        frame = frame.f_back
+    return {}
+
+
+def check_runs_attention_functions(model) -> None:
+    """Refuse a transformers model whose class never calls an attention function (OpenAI
+    GPT, CPM-Ant: transformers marks it as not supporting attention backends, yet accepts
+    ``attn_implementation="seqpack"`` for it): it would compute its own causal attention,
+    across the examples of a packed row, and never call seqpack's hooks to be refused."""
+    compatible = getattr(type(model), "is_backend_compatible", None)  # None: a wrapper, such as a PEFT model
+    if compatible is not None and not compatible():
+        raise InvalidInputError(
+            f"{type(model).__name__} computes attention in its own code, never through transformers' "
+            f"AttentionInterface, so seqpack attention cannot run inside it (its packed rows would attend across "
+            f"their examples)"
+        )
 
 
 def _check_dispatches_attention(config) -> None:
@@ -224,6 +270,18 @@ def _has_block(ids: torch.Tensor) -> bool:
     return bool(((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any())
 
 
+def _capturing_attentions() -> bool:
+    """Whether this forward collects attention weights through transformers' output hooks
+    (``output_attentions=True`` on a model, such as GPT-2 or OPT, that does not hand the
+    flag to its attention calls)."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # a transformers without output hooks passes the flag to the call
+        return False
+    collected = _active_collector.get()
+    return bool(collected) and "attentions" in collected
+
+
 def seqpack_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention hook: range attention of ``query`` ``[B, H, T, D]`` and
     ``key``/``value`` ``[B, H_kv, T, D]``; returns ``([B, T, H, D] output, None)``.
@@ -246,7 +304,8 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     position and padding keywords that disagree (``cu_seq_lens_q`` ending before the valid
     cells, positions restarting inside one of its sequences, ``valid_lengths`` against
     ``attention_mask``). Models that compute attention themselves instead of through
-    ``AttentionInterface`` (Bloom, MPT, Falcon) cannot use it.
+    ``AttentionInterface`` (Bloom, MPT) cannot use it, nor can ALiBi models (Falcon with
+    ``alibi=True``).
     """
     if dropout:
         raise InvalidInputError(f"seqpack attention has no dropout; the model asked for {dropout}")
@@ -255,6 +314,8 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
             raise InvalidInputError(reason)
     if not getattr(module, "is_causal", True):
         raise InvalidInputError(_REFUSED["is_causal"][1])
+    if _capturing_attentions():
+        raise InvalidInputError(_REFUSED["output_attentions"][1])
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
             found = f"shape {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__

@@ -34,7 +34,7 @@ from ..packing.batches import PackedBatches
 from ..packing.epoch import Epoch
 from ..torch.sequences import sequence_logprobs
 from ..torch.tensors import IGNORE_INDEX, eligible_logits
-from .attention import NAME, seqpack_attention
+from .attention import NAME, check_runs_attention_functions, seqpack_attention
 from .collators import flat
 
 
@@ -151,6 +151,7 @@ def _causal_lm(model):
                                 f"{type(model).__name__} holds none")
     functions = AttentionInterface()
     for name, module in found:
+        check_runs_attention_functions(module)
         implementation = module.config._attn_implementation
         if functions.get(implementation) is not seqpack_attention:
             where = f"its {name} ({type(module).__name__})" if name else f"this {type(module).__name__}"
@@ -220,7 +221,8 @@ def evaluate(model, data, *, progress: bool = False) -> Evaluation:
     evaluate does not switch it, since the switch is a change of the model's config
     (silently skipped by models that cannot switch) that a caller sharing the model would
     see. Refused with an :class:`~seqpack.InvalidInputError`, before any forward where it can
-    be known: a model (or a model inside it) on another attention; a model whose
+    be known: a model (or a model inside it) on another attention, or one that never calls
+    an attention function (OpenAI GPT); a model whose
     vocabulary is smaller than the data's binding's ``vocabulary_size`` (both named);
     ``data`` of another kind (a path, a single batch, a ``tensors()`` or ``rows()`` dict,
     an iterable holding anything but batches, batches under different bindings); data

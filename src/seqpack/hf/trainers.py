@@ -23,6 +23,7 @@ from ..data.supervision import IGNORE_INDEX
 from ..errors import InvalidInputError
 from ..torch.pairs import pair_logprobs
 from ..torch.sequences import target_statistics
+from .attention import check_runs_attention_functions
 
 
 def token_count(fields: dict) -> torch.Tensor:
@@ -87,7 +88,8 @@ class PackedDPO:
 
     Refused with an :class:`~seqpack.InvalidInputError`: options that read each token's
     log-probability (``ld_alpha``, ``use_weighting``, ``loss_type="sft"``) and the MoE
-    auxiliary loss, when the trainer is built; a model call without ``packed_rows`` (a
+    auxiliary loss, and a model that never calls an attention function (OpenAI GPT), when
+    the trainer is built; a model call without ``packed_rows`` (a
     collator other than ``PreferenceCollator``), and a sequence longer than
     ``DPOConfig.max_length``, which TRL would truncate where ``PreferenceCollator`` never
     does (set ``max_length=None``: the capacity bounds the pairs).
@@ -118,7 +120,9 @@ class PackedDPO:
         policy = self.model.get_base_model() if is_peft_model(self.model) else self.model
         for model in (policy, self.ref_model):
             if model is not None:
-                _wrap(self.accelerator.unwrap_model(model), self.args.max_length)
+                model = self.accelerator.unwrap_model(model)
+                check_runs_attention_functions(model)
+                _wrap(model, self.args.max_length)
 
 
 #: The keys of ``packed_rows`` the model's forward takes.
