@@ -397,12 +397,16 @@ def test_stdlib_table_refuses_a_limit_that_is_not_a_positive_int(limit):
 
 def test_a_batch_over_the_memory_budget_is_refused_before_it_is_built(tmp_path):
     """The dataset computed its peak and never compared it with max_memory_bytes: a batch
-    of a 2**24-cell row was built under a 1 MiB budget (a plan of the same config refuses)."""
+    of a 2**24-cell row was built under a 1 MiB budget (a plan of the same config refuses).
+    pack_corpus refuses that config now; the manifest is edited to reach the reader's check."""
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "a.txt").write_text("hello")
-    config = sp.PackConfig(2**24, 8, max_memory_bytes=2**20)
-    io.pack_corpus([io.TextFiles([docs])], tmp_path / "big", binding=BINDING, tokenizer=TOKENIZER, config=config)
+    io.pack_corpus([io.TextFiles([docs])], tmp_path / "big", binding=BINDING, tokenizer=TOKENIZER,
+                   config=sp.PackConfig(2**24, 8))
+    manifest = json.loads((tmp_path / "big" / fmt.MANIFEST).read_text())
+    manifest["config"]["max_memory_bytes"] = 2**20
+    reseal(tmp_path / "big", manifest)
     dataset = io.open_dataset(tmp_path / "big")
     assert dataset.report().valid_targets == 6  # what needs no batch still works
     for build in (lambda: dataset[0], lambda: next(dataset.batches(reuse_buffers=True)),
@@ -410,6 +414,27 @@ def test_a_batch_over_the_memory_budget_is_refused_before_it_is_built(tmp_path):
         with pytest.raises(sp.MemoryBudgetError, match=r"big: one batch needs \d+ bytes; "
                                                         r"max_memory_bytes is 1048576"):
             build()
+
+
+@pytest.mark.parametrize("config, error, message", [
+    (sp.PackConfig(8, 4, max_cells=16), sp.CapacityError, "a batch of 4 rows x 8 columns has 32 cells; max_cells is 16"),
+    (sp.PackConfig(2**24, 8, max_memory_bytes=2**20), sp.MemoryBudgetError,
+     r"one batch of the packed dataset needs \d+ bytes; max_memory_bytes is 1048576"),
+])
+def test_pack_corpus_keeps_the_configs_limits_on_a_batch(tmp_path, config, error, message):
+    """pack_corpus wrote batches over max_cells, and batches its own reader then refused
+    under max_memory_bytes; seqpack.plan refuses both, and so does pack_corpus now, before
+    it writes anything."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for index in range(8):
+        (docs / f"{index}.txt").write_text("abcdef")
+    with pytest.raises(error, match=message):
+        io.pack_corpus([io.TextFiles([docs])], tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=config)
+    assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["docs"]
+    table = sp.ExampleTable.from_texts(["abcdef"] * 8, BINDING, capacity=config.capacity)
+    with pytest.raises(error):
+        sp.plan(table, config, partition=sp.Partition.TRAIN, binding=BINDING)
 
 
 def test_a_dataset_batch_takes_no_caller_buffers(tmp_path):

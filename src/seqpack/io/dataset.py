@@ -206,7 +206,7 @@ class PackedDataset:
         index_bytes = sum(8 * (4 * part.example_count + part.batch_count) for part in self.parts)
         index_bytes += sum(8 * (part.example_count + part.flips.shape[0]) for part in self.parts if part.supervised)
         #: Bytes one built batch holds, with its int32 tokens: what ``max_memory_bytes`` caps.
-        self.batch_peak = budget.batch_bytes(self.largest_batch_rows, largest, self.config.capacity) + 4 * tokens
+        self.batch_peak = budget.stored_batch_bytes(self.largest_batch_rows, largest, tokens, self.config.capacity)
         #: Bytes held: the index arrays (memory-mapped from the files) and one built batch.
         self.memory_peak = index_bytes + self.batch_peak
 

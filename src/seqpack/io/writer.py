@@ -30,9 +30,11 @@ from ..data.tokenizer import ByteTokenizer
 from ..data.windows import document_examples, refuse_long
 from ..errors import InvalidInputError
 from ..layout.sources import check_example_count
+from ..packing import budget
 from ..packing.config import PackConfig
 from ..packing.gather import gather_ranges
 from ..packing.placement import place
+from ..packing.planning import check_batch_cells
 from ..packing.report import EfficiencyReport, report_counts
 from . import format as fmt
 from . import publish
@@ -214,6 +216,21 @@ def no_content() -> InvalidInputError:
     return InvalidInputError("the inputs hold no document with content")
 
 
+def _check_batches(bounds: np.ndarray, tokens: np.ndarray, row_count: int, config: PackConfig) -> None:
+    """The config's limits on one batch, as ``seqpack.plan`` checks them and as reading the
+    part will: ``max_cells`` (a ``CapacityError``) and ``max_memory_bytes`` for the largest
+    batch read back (a ``MemoryBudgetError``). ``bounds``: each batch's first example in
+    placement order; ``tokens``: each example's source tokens, in that order."""
+    if not bounds.size:
+        return
+    rows = min(config.rows_per_batch, row_count)
+    check_batch_cells(rows, config)
+    occurrences = int(np.diff(np.append(bounds, tokens.shape[0])).max())
+    largest = int(np.add.reduceat(tokens, bounds).max())
+    budget.require(budget.stored_batch_bytes(rows, occurrences, largest, config.capacity), config.max_memory_bytes,
+                   "one batch of the packed dataset")
+
+
 def write_part(directory: Path, encoded: EncodedDocuments, config: PackConfig, policy: str, long: str,
                progress: Progress) -> dict:
     """Place the encoded documents' examples and write one part into ``directory``.
@@ -243,6 +260,9 @@ def write_part(directory: Path, encoded: EncodedDocuments, config: PackConfig, p
     else:
         order = np.argsort(placement.rows * capacity + placement.starts, kind="stable")
         rows, starts = placement.rows[order], placement.starts[order]
+    batch_count = -(-placement.row_count // per_batch)
+    bounds = np.searchsorted(rows, np.arange(batch_count, dtype=np.int64) * per_batch)
+    _check_batches(bounds, ends - begins if order is None else (ends - begins)[order], placement.row_count, config)
     directory.mkdir()
     files = {"tokens.bin": _write_tokens(directory / "tokens.bin", encoded.pieces, begins, ends, order, progress)}
     ordinals = np.arange(documents.shape[0], dtype=np.int64) if order is None else order
@@ -259,8 +279,6 @@ def write_part(directory: Path, encoded: EncodedDocuments, config: PackConfig, p
         files[fmt.PAIRS_FILE] = publish.write_array(directory / fmt.PAIRS_FILE,
                                                     np.arange(documents.shape[0], dtype=np.int64).reshape(-1, 2))
     sorted_targets = targets if order is None else targets[order]
-    batch_count = -(-placement.row_count // per_batch)
-    bounds = np.searchsorted(rows, np.arange(batch_count, dtype=np.int64) * per_batch)
     batch_targets = np.add.reduceat(sorted_targets, bounds)
     pairs = int(documents.shape[0]) // 2 if encoded.paired else 0
     report = EfficiencyReport.of(policy, capacity, placement.row_count, lengths, batch_targets, pairs)

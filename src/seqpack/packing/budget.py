@@ -93,6 +93,12 @@ def batch_bytes(rows: int, occurrences: int, width: int) -> int:
     return field_bytes(rows, width) + occurrences * RECORD_BYTES + BATCH_OBJECT_BYTES
 
 
+def stored_batch_bytes(rows: int, occurrences: int, tokens: int, width: int) -> int:
+    """Bytes one batch read from a packed dataset holds: the built batch and its source
+    tokens as int32."""
+    return batch_bytes(rows, occurrences, width) + 4 * tokens
+
+
 def gather_bytes(copies_tokens: bool, tokens, occurrences):
     """Temporaries of gathering ``occurrences`` examples holding ``tokens`` source tokens.
 
