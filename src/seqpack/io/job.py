@@ -299,7 +299,10 @@ def pack_corpus(inputs, out, **options) -> dict:
     its own into one part (default: one; see :func:`~seqpack.io.shards.plan_shards`), and
     never splits a record. ``threads`` runs the tokenizer and kernels on that many threads
     (default: every core this process may use). ``progress`` draws a bar. An existing
-    ``out`` is refused unless ``force``. The dataset appears at ``out`` only once complete
+    ``out`` is refused unless ``force``. The config's limits on a batch hold as in
+    :func:`seqpack.plan`, before a part is written: over ``max_cells``, a ``CapacityError``;
+    a batch whose reading would exceed ``max_memory_bytes``, a ``MemoryBudgetError``.
+    The dataset appears at ``out`` only once complete
     (see :mod:`seqpack.io.publish`). :func:`seqpack.ray.pack_corpus` takes the same
     arguments and writes the same bytes.
 
