@@ -134,6 +134,12 @@ def test_tokens_out_of_vocabulary_are_refused(packed, tmp_path):
     ("no parts", r"manifest\.json: lists no part$"),
     ("part without files", r"manifest\.json: malformed manifest \(no 'files' key\)$"),
     ("bad capacity", r"manifest\.json: malformed manifest \(capacity must be an int, got str\)$"),
+    # A part named outside the directory, or listed twice, let a directory of nothing but a
+    # manifest verify.
+    ("part elsewhere", r"malformed manifest \(part name '\.\./original/part-00000' is not part-NNNNN\)$"),
+    ("absolute part", r"malformed manifest \(part name '/.*/part-00000' is not part-NNNNN\)$"),
+    ("part twice", r"malformed manifest \(part 'part-00000' is listed twice\)$"),
+    ("linked part", r"part-00000: a symbolic link; a dataset's parts are its own directories$"),
 ])
 def test_a_malformed_manifest_is_one_clear_error(packed, tmp_path, damage, message):
     target = copy_of(packed, tmp_path)
@@ -142,6 +148,17 @@ def test_a_malformed_manifest_is_one_clear_error(packed, tmp_path, damage, messa
         manifest["parts"] = []
     elif damage == "part without files":
         del manifest["parts"][0]["files"]
+    elif damage in ("part elsewhere", "absolute part", "linked part"):
+        original = copy_of(packed, tmp_path / "original-root")
+        shutil.move(original, tmp_path / "original")
+        shutil.rmtree(target / "part-00000")
+        if damage == "linked part":
+            (target / "part-00000").symlink_to(tmp_path / "original" / "part-00000")
+        else:
+            where = "../original" if damage == "part elsewhere" else str(tmp_path / "original")
+            manifest["parts"][0]["name"] = f"{where}/part-00000"
+    elif damage == "part twice":
+        manifest["parts"].append(manifest["parts"][0])
     else:
         manifest["config"]["capacity"] = "wide"
     reseal(target, manifest)
@@ -411,6 +428,16 @@ def grown(manifest):
 def test_a_damaged_pair_map_or_placement_is_refused_on_open_and_by_verify(pairs, tmp_path, name, change,
                                                                            manifest_change, message):
     target = damaged(pairs, tmp_path, name, change, manifest_change)
+    with pytest.raises(sp.InvalidInputError, match=message):
+        io.open_dataset(target)
+    with pytest.raises(sp.VerificationError, match=message):
+        io.verify_dataset(target)
+
+
+def test_a_supervision_record_of_another_type_is_malformed(pairs, tmp_path):
+    """It was an AttributeError, a traceback from ``seqpack verify``."""
+    target = edited(pairs, tmp_path, "supervision", "yes")
+    message = r"manifest\.json: malformed manifest \(supervision is a str, not an object\)$"
     with pytest.raises(sp.InvalidInputError, match=message):
         io.open_dataset(target)
     with pytest.raises(sp.VerificationError, match=message):

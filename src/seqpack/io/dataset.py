@@ -52,6 +52,7 @@ from ..packing.placement import check_policy
 from ..packing.planning import batch_at
 from ..packing.report import EfficiencyReport
 from . import format as fmt
+from . import publish
 from .part import Part
 from .readers import Input, input_path
 
@@ -175,13 +176,14 @@ class PackedDataset:
             self._check_version(manifest, records)
             #: What the pack applied (``supervision`` of the manifest), or None for version 1.
             self.supervision = manifest.get("supervision")
+            if not isinstance(self.supervision, dict | None):
+                raise TypeError(f"supervision is a {type(self.supervision).__name__}, not an object")
             #: Whether documents are taken as given (fine-tuning records as TRL has them), not framed.
             self.as_given = bool((self.supervision or {}).get("as_given_documents"))
             #: Whether the examples are preference pairs (format version 3): see :meth:`pair_map`.
             self.pairs = self.version >= fmt.PAIRED_VERSION
-            self.parts = [Part(self.path / record["name"], record, self.config, self.token_dtype, self.long,
-                               self.version)
-                          for record in records]
+            self.parts = [Part(directory, record, self.config, self.token_dtype, self.long, self.version)
+                          for directory, record in zip(self._part_directories(records), records)]
         except InvalidInputError:  # a file that disagrees with the manifest, named
             raise
         except (KeyError, TypeError, ValueError) as error:
@@ -209,6 +211,24 @@ class PackedDataset:
         self.batch_peak = budget.stored_batch_bytes(self.largest_batch_rows, largest, tokens, self.config.capacity)
         #: Bytes held: the index arrays (memory-mapped from the files) and one built batch.
         self.memory_peak = index_bytes + self.batch_peak
+
+    def _part_directories(self, records: list) -> list[Path]:
+        """Each part record's directory: a ``part-NNNNN`` directory of this dataset, named
+        once (a name leading elsewhere, or a part listed twice, would let a dataset hold
+        what it does not)."""
+        directories, seen = [], set()
+        for record in records:
+            name = record["name"]
+            if not publish.is_part_name(name):
+                raise ValueError(f"part name {name!r} is not part-NNNNN")
+            if name in seen:
+                raise ValueError(f"part {name!r} is listed twice")
+            seen.add(name)
+            directory = self.path / name
+            if directory.is_symlink():
+                raise InvalidInputError(f"{directory}: a symbolic link; a dataset's parts are its own directories")
+            directories.append(directory)
+        return directories
 
     def _check_version(self, manifest: dict, records: list) -> None:
         """The manifest holds what its format version writes: nothing a later version adds

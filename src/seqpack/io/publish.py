@@ -242,8 +242,10 @@ def _remove_leftover(parent: Path, entry: Path, host: str, removed: list) -> Non
         removed.append(entry.name)
 
 
-def _is_part(name: str) -> bool:
-    return name.startswith("part-") and len(name) >= len(part_name(0)) and name[5:].isdigit()
+def is_part_name(name) -> bool:
+    """Whether ``name`` names a part directory (``part-00000``, ...)."""
+    return (isinstance(name, str) and name.startswith("part-") and len(name) >= len(part_name(0))
+            and name[5:].isascii() and name[5:].isdigit())
 
 
 def _stranger(directory: Path) -> str | None:
@@ -256,7 +258,7 @@ def _stranger(directory: Path) -> str | None:
                 return f"{MANIFEST}, which is not a seqpack manifest"
         elif MANIFEST_TEMPORARY.match(entry.name) and entry.is_file() and not entry.is_symlink():
             continue  # a writer's manifest on its way in
-        elif not _is_part(entry.name) or entry.is_symlink() or not entry.is_dir():
+        elif not is_part_name(entry.name) or entry.is_symlink() or not entry.is_dir():
             return repr(entry.name)
         else:
             inside = sorted(child.name for child in entry.iterdir()
