@@ -68,6 +68,14 @@ def test_text_jsonl_and_ids_give_the_same_documents(tmp_path):
     assert documents_of(pack(tmp_path, io.JsonLines(framed, ids_field="ids"), "d", framed=True)) == expected
 
 
+@pytest.mark.parametrize("start", [b"", b"\xef\xbb\xbf", b"\xef\xbb\xbf\r\n", b"\r\n \t\r\n", b"\xef\xbb\xbf  \n"])
+def test_a_byte_order_mark_and_blank_lines_before_the_first_record_are_skipped(tmp_path, start):
+    # A byte order mark on a blank first line was a JSON error; on a record's line json reads past it.
+    lines = tmp_path / "docs.jsonl"
+    lines.write_bytes(start + b"\r\n".join(json.dumps({"text": t}).encode() for t in TEXTS) + b"\r\n")
+    assert documents_of(pack(tmp_path, io.JsonLines(lines))) == expected_documents(TEXTS)
+
+
 def test_arrow_inputs(tmp_path):
     pa = pytest.importorskip("pyarrow", reason="the corpus extra reads Parquet and Arrow")
     import pyarrow.parquet as pq

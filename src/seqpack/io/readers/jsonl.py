@@ -135,6 +135,12 @@ def _take(fields: RecordFields):
     return {"text": _text, "ids": _ids, "preference-ids": _id_lists}.get(fields.kind, _strings)
 
 
+def _blank(line: bytes) -> bool:
+    """Whether a line holds nothing but white space (after a UTF-8 byte order mark, which
+    json reads past too)."""
+    return not line.strip().removeprefix(b"\xef\xbb\xbf").strip()
+
+
 class JsonLines(RecordReader):
     """A JSONL file: one JSON object a line, each a record of one kind, by the field
     given (``text_field``: a string; ``ids_field``: a list of token IDs; not both), else
@@ -185,7 +191,7 @@ class JsonLines(RecordReader):
         try:
             with open(self.path, "rb") as handle:
                 for number, line in enumerate(handle, start=1):
-                    if line.strip():
+                    if not _blank(line):
                         record = self._parse(line, number)
                         return self._fields(record if isinstance(record, dict) else {}, number)
         except OSError as error:
@@ -265,7 +271,7 @@ class JsonLines(RecordReader):
                     if remaining <= 0:
                         break
                     remaining -= len(line)
-                if not line.strip():
+                if _blank(line):
                     continue
                 record = self._parse(line, number)
                 if not isinstance(record, dict):
