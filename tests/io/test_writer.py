@@ -44,6 +44,8 @@ def test_pack_corpus_names_an_item_that_is_not_a_reader(tmp_path, text):
 def test_pack_corpus_reads_readers_given_as_a_generator(tmp_path, text):
     manifest = pack((reader for reader in [io.TextFiles([text])]), tmp_path / "out")
     assert manifest["counts"]["documents"] == 1
+    # the manifest returned (and printed by seqpack pack --json) is the one on disk, seal included
+    assert manifest == json.loads((tmp_path / "out" / "manifest.json").read_text()) and "seal" in manifest
 
 
 # Regression: a binding, tokenizer, out or progress of the wrong type was a foreign error.

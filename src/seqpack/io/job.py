@@ -194,7 +194,7 @@ class SerialRunner:
 
 def run_job(job: PackJob, run: Runner | None = None) -> dict:
     """Pack ``job`` with ``run`` (default :class:`SerialRunner`) and publish the dataset;
-    return its manifest.
+    return its manifest, sealed, as ``manifest.json`` holds it.
 
     Example ordinals, documents, rows and batches are global in shard order, then input
     order. When some shard's inputs carry supervision, every part gets a supervision
@@ -248,7 +248,7 @@ def run_job(job: PackJob, run: Runner | None = None) -> dict:
             options=job.supervision,
         )
         publish.publish(staging, job.out, manifest, job.force)
-    return manifest
+    return fmt.seal(manifest)  # what manifest.json holds
 
 
 def check_one_kind(job: PackJob, parts: list[dict], staging: Path) -> None:
