@@ -343,7 +343,9 @@ def _check_input_flags(args, readers) -> None:
 
     structured = [r for r in readers if isinstance(r, (kinds.JsonLines, kinds.ArrowBatches))]
     uses = {
-        "--glob": (any(Path(path).is_dir() for path in args.inputs), "no INPUT is a directory"),
+        "--glob": (any(isinstance(reader, kinds.TextFiles) and Path(path).is_dir()
+                       for path, reader in zip(args.inputs, readers)),
+                   "no INPUT is a directory of files (a datasets save_to_disk directory is one dataset)"),
         "--text-field": (bool(structured), "no INPUT is JSONL, Parquet or Arrow"),
         "--ids-field": (bool(structured), "no INPUT is JSONL, Parquet or Arrow"),
         "--framed": (args.ids_field is not None or any(isinstance(r, kinds.Megatron) for r in readers)

@@ -140,6 +140,17 @@ def test_errors_exit_with_one_line(tmp_path, docs, conversational_pairs, args, s
     assert not (tmp_path / "x").exists()
 
 
+def test_glob_has_no_effect_on_a_datasets_directory(tmp_path):
+    # A save_to_disk directory is read as one dataset: --glob was silently ignored there.
+    datasets = pytest.importorskip("datasets", reason="writing a saved dataset needs datasets: pip install "
+                                                      "'seqpack[bench]'")
+    datasets.Dataset.from_dict({"text": ["hello", "world"]}).save_to_disk(str(tmp_path / "saved"))
+    result = run("pack", "saved", "--out", "x", "--glob", "*.py", cwd=tmp_path)
+    assert result.returncode == 2 and "--glob has no effect here: no INPUT is a directory of files" in result.stderr
+    assert not (tmp_path / "x").exists()
+    assert run("pack", "saved", "--out", "x", cwd=tmp_path).returncode == 0  # the twin without --glob
+
+
 def test_pre_tokenized_jsonl_needs_no_ids_field_and_takes_framed(tmp_path):
     # TRL's pre-tokenized JSONL ({"input_ids", "completion_mask"}) is found by name, as in Parquet: no --ids-field.
     records = [{"input_ids": [0, 70, 71, 72, 1], "completion_mask": [0, 0, 1, 1, 1]},
