@@ -183,6 +183,19 @@ def test_plan_budget_equal_to_requirement_passes(binding, multi_call, policy):
 # --- metadata honesty under tracemalloc ---------------------------------------------------
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_tiny_pack_stays_within_the_budget_it_asks_for(binding, policy):
+    """The decreasing policies' reordering of the rows (a radix sort with a 512 KiB digit
+    table) went uncounted: one example packed under exactly its requirement held 44 times it."""
+    example = sp.SequenceExample.from_document("a", sp.BatchDocument("a", [0, 99, 100, 1], TRAIN), binding)
+    need = sp.plan([example], sp.PackConfig(4), partition=TRAIN, binding=binding, policy=policy).epoch_requirement()
+    tracemalloc.start()
+    sp.pack([example], sp.PackConfig(4, max_memory_bytes=need), partition=TRAIN, binding=binding, policy=policy)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak <= need
+
+
 @pytest.fixture(scope="module")
 def honesty_table(binding):
     """About 30k examples, lognormal lengths around 40 predictions."""

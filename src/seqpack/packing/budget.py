@@ -56,6 +56,8 @@ PLAN_BYTES_PER_BATCH = 128
 PLAN_FIXED_BYTES = 8 * 1024
 PLAN_SCAN_BYTES_PER_EXAMPLE = 1
 DECREASING_BYTES_PER_EXAMPLE = 24
+REORDER_BYTES_PER_EXAMPLE = 32  # the placed rows and starts, the sort keys and scratch
+REORDER_FIXED_BYTES = 8 << 16  # its digit counts
 # Gathering: bounds (begins, ends), their int64 copies and the fill's record copies per
 # occurrence; a list source also holds one token view (256) and copies every token.
 GATHER_BYTES_PER_OCCURRENCE = 8 + 16 + 20
@@ -155,10 +157,12 @@ def plan_bytes(lengths: np.ndarray, capacity: int, policy: str, held_bytes_per_e
     ``pair_lengths`` (checked) are given when the examples are placed as preference pairs."""
     count = lengths.shape[0]
     per_example = held_bytes_per_example + PLAN_SCAN_BYTES_PER_EXAMPLE
-    if policy != "next-fit":
-        per_example += DECREASING_BYTES_PER_EXAMPLE
     placing = (checked_placement_bytes(lengths, capacity, policy) if pair_lengths is None
                else paired_placement_bytes(pair_lengths, capacity, policy))
+    if policy != "next-fit":
+        per_example += DECREASING_BYTES_PER_EXAMPLE
+        # The placed rows are then reordered by stable_order, once the placement's temporaries are gone.
+        placing = max(placing, REORDER_BYTES_PER_EXAMPLE * count + REORDER_FIXED_BYTES)
     return count * per_example + placing + PLAN_FIXED_BYTES
 
 
