@@ -160,6 +160,21 @@ def test_threads_argument_is_checked():
     assert _threads.kernel_threads(np.int64(3)) == 3
 
 
+def test_a_plan_s_threads_fill_each_batch_built_alone(binding, monkeypatch):
+    """plan.batch(i) and plan.batches() filled a large batch on the default thread count,
+    whatever threads the plan was given (epoch() kept them)."""
+    from seqpack.layout import fields
+
+    seen = []
+    fill = fields._fill.fill_rows
+    monkeypatch.setattr(fields._fill, "fill_rows", lambda *args: seen.append(args[-1]) or fill(*args))
+    capacity = fields.PARALLEL_CELLS // 2  # two rows of a batch reach the parallel fill
+    plan = sp.plan(table_of([capacity] * 2, binding), sp.PackConfig(capacity, 2), partition=TRAIN, binding=binding,
+                   policy="best-fit-decreasing", threads=1)
+    plan.batch(0), next(plan.batches()), next(plan.batches(reuse_buffers=True)), plan.epoch()
+    assert seen == [1, 1, 1, 1]
+
+
 # Calls until half a second has passed (at least two), so an optimized and a bounds-checked
 # build both measure long enough for the CPU/wall ratio without a fixed, slow workload.
 ATTENTION_LOAD = """

@@ -325,7 +325,7 @@ class PackedDataset:
                                 part.lengths[first:end], ordinals.astype(np.int32))
         rows = min(per_batch, part.row_count - local * per_batch)
         return PackedBatch.filled(self.partition, self.binding, source, placements, (rows, self.config.capacity),
-                                  buffers, self.pairs)
+                                  buffers, self.pairs, self.threads)
 
     def __getitem__(self, index):
         return batch_at(self, index, "this dataset")

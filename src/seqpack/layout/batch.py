@@ -122,15 +122,16 @@ class BatchLayout:
 
     @classmethod
     def filled(cls, partition, binding, source, placements: Placements, shape: tuple[int, int],
-               buffers: FieldArrays | None = None, pairs: bool = False):
+               buffers: FieldArrays | None = None, pairs: bool = False, threads: int | None = None):
         """A batch of ``shape`` whose fields are written from ``placements``.
 
         Internal: callers (padding, packing) validated everything.
         ``buffers`` (at least ``shape`` large), when given, hold the fields: the
-        batch views their first rows, until the next batch built on them.
+        batch views their first rows, until the next batch built on them. ``threads``:
+        as :func:`~seqpack.layout.fields.fill_fields` takes them.
         """
         fields = FieldArrays.allocate(*shape) if buffers is None else buffers.rows(0, shape[0])
-        fill_fields(source, placements, fields)
+        fill_fields(source, placements, fields, threads)
         fields.freeze()
         return cls(partition, binding, source, placements, fields, pairs)
 

@@ -25,10 +25,11 @@ class PackedBatch(BatchLayout):
 
 
 def packed_batch(partition, binding, source, ordinals, rows, starts, lengths, shape,
-                 buffers=None, pairs: bool = False) -> PackedBatch:
-    """A packed batch from its occurrences' ordinals, batch-local rows, starts and lengths."""
+                 buffers=None, pairs: bool = False, threads: int | None = None) -> PackedBatch:
+    """A packed batch from its occurrences' ordinals, batch-local rows, starts and lengths,
+    filled on ``threads`` (None: the default)."""
     placements = Placements(ordinals, rows, starts, lengths, ordinals.astype(np.int32))
-    return PackedBatch.filled(partition, binding, source, placements, shape, buffers, pairs)
+    return PackedBatch.filled(partition, binding, source, placements, shape, buffers, pairs, threads)
 
 
 class EpochBatches(Sequence):

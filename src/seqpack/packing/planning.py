@@ -124,6 +124,7 @@ class PackingPlan:
             self.partition, self.binding, self._source, local + self._source.first_ordinal,
             self._rows[first:end] - number * self.config.rows_per_batch, self._starts[first:end],
             self._lengths[local], (self.batch_rows(number), self.config.capacity), buffers, self.pairs,
+            self.threads,
         )
 
     def batches(self, reuse_buffers: bool = False) -> Iterator[PackedBatch]:
