@@ -112,7 +112,8 @@ def assert_same(ours: dict, theirs: dict, ordered=True):
 
 
 #: The key sets a dataset's rows share (a column is in every row or none).
-KEY_SETS = (("labels",), ("completion_mask",), ("assistant_masks",), ("completion_mask", "assistant_masks"))
+KEY_SETS = (("labels",), ("completion_mask",), ("assistant_masks",), ("completion_mask", "assistant_masks"),
+            ("labels", "completion_mask"), ("labels", "assistant_masks"))  # TRL reads given labels alone
 
 
 @st.composite
@@ -127,7 +128,8 @@ def sft_features(draw):
         content = draw(st.lists(st.integers(2, 257), min_size=predictions - 1, max_size=predictions - 1))
         doc = [0, *content, 1]
         bits = {key: draw(st.lists(st.booleans(), min_size=len(doc), max_size=len(doc))) for key in keys}
-        applied = [key for key in keys if key != "completion_mask" or completion_only_loss is not False]
+        applied = ["labels"] if "labels" in keys else [
+            key for key in keys if key != "completion_mask" or completion_only_loss is not False]
         if not any(all(bits[key][j] for key in applied) for j in range(1, len(doc))):
             last = len(doc) - 1                       # the EOS: supervise it, so the example counts
             for key in keys:
@@ -196,12 +198,12 @@ def prompt_completion(docs):
 def rule(feature):
     """The supervision the collator's docstring states, written out per token."""
     doc = feature["input_ids"]
+    if "labels" in feature:
+        return np.asarray(feature["labels"]) != -100
     keep = np.ones(len(doc), dtype=bool)
     for key in ("completion_mask", "assistant_masks"):
         if key in feature:
             keep &= np.asarray(feature[key]) == 1
-    if "labels" in feature:
-        keep &= np.asarray(feature["labels"]) != -100
     return keep
 
 

@@ -145,14 +145,15 @@ def test_masks_are_carried_exactly_and_per_record(tmp_path):
     (chunk,) = io.JsonLines(bare, ids_field="input_ids").chunks(0)
     assert chunk.masks is None and chunk.masked is None
     # Each record's masks are its own, not decided by the first record: a record without a
-    # mask holds 1s (its own IDs as labels) there, which change nothing.
+    # mask holds 1s there, which change nothing, and one without labels NO_LABEL (-101): its
+    # masks decide (TRL uses a record's labels, when it has them, and no mask).
     later = write_jsonl(tmp_path / "later.jsonl", [{"input_ids": [10, 11, 12]},
                                                    {"input_ids": [20, 21, 22, 23], "completion_mask": [0, 0, 0, 1]},
                                                    {"input_ids": [6, 7], "labels": [-100, 7]}])
     (chunk,) = io.JsonLines(later).chunks(0)
     assert chunk.masked.tolist() == [False, True, True]
     assert chunk.masks["completion_mask"].tolist() == [1, 1, 1, 0, 0, 0, 1, 1, 1]
-    assert chunk.masks["labels"].tolist() == [10, 11, 12, 20, 21, 22, 23, -100, 7]
+    assert chunk.masks["labels"].tolist() == [-101] * 7 + [-100, 7]
     # Narrow Arrow types stay as they are (a flat view, no Python object per value).
     table = pa.table({"input_ids": pa.array([[5, 6]], pa.list_(pa.int32())),
                       "assistant_masks": pa.array([[0, 1]], pa.list_(pa.int8()))})

@@ -251,15 +251,23 @@ def test_mask_columns_follow_trls_rule(tmp_path, tokenizer, binding):
     out = tmp_path / "out"
     manifest = pack_corpus([Masked(columns)], out, binding=binding, tokenizer=tokenizer, config=sp.PackConfig(16, 1),
                            force=True)
-    assert manifest["supervision"]["applied"] == ["assistant_masks", "completion_mask", "labels"]
+    # Given labels, TRL uses them as they are (it builds labels from the masks only without them).
+    assert manifest["supervision"]["applied"] == ["labels"]
     batch = open_dataset(out)[0]
     # Taken as given (TRL's prepared records): the targets are each record's IDs after its first.
-    every = columns["completion_mask"] * columns["assistant_masks"] * (columns["labels"] != -100)
-    expected = [*every[1:3], *every[4:7]]
+    given = (columns["labels"] != -100).astype(int)
+    expected = [*given[1:3], *given[4:7]]
     assert batch.loss_mask[0, : len(expected)].astype(int).tolist() == expected
-    manifest = pack_corpus([Masked(columns)], out, binding=binding, tokenizer=tokenizer, config=sp.PackConfig(16, 1),
+    masks = {name: column for name, column in columns.items() if name != "labels"}
+    manifest = pack_corpus([Masked(masks)], out, binding=binding, tokenizer=tokenizer, config=sp.PackConfig(16, 1),
+                           force=True)
+    assert manifest["supervision"]["applied"] == ["assistant_masks", "completion_mask"]
+    every = columns["completion_mask"] * columns["assistant_masks"]
+    expected = [*every[1:3], *every[4:7]]
+    assert open_dataset(out)[0].loss_mask[0, : len(expected)].astype(int).tolist() == expected
+    manifest = pack_corpus([Masked(masks)], out, binding=binding, tokenizer=tokenizer, config=sp.PackConfig(16, 1),
                            force=True, completion_only_loss=False)
-    assert manifest["supervision"]["applied"] == ["assistant_masks", "labels"]
+    assert manifest["supervision"]["applied"] == ["assistant_masks"]
     # No mask applied at all: the records are still TRL's, taken as given, and the manifest says so.
     only = {"completion_mask": columns["completion_mask"]}
     manifest = pack_corpus([Masked(only)], out, binding=binding, tokenizer=tokenizer, config=sp.PackConfig(16, 1),
@@ -567,6 +575,22 @@ def test_a_mask_only_a_later_jsonl_record_has_is_applied(tmp_path, tokenizer, bi
     assert row == [tokenizer.bos_id, 10, 11, 12, 13, 14, 15, 20, 21, 22, 30, 31]
     assert batch.loss_mask[0, : len(row)].tolist() == [True] * 7 + [False, False, True] + [True, False]
     verify_dataset(tmp_path / "out")
+
+
+def test_a_record_s_labels_decide_over_its_masks(tmp_path, tokenizer, binding):
+    # TRL uses given labels as they are (it builds labels from the masks only without them):
+    # the masks of a record with labels were applied too, and left its prompt unsupervised.
+    source = write_records(tmp_path / "labelled.jsonl", [
+        {"input_ids": [40, 41, 42, 43, 44], "labels": [40, 41, 42, 43, 44], "completion_mask": [0, 0, 0, 1, 1]},
+        {"input_ids": [50, 51, 52, 53], "completion_mask": [0, 0, 1, 1]},
+        {"input_ids": [60, 61, 62], "labels": [-100, -100, 62], "assistant_masks": [1, 1, 0]}])
+    manifest = pack_corpus([sp.io.reader_for(source)], tmp_path / "out", binding=binding, tokenizer=tokenizer,
+                           config=sp.PackConfig(16, 1), policy="next-fit")
+    assert manifest["supervision"]["applied"] == ["assistant_masks", "completion_mask", "labels"]
+    batch = open_dataset(tmp_path / "out")[0]
+    row = batch.inputs[0, : int(batch.valid_lengths[0])].tolist()
+    assert row == [40, 41, 42, 43, 50, 51, 52, 60, 61]
+    assert batch.loss_mask[0, : len(row)].tolist() == [True] * 4 + [False, True, True] + [False, True]
 
 
 @pytest.mark.slow

@@ -22,6 +22,10 @@ from ..errors import InvalidInputError
 #: ``ignore_index`` and the -100 of transformers' and TRL's labels.
 IGNORE_INDEX = -100
 
+#: The ``labels`` entry of a token whose record has no labels, in a column that other
+#: records of the chunk fill (JSON lines): that record is supervised by its masks.
+NO_LABEL = -101
+
 
 def as_supervision(values, length: int, name: str) -> np.ndarray | None:
     """``values`` as a read-only bool copy of ``length`` entries (None stays None).
@@ -60,22 +64,28 @@ def target_counts(supervised: np.ndarray | None, begins: np.ndarray, ends: np.nd
 def trl_supervised(tokens: np.ndarray, columns: Mapping[str, np.ndarray], *,
                    completion_only_loss: bool) -> tuple[np.ndarray, tuple[str, ...]]:
     """TRL's rule for pre-tokenized records: token ``j`` of ``tokens``, as a target, is
-    supervised when every applied mask column is 1 there and its ``labels`` entry (if
-    any) is not :data:`IGNORE_INDEX`. ``completion_mask`` applies under
-    ``completion_only_loss``, ``assistant_masks`` and ``labels`` always. ``columns`` are
-    aligned with ``tokens`` and obey the rule (:func:`trl_fault` finds what does not); a
-    record without one of them holds 1s there (its own IDs as labels): no effect.
+    supervised when its ``labels`` entry is not :data:`IGNORE_INDEX`, for a record with
+    labels (TRL uses them as they are, and no mask); for one without (no ``labels``
+    column, or :data:`NO_LABEL` there), when every applied mask column is 1 there:
+    ``completion_mask`` under ``completion_only_loss``, ``assistant_masks`` always.
+    ``columns`` are aligned with ``tokens`` and obey the rule (:func:`trl_fault` finds what
+    does not); a record without a mask holds 1s there: no effect.
 
     Returns the bool array and the names of the columns applied, sorted.
     """
+    labels = columns.get("labels")
+    unlabelled = None if labels is None else labels == NO_LABEL
     supervised = np.ones(tokens.shape[0], dtype=np.bool_)
     applied = []
-    for name in sorted(columns):
-        column = columns[name]
-        if name == "completion_mask" and not completion_only_loss:
-            continue
-        supervised &= column != IGNORE_INDEX if name == "labels" else column == 1
-        applied.append(name)
+    if unlabelled is None or unlabelled.any():
+        for name in sorted(set(columns) - {"labels"}):
+            if name == "completion_mask" and not completion_only_loss:
+                continue
+            supervised &= columns[name] == 1
+            applied.append(name)
+    if labels is not None:
+        supervised = np.where(unlabelled, supervised, labels != IGNORE_INDEX)
+        applied = sorted({*applied, "labels"})
     return supervised, tuple(applied)
 
 
@@ -83,13 +93,13 @@ def trl_fault(tokens: np.ndarray, offsets: np.ndarray, columns: Mapping[str, np.
     """The first entry of ``columns`` that breaks TRL's rule, as ``(column name, flat
     index)``, or None: a mask value other than 0 and 1 (every column but ``labels``, applied
     or not), or a label that is neither :data:`IGNORE_INDEX` nor its token (packing keeps
-    no other label). ``offsets`` (int64, rising from 0) bound the documents of ``tokens``: a
+    no other label) nor :data:`NO_LABEL`. ``offsets`` (int64, rising from 0) bound the documents of ``tokens``: a
     document's first token is no target, so its label is never read. Columns are checked
     in sorted order of their names."""
     for name in sorted(columns):
         column = columns[name]
         if name == "labels":
-            wrong = np.flatnonzero((column != IGNORE_INDEX) & (column != tokens))
+            wrong = np.flatnonzero((column != IGNORE_INDEX) & (column != NO_LABEL) & (column != tokens))
             wrong = wrong[~np.isin(wrong, offsets)]  # (an index equal to an offset starts a document)
         else:
             wrong = np.flatnonzero((column != 0) & (column != 1))

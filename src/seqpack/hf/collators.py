@@ -218,10 +218,11 @@ class PackingCollator:
 
     Supervision is TRL's (``SFTTrainer`` turns the masks into -100 labels, its collator
     reads them): entry ``j`` of ``labels``, ``completion_mask`` and ``assistant_masks`` is
-    about token ``j`` as a target, and token ``j`` is supervised only if every given mask
-    is 1 and its label, if given, is not -100. ``completion_mask`` is read unless
-    ``completion_only_loss`` is False (as ``SFTConfig(completion_only_loss=False)`` ignores
-    it), ``assistant_masks`` always. Entry 0 is no target (transformers' and TRL's
+    about token ``j`` as a target. Given ``labels``, token ``j`` is supervised when its
+    label is not -100, whatever the masks say (TRL uses given labels as they are); else
+    when every given mask is 1. ``completion_mask`` is read unless ``completion_only_loss``
+    is False (as ``SFTConfig(completion_only_loss=False)`` ignores it), ``assistant_masks``
+    always. Entry 0 is no target (transformers' and TRL's
     collators write -100 there): its value never counts. A plain ``transformers.Trainer``
     drops every column its model's ``forward`` does not name before the collator sees it,
     ``completion_mask`` included (TRL 1.16's ``SFTTrainer`` has turned the masks into

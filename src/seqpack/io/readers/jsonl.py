@@ -19,6 +19,7 @@ from itertools import chain
 import numpy as np
 
 from ..._arguments import check_int, check_optional_int
+from ...data.supervision import NO_LABEL
 from ...errors import InvalidInputError
 from .base import (
     CHUNK_BYTES,
@@ -323,13 +324,13 @@ class JsonLines(RecordReader):
         if not present:
             return DocumentChunk(inputs, locations, size, ids=(ids, offsets))
         masks = {}
-        for mask in present:  # a record without the mask: 1s, or its own IDs as labels (no effect)
+        for mask in present:  # a record without the mask: 1s (no effect), or NO_LABEL (its masks decide)
             rows = [v[1].get(mask) for v in values]
             column = self._flat([row if row is not None else () for row in rows], lines, mask, offsets,
                                 np.array([row is not None for row in rows]))
             masks[mask] = column
             absent = np.repeat(np.array([row is None for row in rows]), np.diff(offsets))
-            column[absent] = ids[absent] if mask == "labels" else 1
+            column[absent] = NO_LABEL if mask == "labels" else 1
         masked = np.array([bool(v[1]) for v in values])
         return DocumentChunk(inputs, locations, size, ids=(ids, offsets), masks=masks, masked=masked)
 
