@@ -259,14 +259,23 @@ def trl_reference(tokens, offsets, columns, completion_only_loss):
     for name in sorted(columns):
         for j, value in enumerate(columns[name].tolist()):
             if name == "labels":
-                wrong = j not in firsts and value not in (-100, tokens[j])
+                wrong = j not in firsts and value not in (-100, -101, tokens[j])
             else:
                 wrong = value not in (0, 1)
             if wrong:
                 return (name, j), None, None
-    applied = tuple(name for name in sorted(columns) if name != "completion_mask" or completion_only_loss)
-    supervised = [all(columns[name][j] != -100 if name == "labels" else columns[name][j] == 1 for name in applied)
-                  for j in range(len(tokens))]
+    masks = [name for name in sorted(columns) if name != "labels" and (name != "completion_mask" or completion_only_loss)]
+    labels = columns.get("labels")
+    supervised = []
+    for j in range(len(tokens)):
+        if labels is not None and labels[j] != -101:  # a labelled record: its labels alone
+            supervised.append(bool(labels[j] != -100))
+        else:  # no labels: every applied mask
+            supervised.append(all(columns[name][j] == 1 for name in masks))
+    if labels is None:
+        applied = tuple(masks)
+    else:
+        applied = tuple(sorted({"labels", *(masks if (labels == -101).any() else ())}))
     return None, supervised, applied
 
 
@@ -281,9 +290,9 @@ def test_trl_rule_against_a_token_by_token_reference(lengths, names, completion_
     tokens = np.array(data.draw(st.lists(st.integers(3, 6), min_size=n, max_size=n)), dtype=np.int64)
     columns = {}
     for name in sorted(names):
-        if name == "labels":  # mostly valid: the token or -100, now and then another ID
-            choice = data.draw(st.lists(st.sampled_from(["token", "ignored", "other"]), min_size=n, max_size=n))
-            values = [{"token": t, "ignored": -100, "other": 9}[c] for t, c in zip(tokens.tolist(), choice)]
+        if name == "labels":  # mostly valid: the token, -100 or no label (-101), now and then another ID
+            choice = data.draw(st.lists(st.sampled_from(["token", "ignored", "none", "other"]), min_size=n, max_size=n))
+            values = [{"token": t, "ignored": -100, "none": -101, "other": 9}[c] for t, c in zip(tokens.tolist(), choice)]
         else:
             values = data.draw(st.lists(st.sampled_from([0, 1, 1, 1, 2]), min_size=n, max_size=n))
         columns[name] = np.array(values, dtype=np.int64)
