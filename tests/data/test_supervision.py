@@ -236,6 +236,7 @@ def test_flips_describe_supervision_and_its_placed_ranges(bits, data):
     a = data.draw(st.integers(0, n))
     b = data.draw(st.integers(a, n))
     assert np.array_equal(supervision_of(flips, a, b), supervised[a:b])
+    assert range_target_counts(flips, np.array([a]), np.array([a])).tolist() == [0]  # empty: none (it gave -1)
     assert np.array_equal(unsupervised_before(flips, np.arange(n + 1)), np.concatenate([[0], np.cumsum(~supervised)]))
     spans = []
     for _ in range(data.draw(st.integers(1, 5))):

@@ -204,6 +204,12 @@ def test_conversation_refusals_and_limits(bound):
     with pytest.raises(sp.InvalidInputError,
                        match=r"conversation 0: no assistant token .*\(none of the 3 conversations has one"):
         encode_conversations(bound, CONVERSATIONS, chat_template=never)
+    # A last conversation that renders to no token is refused by name (it raised IndexError; review).
+    only_assistant = ("{% for message in messages %}{% if message['role'] == 'assistant' %}{% generation %}"
+                      "{{ message['content'] }}{% endgeneration %}{% endif %}{% endfor %}")
+    with pytest.raises(sp.InvalidInputError, match=r"conversation 1: no assistant token .*\(its roles: user\)$"):
+        encode_conversations(bound, [CONVERSATIONS[0], [{"role": "user", "content": "hello"}]],
+                             chat_template=only_assistant)
     failing = ("{% if messages|length > 2 %}{{ raise_exception('too long') }}{% endif %}"
                "{% generation %}x{% endgeneration %}")
     with pytest.raises(sp.InvalidInputError, match=r"conversation 1: the chat template failed: too long"):

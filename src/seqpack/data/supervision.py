@@ -56,7 +56,7 @@ def as_supervision(values, length: int, name: str) -> np.ndarray | None:
 def target_counts(supervised: np.ndarray | None, begins: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Supervised targets of each source range ``[begins[i], ends[i])`` (int64, read-only):
     its tokens after the first that are supervised (all of them when ``supervised`` is None)."""
-    counts = ends - begins - 1 if supervised is None else range_target_counts(flips_of(supervised), begins, ends)
+    counts = np.maximum(ends - begins - 1, 0) if supervised is None else range_target_counts(flips_of(supervised), begins, ends)
     counts.flags.writeable = False
     return counts
 
@@ -158,8 +158,10 @@ def unsupervised_before(flips: np.ndarray, positions: np.ndarray) -> np.ndarray:
 
 
 def range_target_counts(flips: np.ndarray, begins: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Supervised targets of each source range ``[begins[i], ends[i])``: its tokens after the first."""
-    return (ends - begins - 1) - (unsupervised_before(flips, ends) - unsupervised_before(flips, begins + 1))
+    """Supervised targets of each source range ``[begins[i], ends[i])``: its tokens after the
+    first (an empty range has none)."""
+    counts = (ends - begins - 1) - (unsupervised_before(flips, ends) - unsupervised_before(flips, begins + 1))
+    return np.maximum(counts, 0)
 
 
 def placed_flips(flips: np.ndarray, begins: np.ndarray, ends: np.ndarray) -> np.ndarray:

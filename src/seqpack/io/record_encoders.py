@@ -120,7 +120,7 @@ def encode_conversations(tokenizer: TokenizerFile, conversations, *, chat_templa
     if not assistant_only_loss:
         return _supervised_everywhere(tokens, offsets)
     supervised = np.fromiter(chain.from_iterable(masks), dtype=bool, count=tokens.shape[0])
-    supervised[offsets[:-1]] = False
+    _no_first_targets(supervised, offsets)
     _check_assistant_tokens(supervised, offsets, conversations)
     return SupervisedDocuments(tokens, offsets, supervised, np.zeros(0, np.int64))
 
@@ -263,8 +263,13 @@ def supervised_from(offsets: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 def _supervised_everywhere(tokens, offsets) -> SupervisedDocuments:
     supervised = np.ones(tokens.shape[0], dtype=bool)
-    supervised[offsets[:-1][np.diff(offsets) > 0]] = False
+    _no_first_targets(supervised, offsets)
     return SupervisedDocuments(tokens, offsets, supervised, np.zeros(0, np.int64))
+
+
+def _no_first_targets(supervised: np.ndarray, offsets: np.ndarray) -> None:
+    """A document's first token is no target (an empty document has none)."""
+    supervised[offsets[:-1][np.diff(offsets) > 0]] = False
 
 
 def _check_assistant_tokens(supervised: np.ndarray, offsets: np.ndarray, conversations: list) -> None:
