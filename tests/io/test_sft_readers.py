@@ -249,6 +249,11 @@ IDS = '{"input_ids": [5, 6, 7], "completion_mask": [0, 1, 1]}\n'
      r":2: field 'completion_mask' is not a list of ints$"),
     ('{"input_ids": [5], "labels": [-100]}\n{"input_ids": [5], "labels": [-18446744073709551616]}\n', "input_ids",
      r":2: field 'labels' value -18446744073709551616 does not fit int64$"),
+    # Fields seqpack would misread are refused, not ignored (review).
+    (IDS + '{"input_ids": [5, 6], "seq_lengths": [1, 1]}\n', "input_ids",
+     r":2: field 'seq_lengths': the records are rows that TRL's pack_dataset already packed "),
+    (PROMPT_COMPLETION + '{"prompt": "a", "completion": "b", "images": []}\n', None,
+     r":2: field 'images': a vision-language record \(TRL reads it with a processor\)"),
 ])
 def test_jsonl_record_errors_name_the_line_and_the_field(tmp_path, content, ids_field, message):
     path = tmp_path / "bad.jsonl"
@@ -289,6 +294,9 @@ HI = [{"role": "user", "content": "hi"}]
     (lambda pa: {"input_ids": [[5], [6, 7]], "labels": [[5], [-100, None]]}, r"Table row 1: a 'labels' value is null"),
     (lambda pa: {"input_ids": [[5]], "assistant_masks": [[1.0]]},
      r"Table: column 'assistant_masks' of type list<item: double> is not a list of integers"),
+    (lambda pa: {"input_ids": [[5, 6]], "seq_lengths": [[1, 1]]},
+     r"Table: field 'seq_lengths': the records are rows that TRL's pack_dataset already packed .*"),
+    (lambda pa: {"text": ["a"], "image": ["cat.png"]}, r"Table: field 'image': a vision-language record .*"),
 ])
 def test_arrow_record_errors_name_the_row_and_the_column(columns, message):
     pa = pyarrow()
@@ -418,3 +426,12 @@ def test_prompt_completion_strings_round_trip_through_jsonl_and_parquet(scratch,
             records_of(io.ArrowBatches(write_parquet(scratch / "pc.parquet", records)))]
     for found in read:
         assert [record for _, record in found] == records
+
+
+def test_a_named_field_reads_beside_images_but_packed_rows_are_refused(tmp_path):
+    path = tmp_path / "vision.jsonl"
+    path.write_text('{"text": "a cat", "images": ["cat.png"]}\n')
+    assert [record for _, record in records_of(io.JsonLines(path, text_field="text"))] == [{"text": "a cat"}]
+    path.write_text('{"input_ids": [5, 6], "seq_lengths": [1, 1]}\n')
+    with pytest.raises(sp.InvalidInputError, match=r":1: field 'seq_lengths': "):
+        records_of(io.JsonLines(path, ids_field="input_ids"))

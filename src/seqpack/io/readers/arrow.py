@@ -53,7 +53,7 @@ def record_columns(schema, text_field: str | None, ids_field: str | None, name: 
     an implicit prompt, makes the records conversational); each must be there, once."""
     check_fields(name, text_field, ids_field)
     names = list(schema.names)
-    found = find_record_fields(names, text_field, ids_field)
+    found = find_record_fields(names, text_field, ids_field, where=name)
     if found is None:
         raise InvalidInputError(f"{name}: no 'text' or 'input_ids' column (nor 'prompt' and 'completion', nor "
                                 f"'chosen' and 'rejected', nor 'messages'); name one with --text-field or --ids-field")

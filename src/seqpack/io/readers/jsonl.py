@@ -201,7 +201,7 @@ class JsonLines(RecordReader):
 
     def _fields(self, record: dict, number: int) -> RecordFields:
         """One record's fields: its kind and the masks and template fields it carries."""
-        fields = find_record_fields(record, self.text_field, self.ids_field)
+        fields = find_record_fields(record, self.text_field, self.ids_field, where=self.inputs[0].where(number))
         if fields is None:
             return RecordFields("text", ("text",))
         if fields.message_field is not None and isinstance(record.get(fields.message_field), list):

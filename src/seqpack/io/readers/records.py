@@ -36,6 +36,18 @@ MESSAGE_FIELD = {"prompt-completion": "prompt", "preference": "prompt", "implici
 #: The record kinds of preference pairs (each record two documents: prompt + chosen, prompt + rejected).
 PREFERENCE_KINDS = ("preference", "conversational preference", "implicit-prompt preference",
                     "conversational implicit-prompt preference", "preference-ids")
+#: Fields that make a record something seqpack would misread, by name: the reason. Pack
+#: ``seq_lengths`` rows and the contexts they join stay joined; an image the text refers to
+#: would be dropped. ``seq_lengths`` is refused always; the images only under TRL's
+#: precedence (a field named by the user reads that field alone).
+REFUSED_FIELDS = {
+    "seq_lengths": "the records are rows that TRL's pack_dataset already packed (each joins several "
+                   "examples); pack the dataset before pack_dataset",
+    "images": "a vision-language record (TRL reads it with a processor); seqpack packs text and token IDs: "
+              "name the text or IDs field with --text-field or --ids-field to pack those alone",
+    "image": "a vision-language record (TRL reads it with a processor); seqpack packs text and token IDs: "
+             "name the text or IDs field with --text-field or --ids-field to pack those alone",
+}
 #: How errors name the kinds whose name is no phrase.
 KIND_NAMES = {"ids": "token-ID", "preference-ids": "token-ID preference"}
 
@@ -90,14 +102,20 @@ class RecordFields:
         return RecordFields(f"conversational {self.kind}", self.fields, self.masks, self.extras)
 
 
-def find_record_fields(names, text_field: str | None, ids_field: str | None, *,
+def find_record_fields(names, text_field: str | None, ids_field: str | None, *, where: str,
                        ids_default: str | None = "input_ids") -> RecordFields | None:
     """The fields of a record (or a table) whose field names are ``names``: ``ids_field``
     or ``text_field`` when given, else TRL's precedence (``ids_default`` with the mask
     fields there, :data:`PREFERENCE_IDS` when ``chosen_ids`` and ``rejected_ids`` are
     there, then :data:`KIND_FIELDS` in order); ``None`` when none is there. Whether the
-    record is conversational is the caller's to tell (:meth:`RecordFields.as_conversational`)."""
+    record is conversational is the caller's to tell (:meth:`RecordFields.as_conversational`).
+
+    Refused (:class:`InvalidInputError`, naming ``where``: the record's or the input's
+    place): a field of :data:`REFUSED_FIELDS`, with its reason."""
     names = set(names)
+    for field, reason in REFUSED_FIELDS.items():
+        if field in names and (field == "seq_lengths" or (text_field is None and ids_field is None)):
+            raise InvalidInputError(f"{where}: field {field!r}: {reason}")
     masks = tuple(mask for mask in MASK_COLUMNS if mask in names)
     extras = tuple(extra for extra in TEMPLATE_FIELDS if extra in names)
     if ids_field is not None:
