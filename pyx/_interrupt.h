@@ -24,6 +24,17 @@ static double seqpack_monotonic_seconds(void)
 #define seqpack_load_flag(p) (*(volatile int *)(p))
 #define seqpack_store_flag(p, v) (*(volatile int *)(p) = (v))
 #endif
+/* A pause of about 0.1 ms (1 ms on Windows): the calling thread's wait between looks at
+   its other threads' progress and at pending signals once it has no work left. */
+#if defined(_WIN32)
+static inline void seqpack_pause(void) { Sleep(1); }
+#else
+static inline void seqpack_pause(void)
+{
+    struct timespec pause = {0, 100000};
+    nanosleep(&pause, NULL);
+}
+#endif
 /* Seconds between two looks at pending signals. */
 #define SEQPACK_CHECK_SECONDS 0.02
 

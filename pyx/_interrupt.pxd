@@ -6,9 +6,10 @@
 # signal handlers. When a handler raised (Ctrl-C's KeyboardInterrupt), every thread stops
 # at its next check, the kernel frees what it holds and returns ``INTERRUPTED``, and its
 # ``def`` entry calls ``interrupt_finish()``, which re-raises the handler's own exception,
-# or raises a signal that came after the calling thread's last look (while the other
-# threads finished, or within 20 ms of the end). Outputs are then undefined; inputs are
-# never written.
+# or raises a signal that came after the calling thread's last look (within 20 ms of the
+# end). A kernel whose other threads may run long items keeps the calling thread looking
+# (``seqpack_pause`` between looks) until they are done. Outputs are then undefined;
+# inputs are never written.
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals()
@@ -18,6 +19,7 @@ cdef extern from "_interrupt.h":
     double seqpack_monotonic_seconds() noexcept nogil
     int seqpack_load_flag(int *flag) noexcept nogil
     void seqpack_store_flag(int *flag, int value) noexcept nogil
+    void seqpack_pause() noexcept nogil
 
 cdef enum:
     # Returned by an interrupted kernel (distinct from every kernel's own status codes).

@@ -41,6 +41,17 @@ SETUP = {
         small = (x[:1, :1, :64] for x in (q, k, v, out, lse, dout))
         sp.range_attention_backward(*small, lengths[:1] * 0 + 64, starts[:1, :64])
     """,
+    "attention, a long segment on the other thread": """
+        # The calling thread's short item ends first; it must keep looking for signals while
+        # the other thread runs the long one (it waited for it: review).
+        import numpy as np, seqpack as sp
+        q = np.random.default_rng(0).standard_normal((1, 1, 32064, 64)).astype(np.float32)
+        lengths, starts = np.array([32064]), np.zeros((1, 32064), np.int64)
+        starts[0, 32000:] = 32000
+        call = lambda: [sp.range_attention_forward(q, q, q, lengths, starts, threads=2) for _ in range(4)]
+        warm = q[:, :, :4096]  # two segments: both threads start, as in the call
+        sp.range_attention_forward(warm, warm, warm, lengths * 0 + 4096, starts[:, :4096] * 0 + [[0] * 2048 + [2048] * 2048], threads=2)
+    """,
     "next-fit": """
         import numpy as np, seqpack as sp
         lengths = np.full(60_000_000, 37, np.int64)

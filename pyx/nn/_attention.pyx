@@ -48,7 +48,7 @@ head_dim 64) to 8 (at 4096) so that a tile's operands stay in cache.
 """
 
 cimport cython
-from cython.parallel cimport parallel, prange, threadid
+from cython.parallel cimport parallel, threadid
 from libc.math cimport exp, expf, log, logf, sqrt
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
@@ -61,6 +61,7 @@ from _interrupt cimport (
     interrupt_start,
     interrupted,
     seqpack_monotonic_seconds,
+    seqpack_pause,
 )
 from _kernel_types cimport real
 from _tile_products cimport (
@@ -74,6 +75,10 @@ from _tile_products cimport (
     seqpack_products_path,
     seqpack_products_use_path,
 )
+
+cdef extern from "_openmp.h":
+    int seqpack_omp_team_size() noexcept nogil
+    Py_ssize_t seqpack_fetch_add(Py_ssize_t *counter, Py_ssize_t value) noexcept nogil
 
 cdef extern from "_attention.h":
     void seqpack_exp_shift_f(float *row, Py_ssize_t n, float shift, float *ds,
@@ -755,6 +760,36 @@ cdef void run_item(Py_ssize_t item, bint backward, const Plan *plan, Py_ssize_t 
     charge(timing, 0)
 
 
+cdef struct Queue:
+    Py_ssize_t next     # the next work item to take (atomic)
+    Py_ssize_t idle     # threads other than the caller that have no item left (atomic)
+    Py_ssize_t items
+
+
+cdef void run_items(int thread, int team, Queue *queue, bint backward, const Plan *plan,
+                    Py_ssize_t kv_heads, Py_ssize_t group, const Operands *operands,
+                    Py_ssize_t d, Py_ssize_t tile, real scale, real *scratch,
+                    Interrupt *state, double *seconds) noexcept nogil:
+    """One thread's share: work items taken one at a time from ``queue`` until none is
+    left or an interrupt is requested. The calling thread (``thread`` 0) then keeps
+    looking for signals until the others are done, so a Ctrl-C during another thread's
+    long item stops it at its next query tile. Each item writes outputs of its own:
+    which thread ran it never changes a bit."""
+    cdef Py_ssize_t item
+    cdef bint caller = thread == 0
+    while not ((caller and interrupted(state)) or interrupt_requested(state)):
+        item = seqpack_fetch_add(&queue.next, 1)
+        if item >= queue.items:
+            break
+        run_item(item, backward, plan, kv_heads, group, operands, d, tile, scale, scratch,
+                 state, caller, seconds)
+    if not caller:
+        seqpack_fetch_add(&queue.idle, 1)
+        return
+    while seqpack_fetch_add(&queue.idle, 0) < team - 1 and not interrupted(state):
+        seqpack_pause()
+
+
 cdef int run(bint backward, const Operands *operands, Py_ssize_t kv_heads, Py_ssize_t group,
              Py_ssize_t width, Py_ssize_t d, const Py_ssize_t[::1] valid_lengths,
              const Py_ssize_t[:, ::1] segment_starts, real scale, int threads, Plan *plan,
@@ -767,7 +802,7 @@ cdef int run(bint backward, const Operands *operands, Py_ssize_t kv_heads, Py_ss
     The work is counted as 2 (forward) or 4 (backward) * d multiply-adds per permitted
     edge and query head.
     """
-    cdef Py_ssize_t tile = tile_edge(d), item, items, size, o
+    cdef Py_ssize_t tile = tile_edge(d), items, size, o
     cdef Py_ssize_t heads = kv_heads * group
     cdef real *scratch
     cdef double *seconds = NULL            # [threads, BUCKETS] when profiling
@@ -800,21 +835,16 @@ cdef int run(bint backward, const Operands *operands, Py_ssize_t kv_heads, Py_ss
         profile_seconds[BACKWARD_SETUP if backward else FORWARD_SETUP] += (
             seqpack_monotonic_seconds() - began)
     interrupt_start(state)
+    cdef Queue queue
+    queue.next, queue.idle, queue.items = 0, 0, items
     if threads == 1:
-        for item in range(items):
-            if interrupted(state):
-                break
-            run_item(item, backward, plan, kv_heads, group, operands, d, tile, scale,
-                     scratch, state, True, seconds)
+        run_items(0, 1, &queue, backward, plan, kv_heads, group, operands, d, tile, scale,
+                  scratch, state, seconds)
     else:
         with parallel(num_threads=threads):
-            for item in prange(items, schedule='dynamic'):
-                if threadid() == 0:
-                    interrupted(state)
-                if not interrupt_requested(state):
-                    run_item(item, backward, plan, kv_heads, group, operands, d, tile,
-                             scale, scratch + threadid() * size, state, threadid() == 0,
-                             NULL if seconds == NULL else seconds + threadid() * BUCKETS)
+            run_items(threadid(), seqpack_omp_team_size(), &queue, backward, plan, kv_heads,
+                      group, operands, d, tile, scale, scratch + threadid() * size, state,
+                      NULL if seconds == NULL else seconds + threadid() * BUCKETS)
     if seconds != NULL:
         for o in range(threads):
             for b in range(BUCKETS):
