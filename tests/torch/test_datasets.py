@@ -257,6 +257,29 @@ def test_a_stateful_dataloader_saved_at_an_epochs_end_resumes_with_the_next_epoc
     assert ids(fresh) == ids(epoch_items(source, 4, 1))
 
 
+@pytest.mark.slow
+def test_persistent_stateful_workers_resume_from_a_state_saved_early_in_an_epoch():
+    """A persistent worker's state saved before its first batch of a pass was the last
+    epoch's end (its pass was not set up yet): half the resumed epoch was lost (review)."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
+    source = plan()
+    dataset = st.IterableBatchDataset(source, seed=4)
+    loader = stateful.StatefulDataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+    dataset.set_epoch(0)
+    ids(loader)
+    dataset.set_epoch(1)
+    batches = iter(loader)
+    first = next(batches)
+    state = loader.state_dict()
+    del batches
+    resumed = st.IterableBatchDataset(source, seed=4)
+    fresh = stateful.StatefulDataLoader(resumed, batch_size=None, num_workers=2, persistent_workers=True)
+    fresh.load_state_dict(state)
+    resumed.set_epoch(1)
+    whole = ids(epoch_items(source, 4, 1))
+    assert ids([first]) == whole[:1] and ids(fresh) == whole[1:]
+
+
 def test_a_state_at_an_epochs_end_is_dropped_by_set_epoch_before_or_after_it():
     source = plan()
     dataset = st.IterableBatchDataset(source, seed=4)

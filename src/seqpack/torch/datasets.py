@@ -185,7 +185,11 @@ class IterableBatchDataset(IterableDataset):
         else:
             start = 0
         self._position = start
-        numbers = self.rank_batches(self.epoch)
+        # The pass is set up here, not in the generator: StatefulDataLoader saves a
+        # worker's state right after iter(), before its first batch.
+        return self._pass(self.rank_batches(self.epoch), start, worker, workers)
+
+    def _pass(self, numbers: np.ndarray, start: int, worker: int, workers: int):
         # Worker w yields positions start + w, start + w + W, ...; after each, its state is
         # the base of its next one (at most the epoch's end), so a state saved in a worker
         # resumes that worker.
