@@ -346,6 +346,9 @@ def features_for_errors():
      r"feature 3: none of its 4 targets is supervised"),
     (lambda f: f[1].update(attention_mask=[1, 1, 1, 0]), r"feature 1: attention_mask must be all ones: .*unpadded"),
     (lambda f: f[1].update(token_type_ids=[0] * 4), r"feature 1 carries 'token_type_ids'"),
+    # (these two were named as an internal example: review)
+    (lambda f: f[1].update(input_ids=f[1]["input_ids"][:1]), r"feature 1 has 1 token: a document needs 2 "),
+    (lambda f: f[2].update(input_ids=[]), r"feature 2 has 0 tokens: a document needs 2 "),
 ])
 def test_packing_collator_refusals_name_the_feature_and_key(change, message):
     features = features_for_errors()

@@ -192,7 +192,10 @@ def _supervision(index: int, feature: dict, document: np.ndarray, completion_onl
         raise InvalidInputError(f"feature {index}: attention_mask must be all ones: each feature must be "
                                 f"one unpadded document")
     supervised, _ = trl_supervised(document, columns, completion_only_loss=completion_only_loss is not False)
-    if length > 1 and not supervised[1:].any():
+    if length < 2:
+        raise InvalidInputError(f"feature {index} has {length} token{'' if length == 1 else 's'}: a document needs "
+                                f"2 to hold a target; drop it from the dataset")
+    if not supervised[1:].any():
         raise InvalidInputError(
             f"feature {index}: none of its {length - 1} targets is supervised (labels -100 or a mask 0 at every "
             f"token after the first): it adds nothing to the loss; drop it from the dataset"
@@ -232,7 +235,7 @@ class PackingCollator:
     Refused with an :class:`~seqpack.InvalidInputError` naming the feature: a label other
     than -100 that differs from the ``input_ids`` token (packing cannot carry arbitrary
     labels); a mask or ``labels`` not as long as ``input_ids``, or a mask holding other than
-    0 and 1; an ``attention_mask`` with a zero (padding); a feature with no supervised
+    0 and 1; an ``attention_mask`` with a zero (padding); a feature of fewer than 2 tokens or with no supervised
     target; any other key.
     """
 
