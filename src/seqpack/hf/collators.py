@@ -235,8 +235,8 @@ class PackingCollator:
     Refused with an :class:`~seqpack.InvalidInputError` naming the feature: a label other
     than -100 that differs from the ``input_ids`` token (packing cannot carry arbitrary
     labels); a mask or ``labels`` not as long as ``input_ids``, or a mask holding other than
-    0 and 1; an ``attention_mask`` with a zero (padding); a feature of fewer than 2 tokens or with no supervised
-    target; any other key.
+    0 and 1; an ``attention_mask`` with a zero (padding); a feature of fewer than 2 tokens
+    or with no supervised target; any other key.
     """
 
     def __init__(self, config: PackConfig, *, tokenizer_identity, policy: str = "best-fit-decreasing",
