@@ -181,7 +181,7 @@ def test_replace_derives_a_default_max_cells_as_a_fresh_config_would(changes):
     default = sp.PackConfig(6, 2)
     copy = dataclasses.replace(default, **changes)
     fresh = sp.PackConfig(**{"capacity": 6, "rows_per_batch": 2, **changes})
-    assert copy.max_cells == fresh.max_cells == fresh.rows_per_batch * fresh.capacity and type(copy.max_cells) is int
+    assert copy.max_cells == fresh.max_cells == fresh.rows_per_batch * fresh.capacity
     assert copy == fresh and hash(copy) == hash(fresh) and repr(copy) == repr(fresh)
     assert dataclasses.replace(copy, capacity=4).max_cells == 4 * fresh.rows_per_batch  # a copy of a copy too
     assert dataclasses.replace(pickle.loads(pickle.dumps(default)), **changes).max_cells == fresh.max_cells
@@ -197,6 +197,9 @@ def test_replace_keeps_a_given_max_cells():
     with pytest.raises(sp.InvalidInputError, match="max_cells 20 is below capacity 30: no row would fit"):
         dataclasses.replace(given, capacity=30)
     assert sp.PackConfig(6, 2) == sp.PackConfig(6, 2, 12)  # a default and a given full batch are the same limit
+    # The old default's value, given, is kept: it was taken for the default and derived again (review).
+    assert dataclasses.replace(sp.PackConfig(6, 2), capacity=10, max_cells=12).max_cells == 12
+    assert dataclasses.replace(sp.PackConfig(6, 2), capacity=10, max_cells=np.int64(12)).max_cells == 12
 
 
 def test_budget_equal_to_requirement_passes_one_less_fails(abc, binding):

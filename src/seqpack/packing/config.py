@@ -9,7 +9,7 @@ its peak (field arrays included). Every size is normalized to a Python ``int`` h
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .._arguments import INT32_MAX, check_int, check_optional_int
 from ..errors import InvalidInputError
@@ -41,6 +41,13 @@ class PadConfig:
         object.__setattr__(self, "max_memory_bytes", check_int("max_memory_bytes", self.max_memory_bytes))
 
 
+class _FullBatch(int):
+    """A ``max_cells`` that ``PackConfig`` derived (``rows_per_batch * capacity``): an int
+    that ``dataclasses.replace`` hands back, so the copy derives its own."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
 class PackConfig:
     """Packing: rows of exactly ``capacity`` columns (predictions), ``rows_per_batch`` rows
@@ -52,27 +59,24 @@ class PackConfig:
     once, their records and temporaries (see :mod:`seqpack.packing.budget`).
 
     A default ``max_cells`` stays the default in a copy made by ``dataclasses.replace``:
-    derived again from the copy's capacity and rows, unless the copy is given another
-    ``max_cells``. A given ``max_cells`` is kept.
+    derived again from the copy's capacity and rows, unless the copy is given a
+    ``max_cells`` (any int, the old default's value too). A given ``max_cells`` is kept.
     """
 
     capacity: int
     rows_per_batch: int = 8
     max_cells: int | None = None
     max_memory_bytes: int = DEFAULT_MEMORY_BYTES
-    # The full batch max_cells was derived as (None: it was given). replace() passes the
-    # old max_cells on as if given; equal to this, it is the old default, derived again.
-    _default_max_cells: int | None = field(default=None, repr=False, compare=False, kw_only=True)
 
     def __post_init__(self):
         capacity = check_int("capacity", self.capacity, maximum=INT32_MAX)
         rows = check_int("rows_per_batch", self.rows_per_batch, maximum=INT32_MAX)
-        cells = check_optional_int("max_cells", self.max_cells)
-        derived = cells is None or cells == self._default_max_cells
+        # replace() passes the old max_cells on: a derived one is derived again.
+        derived = self.max_cells is None or isinstance(self.max_cells, _FullBatch)
+        cells = None if derived else check_optional_int("max_cells", self.max_cells)
         object.__setattr__(self, "capacity", capacity)
         object.__setattr__(self, "rows_per_batch", rows)
-        object.__setattr__(self, "max_cells", rows * capacity if derived else cells)
-        object.__setattr__(self, "_default_max_cells", self.max_cells if derived else None)
+        object.__setattr__(self, "max_cells", _FullBatch(rows * capacity) if derived else cells)
         object.__setattr__(self, "max_memory_bytes", check_int("max_memory_bytes", self.max_memory_bytes))
         if self.max_cells < capacity:
             raise InvalidInputError(
