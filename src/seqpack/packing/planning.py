@@ -54,7 +54,9 @@ class PackingPlan:
     The plan holds O(examples) arrays (lengths, rows, starts, the visiting order of
     the decreasing policies); ``batch(i)`` builds batch ``i``, iterating builds them
     one at a time, and ``epoch()`` builds them all into one set of arrays.
-    ``memory_peak`` covers the plan plus one built batch (the largest). ``pairs``: the
+    ``memory_peak`` covers the plan plus one built batch (the largest): a loop that still
+    holds the last batch while the next is built (``for batch in plan``) holds two, and
+    ``batches(reuse_buffers=True)`` one. ``pairs``: the
     examples are preference pairs (``batch_pairs()`` counts them per batch).
     """
 
