@@ -237,6 +237,39 @@ def test_reference_attention_does_not_broadcast_keys_across_rows():
     np.testing.assert_allclose(shared.value, fused.value, rtol=1e-12, atol=1e-14)
 
 
+def test_reference_attention_gradients_of_a_shared_head_sum_over_its_query_heads():
+    # Its backward failed to reshape dk and dv (review).
+    rng = np.random.default_rng(3)
+    q, k, v, weights = rng.standard_normal((2, 3, 5, 4)), *rng.standard_normal((2, 2, 1, 5, 4)), \
+        rng.standard_normal((2, 3, 5, 4))
+    lengths, starts = np.array([5, 3]), np.array([[0, 0, 2, 2, 2], [0, 1, 1, 0, 0]])
+    runs = []
+    for attention in (A.causal_attention_with_ranges, A.fused_range_attention):
+        leaves = [Tensor(x, requires_grad=True) for x in (q, k, v)]
+        attention(*leaves, lengths, starts).backward(weights)
+        runs.append([leaf.grad for leaf in leaves])
+    for reference, fused in zip(*runs):
+        assert reference.shape == fused.shape
+        np.testing.assert_allclose(reference, fused, rtol=1e-9, atol=1e-10)
+
+
+def test_reference_attention_drops_the_gradient_of_inactive_queries():
+    # A NaN there reached dv of valid keys through P^T @ grad (review); the fused kernel never reads it.
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((2, 2, 4, 3)) for _ in range(3))
+    lengths, starts = np.array([4, 2]), np.zeros((2, 4), int)
+    weights = rng.standard_normal(q.shape)
+    poisoned = weights.copy()
+    poisoned[1, :, 2:] = np.nan
+    grads = []
+    for upstream in (weights, poisoned):
+        leaves = [Tensor(x, requires_grad=True) for x in (q, k, v)]
+        A.causal_attention_with_ranges(*leaves, lengths, starts).backward(upstream)
+        grads.append([leaf.grad for leaf in leaves])
+    for clean, dirty in zip(*grads):
+        assert np.isfinite(dirty).all() and np.array_equal(clean, dirty)
+
+
 # Regression: a NaN in one segment's v reached the other segment through the dense P @ V.
 def test_reference_attention_refuses_a_non_finite_valid_cell():
     """A NaN in one segment's v would reach the other segment through the dense P @ V."""

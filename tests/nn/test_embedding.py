@@ -106,6 +106,12 @@ def test_token_id_check_names_the_first_bad_cell(bad, message):
         check_token_ids(ids, 10)
 
 
+def test_token_id_check_refuses_a_vocabulary_wider_than_int32():
+    # An ID past 2**31 - 1 became PAD_CELL in the int32 copy (review).
+    with pytest.raises(InvalidInputError, match=r"the vocabulary has 4294967306 entries; the embedding takes at most"):
+        check_token_ids(np.array([5, 2**32 - 1]), 2**32 + 10)
+
+
 def test_token_id_kernel_returns_first_bad_index():
     assert _embedding.first_invalid_token(np.array([0, -1, 4], dtype=np.int32), 5) == -1
     assert _embedding.first_invalid_token(np.array([0, 5, -3], dtype=np.int32), 5) == 1

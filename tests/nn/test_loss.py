@@ -171,9 +171,28 @@ def test_binding_mismatch_is_rejected(binding):
 
 def test_eligible_targets_outside_the_vocabulary_are_rejected():
     logits = np.zeros((1, 2, 5))
-    with pytest.raises(InvalidInputError, match="eligible target 5 at flat cell 1"):
+    with pytest.raises(InvalidInputError, match=r"eligible target 5 at flat cell 1 is outside \[0, 5\)"):
         masked_nll(logits, np.array([[4, 5]]), np.array([[True, True]]))
+    with pytest.raises(InvalidInputError, match=r"eligible target -1 at flat cell 0 is outside \[0, 5\)"):
+        masked_nll(logits, np.array([[-1, 2]]), np.array([[True, True]]))  # (it said "not below" 5: review)
     masked_nll(logits, np.array([[4, 5]]), np.array([[True, False]]))
+
+
+def test_a_vocabulary_wider_than_int32_is_refused(tmp_path):
+    # Targets past 2**31 - 1 wrapped to negative int32 in the kernel (a crash: review).
+    wide = np.memmap(tmp_path / "logits", dtype=np.float32, mode="w+", shape=(1, 2**31 + 2))  # sparse on disk
+    with pytest.raises(InvalidInputError, match=r"the logits have 2147483650 classes; the loss takes at most "
+                                                r"2147483647"):
+        masked_nll(wide, np.array([2**31 + 1]), np.array([True]))
+
+
+def test_a_tape_loss_refuses_gradients_of_a_tensor_that_needs_none():
+    # Its backward() gave zeros (review).
+    logits, targets, mask = np.array([[1.0, 2.0, 0.5]]), np.array([0]), np.array([True])
+    with pytest.raises(InvalidInputError, match=r"parameter 'logits' does not require a gradient"):
+        masked_nll(Tensor(logits), targets, mask).backward()
+    expected = masked_nll(logits, targets, mask).backward()["logits"]
+    assert np.array_equal(masked_nll(Tensor(logits, requires_grad=True), targets, mask).backward()["logits"], expected)
 
 
 def test_constructed_probabilities_must_be_open_unit_interval(binding):

@@ -194,5 +194,7 @@ def test_layout_errors_name_grid_and_query_beside_their_exact_limits():
         range_softmax_forward(scores, [3, 3], np.zeros((2, 3, 1), dtype=np.int32))
     with pytest.raises(InvalidInputError, match="square grids"):
         range_softmax_forward(np.zeros((2, 3, 4)))
+    with pytest.raises(InvalidInputError, match=r"^probabilities must be square grids"):  # (named "scores": review)
+        range_softmax_backward(np.zeros((2, 3, 4)), np.zeros((2, 3, 4)))
     with pytest.raises(InvalidInputError, match="must hold integers"):
         range_softmax_forward(scores, [3.0, 3.0])

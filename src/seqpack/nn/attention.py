@@ -204,7 +204,8 @@ def causal_attention_with_ranges(q: Tensor, k: Tensor, v: Tensor, lengths, start
     shared = int(np.prod(q.shape[1:-2], dtype=np.int64))
     lengths, starts = np.repeat(lengths, shared), np.repeat(starts, shared, axis=0)
     scores = scale(batched_matmul(q, swap_last_axes(k)), 1.0 / math.sqrt(q.shape[-1]))
-    return batched_matmul(range_softmax(scores, lengths, starts), v)
+    # The output's gradient at an inactive query is dropped: a NaN there would reach dv.
+    return _keep_cells(batched_matmul(range_softmax(scores, lengths, starts), v), keep)
 
 
 def _check_keys_values(q: Tensor, k: Tensor, v: Tensor) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._arguments import INT32_MAX
 from ..errors import InvalidInputError
 from ..layout.batch import BatchLayout
 from . import _loss
@@ -69,6 +70,8 @@ def _eligible(targets, loss_mask, classes: int, cells_shape, *,
         raise InvalidInputError(f"loss_mask must be bool, got dtype {mask.dtype}")
     if targets.dtype.kind not in "iu":
         raise InvalidInputError(f"targets must be integers, got dtype {targets.dtype}")
+    if classes > INT32_MAX:  # (the kernels read targets as int32)
+        raise InvalidInputError(f"the logits have {classes} classes; the loss takes at most {INT32_MAX}")
     cells = np.flatnonzero(mask)
     if cells.size == 0 and not allow_none:
         raise InvalidInputError("the batch has zero loss-eligible targets; the mean loss is undefined")
@@ -77,8 +80,8 @@ def _eligible(targets, loss_mask, classes: int, cells_shape, *,
     if outside.any():
         bad = int(np.argmax(outside))
         raise InvalidInputError(
-            f"eligible target {int(gold[bad])} at flat cell {int(cells[bad])} is not below "
-            f"the vocabulary size {classes}"
+            f"eligible target {int(gold[bad])} at flat cell {int(cells[bad])} is outside "
+            f"[0, {classes}): the vocabulary size is {classes}"
         )
     return cells, np.ascontiguousarray(cells, dtype=np.intp), np.ascontiguousarray(gold, dtype=np.int32)
 
@@ -142,6 +145,9 @@ def _masked_nll_on_tape(logits: Tensor, targets, loss_mask, parameters) -> Maske
     mean = record(np.array(total / count), (logits,), backward)
 
     def gradients() -> dict[str, np.ndarray]:
+        idle = next((name for name, leaf in parameters.items() if not leaf.requires_grad), None)
+        if idle is not None:  # (its gradient would read as zeros)
+            raise InvalidInputError(f"parameter {idle!r} does not require a gradient: make it Tensor(value, requires_grad=True)")
         mean.backward()
         return {name: np.zeros_like(leaf.value) if leaf.grad is None else leaf.grad.copy()
                 for name, leaf in parameters.items()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._arguments import INT32_MAX
 from ..errors import InvalidInputError
 from . import _embedding
 from .autograd import Tensor, as_tensor, record
@@ -76,10 +77,17 @@ def batched_matmul(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b`` over matching leading axes: ``[..., n, m] @ [..., m, p]``."""
 
     def backward(grad):
-        a.accumulate(grad @ np.swapaxes(b.value, -1, -2))
-        b.accumulate(np.swapaxes(a.value, -1, -2) @ grad)
+        a.accumulate(_summed_to(grad @ np.swapaxes(b.value, -1, -2), a.shape))
+        b.accumulate(_summed_to(np.swapaxes(a.value, -1, -2) @ grad, b.shape))
 
     return record(a.value @ b.value, (a, b), backward)
+
+
+def _summed_to(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``grad`` summed over the axes along which an operand of ``shape`` was broadcast."""
+    grad = grad.sum(axis=tuple(range(grad.ndim - len(shape)))) if grad.ndim > len(shape) else grad
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    return grad.sum(axis=axes, keepdims=True) if axes else grad
 
 
 def swap_last_axes(x: Tensor) -> Tensor:
@@ -158,6 +166,9 @@ def check_token_ids(ids: np.ndarray, vocabulary_size: int) -> np.ndarray:
     array = np.asarray(ids)
     if array.dtype.kind not in "iu":
         raise InvalidInputError(f"token IDs must be integers, got dtype {array.dtype}")
+    if vocabulary_size > INT32_MAX:  # (IDs are looked up as int32)
+        raise InvalidInputError(f"the vocabulary has {vocabulary_size} entries; the embedding takes at most "
+                                f"{INT32_MAX}")
     # Clipping keeps every invalid ID invalid while making it fit int32.
     clipped = np.clip(array.reshape(-1), -2, vocabulary_size)
     flat = np.ascontiguousarray(clipped, dtype=np.int32)

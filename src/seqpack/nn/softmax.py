@@ -89,7 +89,7 @@ def range_softmax_backward(
     """
     check_disjoint({"out": out}, {"probabilities": probabilities, "dprobabilities": dprobabilities,
                                   "lengths": lengths, "starts": starts})
-    grid_probabilities, lengths, starts = _grid_layout(_grids("probabilities", probabilities), lengths, starts)
+    grid_probabilities, lengths, starts = _grid_layout(probabilities, lengths, starts, "probabilities")
     upstream = _grids("dprobabilities", dprobabilities)
     if upstream.shape != np.shape(probabilities):
         raise InvalidInputError(
@@ -126,10 +126,11 @@ def range_softmax(scores: Tensor, lengths=None, starts=None) -> Tensor:
     return record(probabilities.reshape(scores.shape), (scores,), backward)
 
 
-def _grid_layout(scores, lengths, starts):
-    array = _grids("scores", scores)
+def _grid_layout(grids, lengths, starts, name: str = "scores"):
+    """``grids`` (named ``name``) as [grids, T, T] with its layout checked and flattened alike."""
+    array = _grids(name, grids)
     if array.ndim < 2 or array.shape[-1] != array.shape[-2] or array.shape[-1] == 0:
-        raise InvalidInputError(f"scores must be square grids [..., T, T] with T > 0, got shape {array.shape}")
+        raise InvalidInputError(f"{name} must be square grids [..., T, T] with T > 0, got shape {array.shape}")
     queries = array.shape[-1]
     grids = array.size // (queries * queries)
     lengths = _flatten_leading(lengths, array.shape[:-2], (grids,))
