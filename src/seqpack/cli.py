@@ -408,7 +408,7 @@ def _stats(args) -> int:
     from .io import open_dataset
     from .io.stats import dataset_stats, stats_svg, stats_text
 
-    _check_figure_path(args.svg, args.dataset)
+    _check_figure_path(args.svg)
     stats = dataset_stats(open_dataset(args.dataset))
     if args.svg is not None:
         _write_text(args.svg, stats_svg(stats))
@@ -446,7 +446,7 @@ def _score(args) -> int:
     from .io.progress import Progress
     from .io.scores import check_scores_output, import_parquet, scores_table, write_scores
 
-    check_scores_output(args.out, args.force, args.dataset)
+    check_scores_output(args.out, args.force)
     dataset = open_dataset(args.dataset)
     import_parquet()
     torch, hf = _import_hf("seqpack score")
@@ -462,7 +462,7 @@ def _score(args) -> int:
                "targets": int(evaluation.total_targets), "nll_sum": float(evaluation.nll_sums.sum()),
                "loss": loss, "perplexity": _exp(loss)}
     # A signal before the rename leaves nothing; one from the rename on, a complete file.
-    late = write_scores(scores_table(dataset, evaluation, summary), args.out, force=args.force, dataset=args.dataset)
+    late = write_scores(scores_table(dataset, evaluation, summary), args.out, force=args.force)
     try:
         _print_score(args, summary)
         args.signals.check()
@@ -608,10 +608,10 @@ def _columns(text: str | None, width: int, default: int) -> range:
 def _show(args) -> int:
     from .io.render import batch_svg, batch_text
 
+    _check_figure_path(args.svg)
     if Path(args.target).is_dir():
         from .io import open_dataset
 
-        _check_figure_path(args.svg, args.target)
         dataset = open_dataset(args.target)
         index = 0 if args.batch is None else args.batch
         batch = dataset.batch(index)
@@ -638,19 +638,27 @@ def _show(args) -> int:
     return 0
 
 
-def _check_figure_path(svg: Path | None, dataset) -> None:
-    """Refuse an ``--svg`` file inside the dataset drawn: a dataset holds only its
-    manifest and parts, so ``verify`` would then fail on it."""
-    if svg is not None and Path(svg).resolve().is_relative_to(Path(dataset).resolve()):
-        raise InvalidInputError(f"--svg {svg} is inside the dataset {dataset}, which holds only its manifest "
-                                f"and parts: write the figure elsewhere")
+def _check_figure_path(svg: Path | None) -> None:
+    """Refuse an ``--svg`` file inside a packed dataset (the one drawn or another)."""
+    if svg is not None:
+        from .io.publish import check_outside_datasets
+
+        check_outside_datasets(Path(svg), "--svg")
 
 
 def _write_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: into a temporary sibling, then renamed into
+    place (a failed write leaves an existing file as it was)."""
+    from .io.publish import temporary_sibling
+
+    temporary = temporary_sibling(path, "partial")
     try:
-        path.write_text(text, encoding="utf-8")
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
     except OSError as error:
         raise InvalidInputError(f"{path}: cannot write: {error.strerror or error}") from None
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 class UsageError(Exception):

@@ -234,7 +234,7 @@ def test_each_refusal_is_one_line(corpus, case):
         "small vocabulary": f"the model's vocabulary (its embeddings) has {vocabulary - 1} entries, fewer than the "
                             f"{vocabulary} token IDs",
         "not a dataset": f"{root / 'docs'}/manifest.json: missing",
-        "inside the dataset": f"--out {packed / 'scores.parquet'} is inside the dataset {packed}",
+        "inside the dataset": f"--out {packed / 'scores.parquet'} is inside the packed dataset {packed.resolve()}",
         "a directory": f"{root / 'docs'} is a directory; --force replaces only a file",
     }
     if case == "missing model":

@@ -759,9 +759,36 @@ def test_a_figure_inside_the_dataset_is_refused(dataset, command):
     """The figure made the dataset fail verify: it holds only its manifest and parts."""
     figure = dataset / "part-00000" / ".." / "figure.svg"
     line = one_error_line(run(command, dataset, "--svg", figure), 1)
-    assert f"--svg {figure} is inside the dataset {dataset}, which holds only its manifest and parts" in line
+    assert f"--svg {figure} is inside the packed dataset {dataset.resolve()}, which holds only its manifest" in line
     assert not (dataset / "figure.svg").exists()
     assert run("verify", dataset, "--quiet").returncode == 0
+
+
+# Review: outputs inside another packed dataset were written, and it then failed verify.
+@pytest.mark.parametrize("command", [("show", "packed", "--svg"), ("stats", None, "--svg"),
+                                     ("pack", None, "--out")])
+def test_an_output_inside_another_dataset_is_refused(dataset, textdir, tmp_path, command):
+    name, target, option = command
+    other = tmp_path / "other"
+    shutil.copytree(dataset, other)
+    out = other / "part-00000" / "inner"
+    args = {"show": ("show", target), "stats": ("stats", dataset), "pack": ("pack", textdir)}[name]
+    line = one_error_line(run(*args, option, out, *(("--capacity", 64) if name == "pack" else ())), 1)
+    assert f"{out} is inside the packed dataset {other.resolve()}, which holds only its manifest and parts" in line
+    assert not out.exists() and run("verify", other, "--quiet").returncode == 0
+
+
+def test_a_figure_write_that_fails_leaves_the_old_file(tmp_path):
+    # The figure was written in place: a failed write left it truncated (review).
+    import resource
+
+    figure = tmp_path / "figure.svg"
+    figure.write_text("the old figure")
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))  # noqa: E731  (bytes per file)
+    result = subprocess.run([seqpack_command(), "show", "packed", "--svg", str(figure)], capture_output=True,
+                            text=True, timeout=120, preexec_fn=limit)
+    assert "figure.svg: cannot write: File too large" in one_error_line(result, 1)
+    assert figure.read_text() == "the old figure" and sorted(p.name for p in tmp_path.iterdir()) == ["figure.svg"]
 
 
 # Regression: stats printed 'median 2' for lengths 2 and 3 (round half to even).

@@ -168,6 +168,45 @@ def test_a_malformed_manifest_is_one_clear_error(packed, tmp_path, damage, messa
         io.verify_dataset(target)
 
 
+@pytest.mark.parametrize("damage, message", [
+    # Each of these verified "ok" (review).
+    ("linked file", r"part-00000/tokens\.bin: a symbolic link; a dataset's manifest, parts and files are its own$"),
+    ("linked manifest", r"manifest\.json: a symbolic link; a dataset's manifest, parts and files are its own$"),
+    ("a file listed but not the format's", r"manifest\.json: part part-00000 lists 'notes\.txt', which no part "
+                                           r"holds$"),
+    ("a file outside listed", r"manifest\.json: part part-00000 lists '\.\./\.\./outside\.txt', which no part "
+                              r"holds$"),
+])
+def test_verify_refuses_what_is_not_the_datasets_own(packed, tmp_path, damage, message):
+    target = copy_of(packed, tmp_path)
+    original = copy_of(packed, tmp_path / "original")
+    manifest = json.loads((target / "manifest.json").read_text())
+    if damage == "linked file":
+        (target / "part-00000" / "tokens.bin").unlink()
+        (target / "part-00000" / "tokens.bin").symlink_to(original / "part-00000" / "tokens.bin")
+    elif damage == "linked manifest":
+        (target / "manifest.json").unlink()
+        (target / "manifest.json").symlink_to(original / "manifest.json")
+    else:
+        name = "notes.txt" if damage == "a file listed but not the format's" else "../../outside.txt"
+        (target / "part-00000" / name).write_text("notes")
+        manifest["parts"][0]["files"][name] = {"bytes": 5, "sha256": publish.file_sha256(target / "part-00000" / name)}
+        reseal(target, manifest)
+    with pytest.raises(sp.VerificationError, match=message):
+        io.verify_dataset(target)
+
+
+def test_a_npy_header_numpy_cannot_parse_is_one_clear_error(packed, tmp_path):
+    # An unbalanced bracket raised tokenize.TokenError: a traceback from verify, stats and show (review).
+    target = copy_of(packed, tmp_path)
+    path = target / "part-00000" / "examples.npy"
+    data = bytearray(path.read_bytes())
+    data[data.index(b"), }")] = ord(" ")
+    path.write_bytes(bytes(data))
+    with pytest.raises(sp.InvalidInputError, match=r"examples\.npy: not a readable \.npy file: "):
+        io.open_dataset(target)
+
+
 @pytest.fixture(scope="module")
 def two_parts(tmp_path_factory):
     """Two shards of one JSONL file, two batches each (what ``seqpack pack --shards 2`` writes)."""

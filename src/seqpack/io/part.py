@@ -8,6 +8,7 @@ batch or split a preference pair.
 from __future__ import annotations
 
 import mmap
+import tokenize
 import weakref
 from collections import OrderedDict
 from functools import cached_property
@@ -36,7 +37,7 @@ def _npy_header(path: Path) -> tuple[tuple, bool, np.dtype, int]:
                 else np.lib.format.read_array_header_2_0
             shape, fortran, dtype = read_header(handle)
             return shape, fortran, dtype, handle.tell()
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, SyntaxError, tokenize.TokenError) as error:  # (a header numpy cannot parse)
         raise InvalidInputError(f"{path}: not a readable .npy file: {error}") from None
 
 

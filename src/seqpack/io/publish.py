@@ -285,7 +285,7 @@ def check_output(out: Path, force: bool, inputs=()) -> None:
     An existing ``out`` is refused unless ``force``, and even then unless it is a packed
     dataset (a directory holding only ``manifest.json`` and part directories, complete
     or not) or an empty directory: ``--force`` never deletes anything else. Its parent
-    must exist. ``inputs`` (:class:`~seqpack.io.readers.Input` records) must name each
+    must exist, inside no packed dataset. ``inputs`` (:class:`~seqpack.io.readers.Input` records) must name each
     file once and none inside ``out``, and ``out`` must not lie inside (or be) a
     directory an input was found in.
     """
@@ -309,6 +309,7 @@ def check_output(out: Path, force: bool, inputs=()) -> None:
     if not out.parent.is_dir():
         problem = "is not a directory" if out.parent.exists() else "does not exist"
         raise InvalidInputError(f"{out.parent} {problem} (the parent of {out})")
+    check_outside_datasets(out, "the output")
     target = out.resolve()
     seen = {}
     for item in inputs:
@@ -325,6 +326,16 @@ def check_output(out: Path, force: bool, inputs=()) -> None:
         if target == found or found in target.parents:
             raise InvalidInputError(f"the output {out} lies inside the input directory {directory}: write it "
                                     f"outside the inputs")
+
+
+def check_outside_datasets(out: Path, what: str) -> None:
+    """Refuse an output ``out`` inside a packed dataset (an ancestor holding a seqpack
+    manifest, the part directories included): a dataset holds only its manifest and
+    parts, so ``verify`` would then fail on it."""
+    for directory in out.resolve().parents:
+        if is_packed_dataset(directory):
+            raise InvalidInputError(f"{what} {out} is inside the packed dataset {directory}, which holds only its "
+                                    f"manifest and parts: write it elsewhere")
 
 
 def check_name_length(out: Path) -> None:

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InvalidInputError
-from .publish import (check_name_length, fsync_directory, left_by_a_dead_writer, signals_deferred,
-                      temporary_sibling, this_host)
+from .publish import (check_name_length, check_outside_datasets, fsync_directory, left_by_a_dead_writer,
+                      signals_deferred, temporary_sibling, this_host)
 from .readers import missing_extra
 
 #: The file's columns and their Arrow types, in order.
@@ -49,16 +49,14 @@ def import_parquet():
     return pyarrow, pyarrow.parquet
 
 
-def check_scores_output(out: Path, force: bool, dataset: Path) -> None:
+def check_scores_output(out: Path, force: bool) -> None:
     """Refuse an output that cannot be written or must not be replaced: an existing ``out``
     without ``force``, a directory even with it (``force`` replaces only a file), a
-    missing parent, and a file inside the dataset scored (which holds only its manifest
-    and parts, so ``verify`` would fail on it)."""
+    missing parent, and a file inside a packed dataset, the one scored or another (which
+    holds only its manifest and parts, so ``verify`` would fail on it)."""
     if out.name in ("", ".", ".."):
         raise InvalidInputError(f"the output {str(out)!r} ends in '.' or '..': name the scores file")
-    if out.resolve().is_relative_to(Path(dataset).resolve()):
-        raise InvalidInputError(f"--out {out} is inside the dataset {dataset}, which holds only its manifest and "
-                                f"parts: write the scores elsewhere")
+    check_outside_datasets(out, "--out")
     if out.exists() or out.is_symlink():
         if not force:
             raise InvalidInputError(f"{out} already exists (--force replaces it)")
@@ -137,14 +135,14 @@ def remove_dead_partials(out: Path) -> list[str]:
     return removed
 
 
-def write_scores(table, out: Path, *, force: bool, dataset: Path) -> bool:
+def write_scores(table, out: Path, *, force: bool) -> bool:
     """Write ``table`` as Parquet at ``out``: into a temporary sibling, fsynced, then renamed
     into place (``out`` checked again first) and the directory fsynced. Any failure or
     signal before the rename removes the sibling and leaves ``out`` as it was. SIGINT and
     SIGTERM are deferred across the rename; returns whether one came then (the file is
     complete all the same)."""
     _, parquet = import_parquet()
-    check_scores_output(out, force, dataset)
+    check_scores_output(out, force)
     remove_dead_partials(out)
     temporary = temporary_sibling(out, "partial")
     try:
@@ -152,7 +150,7 @@ def write_scores(table, out: Path, *, force: bool, dataset: Path) -> bool:
             parquet.write_table(table, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        check_scores_output(out, force, dataset)   # whatever appeared at ``out`` since the start
+        check_scores_output(out, force)   # whatever appeared at ``out`` since the start
         with signals_deferred() as caught:
             os.replace(temporary, out)
             fsync_directory(out.parent)

@@ -54,10 +54,18 @@ def check_no_strangers(path: Path, manifest: dict) -> None:
     for entry in sorted(path.iterdir()):
         if entry.name != fmt.MANIFEST and entry.name not in parts:
             raise VerificationError(f"{entry}: not listed in the manifest (a dataset holds only its manifest and parts)")
+        _check_own(entry)
         if entry.name in parts and entry.is_dir():
             for inner in sorted(entry.iterdir()):
                 if inner.name not in parts[entry.name]:
                     raise VerificationError(f"{inner}: not listed in the manifest (a part holds only its files)")
+                _check_own(inner)
+
+
+def _check_own(entry: Path) -> None:
+    """A dataset's manifest, parts and files are its own: no symbolic link."""
+    if entry.is_symlink():
+        raise VerificationError(f"{entry}: a symbolic link; a dataset's manifest, parts and files are its own")
 
 
 def check_checksums(path: Path, manifest: dict, progress: Progress) -> int:
@@ -66,9 +74,13 @@ def check_checksums(path: Path, manifest: dict, progress: Progress) -> int:
         listed = [(path / part["name"] / name, record) for part in manifest["parts"]
                   for name, record in part["files"].items()]
         for part in manifest["parts"]:
-            missing = set(fmt.part_files(manifest["format_version"])) - set(part["files"])
+            files = set(fmt.part_files(manifest["format_version"]))
+            missing, extra = files - set(part["files"]), set(part["files"]) - files
             if missing:
                 raise VerificationError(f"{path / fmt.MANIFEST}: part {part['name']} lists no {sorted(missing)[0]}")
+            if extra:
+                raise VerificationError(f"{path / fmt.MANIFEST}: part {part['name']} lists {sorted(extra)[0]!r}, "
+                                        f"which no part holds")
         expected = [(file, int(record["bytes"]), str(record["sha256"])) for file, record in listed]
     except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise VerificationError(str(malformed(path, error))) from None
