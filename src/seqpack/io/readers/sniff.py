@@ -32,6 +32,8 @@ BINARY_FORMATS = ((b"PAR1", b"PAR1", "a Parquet file"), (b"ARROW1", b"ARROW1", "
                   (MEGATRON_MAGIC, None, "a Megatron index"))
 #: Suffixes of files that hold JSON lines: read as JSONL when given, refused inside a directory.
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
+#: A datatrove tokenized shard's files (uint16 tokens, uint64 document ends), by name ending.
+DATATROVE_ENDINGS = (".ds", ".ds.index", ".ds.metadata")
 #: A Megatron dataset's two files, each by the other's suffix.
 MEGATRON_PARTNERS = {".idx": ".bin", ".bin": ".idx"}
 
@@ -40,8 +42,9 @@ def check_text_file(name, head: bytes, tail: bytes, kind: str) -> None:
     """Refuse a file read as ``kind`` (text or JSONL) whose first bytes ``head`` and last
     bytes ``tail`` (``MAGIC_BYTES`` of each when the file has that many) mark it as gzip,
     bzip2, xz, zstd or zip data, or as a Parquet, Arrow, Feather or Megatron file,
-    whatever its name; and a ``.jsonl``, ``.ndjson``, ``.bin`` or ``.idx`` file read as
-    text (a directory's file: Megatron's token data has no magic of its own)."""
+    whatever its name; and a ``.jsonl``, ``.ndjson``, ``.bin`` or ``.idx`` file, or a
+    datatrove shard's (:data:`DATATROVE_ENDINGS`), read as text (a directory's file:
+    Megatron's and datatrove's token data have no magic of their own)."""
     bzip2 = head[:3] == b"BZh" and b"1" <= head[3:4] <= b"9" and head[4:10] in BZIP2_MARKS
     found = "bzip2" if bzip2 else next((codec for magic, codec in COMPRESSED_MAGIC if head.startswith(magic)), None)
     if found is not None:
@@ -53,6 +56,9 @@ def check_text_file(name, head: bytes, tail: bytes, kind: str) -> None:
         binary = "a JSONL file"
     if binary is None and kind == "text" and suffix in MEGATRON_PARTNERS:
         binary = f"a {suffix} file (half of a Megatron dataset, by its name)"
+    if kind == "text" and str(name).lower().endswith(DATATROVE_ENDINGS):
+        raise InvalidInputError(f"{name}: a datatrove tokenized shard's file (by its name), not text; seqpack does "
+                                f"not read datatrove shards: pack their source documents (--glob leaves them out)")
     if binary is not None:
         raise InvalidInputError(
             f"{name}: {binary}, not {kind}: give it as an input of its own, named by its extension (a "

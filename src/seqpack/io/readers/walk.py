@@ -14,8 +14,8 @@ from ..format import is_packed_dataset
 from .base import cannot_read, link_loop
 
 
-def _directory_key(path: str) -> tuple[int, int]:
-    """``(device, inode)`` of a directory, links followed."""
+def _identity(path) -> tuple[int, int]:
+    """``(device, inode)`` of a directory or file, links followed."""
     status = os.stat(path)
     return status.st_dev, status.st_ino
 
@@ -30,12 +30,14 @@ def _files_under(path: Path, pattern: str | None) -> tuple[list[Path], list[Path
     skipped, matching ``pattern``, and the packed datasets left out of them (subdirectories
     :func:`~seqpack.io.format.is_packed_dataset` recognizes). Linked directories are
     followed; a link to a directory's own ancestor (a cycle), a directory reached a second
-    time through links (its files would be inputs twice), or a matching name that is not a
-    regular file (a dangling link, a link that loops, a pipe), is an error."""
+    time through links (its files would be inputs twice), a file reached a second time
+    (through a symbolic or hard link), or a matching name that is not a regular file (a
+    dangling link, a link that loops, a pipe), is an error."""
     found, datasets = [], []
     top = os.fspath(path)
-    ancestors = {top: {_directory_key(top): top}}  # each directory to visit: the directories above it and itself
-    reached = {_directory_key(top): top}  # every directory met so far
+    ancestors = {top: {_identity(top): top}}  # each directory to visit: the directories above it and itself
+    reached = {_identity(top): top}  # every directory met so far
+    met = {}  # every file found so far, by identity
     for root, dirs, files in os.walk(top, onerror=_walk_error, followlinks=True):
         above = ancestors.pop(root)
         visible = sorted(d for d in dirs if not d.startswith("."))
@@ -44,7 +46,7 @@ def _files_under(path: Path, pattern: str | None) -> tuple[list[Path], list[Path
         dirs[:] = [d for d in visible if d not in packed]
         for name in dirs:
             directory = os.path.join(root, name)
-            key = _directory_key(directory)
+            key = _identity(directory)
             if key in above:
                 raise InvalidInputError(f"{directory}: a directory link cycle (it leads back to {above[key]})")
             if key in reached:  # found now, not after walking every path to it (2**depth of them)
@@ -59,6 +61,11 @@ def _files_under(path: Path, pattern: str | None) -> tuple[list[Path], list[Path
             if not candidate.is_file():
                 what = link_loop(candidate) or "not a regular file (a dangling link, a pipe or a device)"
                 raise InvalidInputError(f"{candidate}: {what}; remove it or leave it out with --glob")
+            key = _identity(candidate)
+            if key in met:
+                raise InvalidInputError(f"{candidate}: the file {met[key]} again, through a link: it would be an "
+                                        f"input twice; remove one or leave it out with --glob")
+            met[key] = candidate
             found.append(candidate)
     return found, datasets
 
