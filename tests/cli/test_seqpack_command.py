@@ -220,6 +220,7 @@ def test_bench_train_json():
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["targets"] == 7051 and (report["threads"], report["layers"]) == (2, 1)
+    assert 0 < report["gradients_apart"] < 1e-3  # every method computes the same step
     methods = set(report["seconds"])
     assert {"HF per-example", "HF padded (16)"} <= methods
     for policy in ("next-fit", "best-fit-decreasing", "flat"):
@@ -262,6 +263,25 @@ def test_the_training_bounds_differ_only_in_key_and_value_gradients():
         assert losses["noop"] == losses["noop-query"]
     finally:
         torch.set_num_threads(threads)  # the rest of the session keeps its threads
+
+
+def test_bench_train_refuses_methods_that_compute_another_step():
+    # Each HF method's loss was its batches' own mean: per example, 23 means summed (review).
+    pytest.importorskip("transformers", reason="seqpack bench train needs the hf extra: pip install 'seqpack[hf]'")
+    import torch
+
+    from seqpack import SeqpackError, hf
+    from seqpack.bench import train
+
+    model = train.make_model(torch, hf, layers=1)
+    ids = torch.arange(2, 34).reshape(2, 16)
+    whole = {"input_ids": ids, "labels": ids, "use_cache": False, "num_items_in_batch": 30}
+    halves = [{**whole, "input_ids": ids[i : i + 1], "labels": ids[i : i + 1]} for i in range(2)]
+    same = {"one batch": ("sdpa", [whole], 30), "two": ("sdpa", halves, 30), "seqpack": ("seqpack", [whole], 30)}
+    assert train.warm_up_and_compare(torch, model, same) < 1e-5
+    means = [{key: value for key, value in fields.items() if key != "num_items_in_batch"} for fields in halves]
+    with pytest.raises(SeqpackError, match=r"^two means computes another step than one batch: loss "):
+        train.warm_up_and_compare(torch, model, {"one batch": same["one batch"], "two means": ("sdpa", means, 30)})
 
 
 def test_bench_train_argument_errors():

@@ -49,3 +49,20 @@ def test_matches_sdpa_with_a_dense_mask_in_float64(width):
     np.testing.assert_array_equal(lse * ~active[:, None, :], 0.0)
     for grad, tensor in zip(grads, (tq, tk, tv)):
         np.testing.assert_allclose(grad, tensor.grad.numpy() * valid, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["b", "c"])
+def test_the_benchmarks_dense_mask_peer_computes_what_the_fused_kernels_do(name):
+    # Its padding queries gave outputs and, through the upstream gradient there, dV (review).
+    from seqpack.bench.attention import dense_mask_attention
+    from seqpack.bench.workloads import workload
+
+    w = workload(name)
+    q, k, v, dout = w.tensors("float64")
+    out, lse = range_attention_forward(q, k, v, w.valid_lengths, w.segment_starts)
+    grads = range_attention_backward(q, k, v, out, lse, dout, w.valid_lengths, w.segment_starts)
+    leaves = [torch.from_numpy(x).requires_grad_(True) for x in (q, k, v)]
+    dense = dense_mask_attention(torch, w)(*leaves)
+    dense.backward(torch.from_numpy(dout))
+    for ours, theirs in zip((out, *grads), (dense, *(leaf.grad for leaf in leaves))):
+        np.testing.assert_allclose(theirs.detach().numpy(), ours, rtol=1e-9, atol=1e-10)

@@ -155,16 +155,22 @@ def torch_dense_mask_method(w: Workload, dtype, threads):
     if torch is None:
         return "unavailable: torch is not installed"
     q, k, v, dout = torch_tensors(w, dtype)
+    return torch_timed(torch, dense_mask_attention(torch, w), (q, k, v), dout)
+
+
+def dense_mask_attention(torch, w: Workload):
+    """SDPA with the dense block-causal mask of ``w``'s rows, as a function of q, k, v."""
     mask, active = permission(w)
-    # Inactive queries attend to themselves so that no softmax row is empty (no NaN).
+    # Inactive queries attend to themselves so that no softmax row is empty (no NaN); their
+    # output is then zeroed, as every other method's is.
     mask = mask | (~active[..., 0][..., None] & np.eye(w.shape[2], dtype=bool))
-    mask = torch.from_numpy(mask)
+    mask, inactive = torch.from_numpy(mask), torch.from_numpy(~active)
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def run(q, k, v):
-        return sdpa(q, k, v, attn_mask=mask)
+        return sdpa(q, k, v, attn_mask=mask).masked_fill(inactive, 0)
 
-    return torch_timed(torch, run, (q, k, v), dout)
+    return run
 
 
 def torch_is_causal_method(w: Workload, dtype, threads):

@@ -26,8 +26,10 @@ model and one set of examples for every method, all in this process:
 Packed methods run for next-fit and best-fit-decreasing rows of capacity 2048, and for
 the next-fit rows' examples flattened into one row with no padding (``seqpack.hf.flat``,
 ``DataCollatorWithFlattening``'s layout; sdpa then gets a dense block-causal mask of
-that row). Each round times every method once, in turn, so load changes hit all of
-them; figures are medians over rounds, and the ratios are medians of per-round ratios
+that row). Every method's loss is the step's NLL sum over its targets
+(``num_items_in_batch``, as ``Trainer`` passes it), and the warm-up round checks that every
+HF and seqpack method computes the same loss and gradients, float32 rounding apart. Each
+round times every method once, in turn, so load changes hit all of them; figures are medians over rounds, and the ratios are medians of per-round ratios
 with their range. Printed beside them: the CPU, the threads, the load average before and
 after, and the float32 matmul peak measured in the same run. A last table gives each
 layout's ceiling: its no-op bound against the best HF baseline and against sdpa on the
@@ -49,7 +51,7 @@ from .._threads import kernel_threads
 from ..data.binding import BatchBinding, Partition
 from ..data.table import ExampleTable
 from ..data.tokenizer import ByteTokenizer
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, SeqpackError
 from ..packing.config import PackConfig
 from ..packing.planning import pack
 from . import plain_summary
@@ -159,16 +161,48 @@ def steps(torch, hf, docs, table, binding):
         methods[f"no-op bound, {label}"] = ("noop", [fields], targets)
         methods[f"query-only no-op, {label}"] = ("noop-query", [fields], targets)
     for _, batches, _ in methods.values():
-        for fields in batches:
-            fields["use_cache"] = False
+        for fields in batches:  # every method's loss: the step's NLL sum over its targets
+            fields.update(use_cache=False, num_items_in_batch=targets)
     return methods
 
 
-def run(model, implementation, batches):
+def run(model, implementation, batches) -> float:
+    """One step (gradients from zero); its loss, the NLL sum over the step's targets."""
     model.set_attn_implementation(implementation)
     model.zero_grad(set_to_none=True)
+    loss = 0.0
     for fields in batches:
-        model(**fields).loss.backward()
+        batch_loss = model(**fields).loss
+        batch_loss.backward()
+        loss += batch_loss.item()
+    return loss
+
+
+#: What float32 rounding may change between two methods' steps: the relative difference
+#: of the losses and of the whole gradients (a method of another objective is off by 2x).
+LOSS_TOLERANCE, GRADIENT_TOLERANCE = 1e-4, 1e-3
+
+
+def warm_up_and_compare(torch, model, methods) -> float:
+    """Run every method once; the attention methods (not the bounds) must compute the same
+    step as the first: loss and gradients equal up to float32 rounding, else an error
+    (timing methods that compute different things would measure nothing). Returns the
+    largest relative gradient difference."""
+    first, largest = None, 0.0
+    for name, (implementation, batches, _) in methods.items():
+        loss = run(model, implementation, batches)
+        if implementation not in ("sdpa", "seqpack"):
+            continue
+        gradient = torch.cat([parameter.grad.reshape(-1) for parameter in model.parameters()])
+        if first is None:
+            first = name, loss, gradient
+            continue
+        difference = float((gradient - first[2]).norm() / first[2].norm())
+        largest = max(largest, difference)
+        if abs(loss - first[1]) > LOSS_TOLERANCE * abs(first[1]) or difference > GRADIENT_TOLERANCE:
+            raise SeqpackError(f"{name} computes another step than {first[0]}: loss {loss:.6f} against "
+                               f"{first[1]:.6f}, gradients {difference:.1e} apart (relative)")
+    return largest
 
 
 def ratios_of(samples: dict, methods: tuple = ("seqpack",)) -> dict:
@@ -218,8 +252,7 @@ def run_command(options: argparse.Namespace) -> int:
     methods = steps(torch, hf, docs, table, binding)
     load_before = os.getloadavg()
     peak = matmul_peak("float32")[0]
-    for implementation, batches, _ in methods.values():  # warm-up
-        run(model, implementation, batches)
+    apart = warm_up_and_compare(torch, model, methods)
     samples = {name: [] for name in methods}
     for _ in range(options.repeats):
         for name, (implementation, batches, _) in methods.items():
@@ -235,7 +268,7 @@ def run_command(options: argparse.Namespace) -> int:
     if options.json:
         print(json.dumps({
             "cpu": cpu_description(), "threads": options.threads, "layers": options.layers, "load_before": load_before,
-            "load_after": load_after, "matmul_peak_gflops": peak, "targets": targets,
+            "load_after": load_after, "matmul_peak_gflops": peak, "targets": targets, "gradients_apart": apart,
             "seconds": samples, "targets_per_second": rate,
             "ratios": {f"{name} / {label}": list(value) for (name, label), value in ratios.items()},
             "ceilings": {f"{name} / {label}": list(value) for (name, label), value in ceilings.items()},
@@ -246,7 +279,9 @@ def run_command(options: argparse.Namespace) -> int:
     print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, after "
           f"{tuple(round(x, 2) for x in load_after)}; float32 matmul peak in this run {peak:.0f} GFLOP/s")
     print(f"step: forward + backward, {options.layers} layers, {len(docs)} examples, {targets:,} targets, "
-          f"capacity {CAPACITY}, float32; medians of {options.repeats} rounds\n")
+          f"capacity {CAPACITY}, float32; medians of {options.repeats} rounds")
+    print(f"every HF and seqpack method computes the same step: the loss over {targets:,} targets, gradients at "
+          f"most {apart:.1e} apart (relative)\n")
     print("| method | step s (median) | min..max s | targets/s |")
     print("| --- | --- | --- | --- |")
     for name, times in samples.items():

@@ -50,8 +50,13 @@ class Workload:
         return rows * heads * width * width
 
     def tensors(self, dtype):
+        """q, k, v and the output's gradient (zero at padding queries: every method then
+        gives the same gradients, whatever it does there)."""
         rng = np.random.default_rng(1)
-        return [rng.standard_normal(self.shape).astype(dtype) for _ in range(4)]
+        q, k, v, dout = (rng.standard_normal(self.shape).astype(dtype) for _ in range(4))
+        padding = np.arange(self.shape[2])[None, :] >= self.valid_lengths[:, None]  # [rows, T]
+        np.putmask(dout, np.broadcast_to(padding[:, None, :, None], dout.shape), 0)
+        return [q, k, v, dout]
 
 
 def layout_from_segments(segments, capacity):
