@@ -39,6 +39,7 @@ from seqpack import (
 )
 from seqpack.packing import PackedBatch
 from seqpack.nn.softmax import range_softmax_backward, range_softmax_forward
+from seqpack.bench.measure import matmul_peak
 from seqpack.bench.workloads import layout_from_segments, next_fit_segments
 
 BINDING = BatchBinding.fixture()
@@ -143,7 +144,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.parse_args(argv)
     print(conditions())
-    print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}")
+    peak, how = matmul_peak("float64")
+    print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}; float64 matmul peak in this run "
+          f"{peak:.0f} GFLOP/s ({how})")
     print("range causal softmax forward+backward, float64 (median of 7, min-max)")
     print("| rows x heads | T | permitted | cython ms | cython, caller buffers ms | numpy dense ms "
           "| numpy / cython | numpy / cython buffers |")

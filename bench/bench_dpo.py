@@ -282,10 +282,11 @@ def main(argv=None) -> dict:
     import trl
 
     from seqpack._threads import kernel_threads
-    from seqpack.bench.measure import cpu_description
+    from seqpack.bench.measure import cpu_description, matmul_peak
 
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
+    peak = matmul_peak("float32")[0]
     pairs = preference_pairs(args.pairs)
     with tempfile.TemporaryDirectory() as workdir:
         methods = {name: METHOD_CLASSES[name](pairs, workdir) for name in METHODS}
@@ -313,7 +314,7 @@ def main(argv=None) -> dict:
     result = {
         "cpu": cpu_description(), "threads": args.threads, "kernel_threads": kernel_threads(None),
         "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
-        "load_before": load_before, "load_after": load_after,
+        "load_before": load_before, "load_after": load_after, "matmul_peak_gflops": peak,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "pairs": args.pairs, "completion_targets": targets, "repeats": args.repeats,
         "seconds": samples, "seqpack_speedup": (statistics.median(per_round), min(per_round), max(per_round)),
@@ -328,7 +329,8 @@ def main(argv=None) -> dict:
           f"threads {result['kernel_threads']}; torch {torch.__version__}, transformers {transformers.__version__}, "
           f"trl {trl.__version__}")
     print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, after "
-          f"{tuple(round(x, 2) for x in load_after)}; peak RSS {result['peak_rss_mib']:.0f} MiB")
+          f"{tuple(round(x, 2) for x in load_after)}; float32 matmul peak in this run {peak:.0f} GFLOP/s; peak RSS "
+          f"{result['peak_rss_mib']:.0f} MiB")
     print(f"one DPO step (sigmoid, beta {BETA}): {args.pairs} pairs, {targets:,} completion targets; medians of "
           f"{args.repeats} rounds\n")
     labels = {trl_name: "TRL padded (`DPOTrainer.compute_loss`, its collator, sdpa)",
