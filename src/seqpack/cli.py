@@ -162,7 +162,8 @@ def _add_score(commands) -> None:
         description="Run a Hugging Face causal LM saved with save_pretrained (read offline) over a packed dataset "
                     "under seqpack attention; write one row per example (input, line, example_id, targets, "
                     "nll_sum, nll_mean, perplexity) to a Parquet file (written into a temporary sibling and renamed "
-                    "into place only when complete), then print the loss and perplexity over all targets.")
+                    "into place only when complete), then print the loss and perplexity over all targets. Needs "
+                    "the hf and corpus extras: pip install 'seqpack[hf,corpus]'.")
     score.add_argument("dataset", type=Path, metavar="DIR")
     score.add_argument("--model", required=True, type=Path, metavar="MODEL_DIR",
                        help="a directory written by save_pretrained (AutoModelForCausalLM)")
@@ -231,6 +232,8 @@ def _pack(args) -> int:
         raise UsageError("--bos and --eos go with --tokenizer (the byte tokenizer has BOS 0 and EOS 1)")
     if args.tokenizer is not None and args.eos is None:
         raise UsageError("--tokenizer needs --eos (--bos is optional: by default, the one its post-processor adds)")
+    _check_extras("seqpack pack" + " --engine ray" * (args.engine == "ray") + " --tokenizer" * bool(args.tokenizer),
+                  ray=args.engine == "ray", hf=args.tokenizer is not None)
     if args.address is not None and args.engine != "ray":
         raise UsageError("--address goes with --engine ray")
     if args.workers is not None and args.engine != "ray":
@@ -303,10 +306,6 @@ def _pack_and_report(args, job) -> int:
 
     try:
         if args.engine == "ray" and not supervisor.supervised():
-            if importlib.util.find_spec("ray") is None:
-                from .io.readers import missing_extra
-
-                raise missing_extra("the Ray engine", "ray")
             return supervisor.run_supervised(args.argv, args.out)
         if args.engine == "ray":
             from .ray import run_on_ray
@@ -446,6 +445,7 @@ def _score(args) -> int:
     from .io.progress import Progress
     from .io.scores import check_scores_output, import_parquet, scores_table, write_scores
 
+    _check_extras("seqpack score", hf=True, corpus=True)
     check_scores_output(args.out, args.force)
     dataset = open_dataset(args.dataset)
     import_parquet()
@@ -509,6 +509,20 @@ def _scored_batches(dataset, count: int, progress):
             progress.advance(int(targets[number]))
     finally:
         progress.close()
+
+
+#: A module each extra installs, by the extra's name.
+EXTRA_MODULES = {"hf": "transformers", "corpus": "pyarrow", "ray": "ray"}
+
+
+def _check_extras(command: str, **wanted: bool) -> None:
+    """Refuse ``command`` naming at once every extra it wants (by keyword) that is missing."""
+    missing = [extra for extra, wants in wanted.items() if wants and importlib.util.find_spec(EXTRA_MODULES[extra])
+               is None]
+    if missing:
+        from .io.readers import missing_extra
+
+        raise missing_extra(command, *missing)
 
 
 def _import_hf(command: str):

@@ -264,15 +264,19 @@ def test_usage_errors(tmp_path, args, message):
 
 
 @pytest.mark.slow
-def test_without_pyarrow_it_names_the_extra(tmp_path):
+@pytest.mark.parametrize("hidden, message", [
+    (("pyarrow",), "the 'corpus' extra: pip install 'seqpack[corpus]'"),
+    # Both at once: it named one, and the other on the next run (review).
+    (("pyarrow", "transformers"), "the 'hf' and 'corpus' extras: pip install 'seqpack[hf,corpus]'"),
+])
+def test_without_its_extras_it_names_them(tmp_path, hidden, message):
     (tmp_path / "a.txt").write_text("hello")
     assert run("pack", tmp_path / "a.txt", "--out", tmp_path / "ds", "--quiet").returncode == 0
-    script = ("import sys\nsys.modules['pyarrow'] = None\nfrom seqpack.cli import main\n"
+    script = (f"import sys\nsys.modules.update(dict.fromkeys({hidden!r}))\nfrom seqpack.cli import main\n"
               "sys.exit(main(sys.argv[1:]))")
     result = subprocess.run([sys.executable, "-c", script, "score", str(tmp_path / "ds"), "--model", str(tmp_path),
                              "--out", str(tmp_path / "s.parquet")], capture_output=True, text=True, timeout=120)
-    assert one_error_line(result) == ("seqpack: error: writing scores as Parquet needs the 'corpus' extra: "
-                                      "pip install 'seqpack[corpus]'")
+    assert one_error_line(result) == f"seqpack: error: seqpack score needs {message}"
 
 
 #: A score that sends itself ``sys.argv[2]`` at ``sys.argv[1]``, a moment of its run: in

@@ -294,6 +294,20 @@ def test_bench_needs_a_suite():
     assert result.returncode == 2 and "invalid choice" in result.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (("--engine", "ray"), "seqpack pack --engine ray needs the 'ray' extra: pip install 'seqpack[ray]'"),
+    # Each missing extra was named on its own run, after the input's (review).
+    (("--engine", "ray", "--tokenizer", "tok.json", "--eos", "1"),
+     "seqpack pack --engine ray --tokenizer needs the 'ray' and 'hf' extras: pip install 'seqpack[ray,hf]'"),
+])
+def test_pack_names_every_missing_extra_at_once(tmp_path, args, message):
+    script = ("import sys\nsys.modules.update(dict.fromkeys(('ray', 'transformers', 'pyarrow')))\n"
+              "from seqpack.cli import main\nsys.exit(main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", script, "pack", str(tmp_path / "a.parquet"), "--out",
+                             str(tmp_path / "out"), *args], capture_output=True, text=True, timeout=120)
+    assert one_error_line(result) == f"seqpack: error: {message}"
+
+
 def test_pack_on_an_unreachable_ray_address_fails_in_seconds(tmp_path):
     """It printed nothing for about ten minutes, then only Ray's GCS timeout."""
     pytest.importorskip("ray", reason="the Ray engine needs the ray extra: pip install 'seqpack[ray]'")

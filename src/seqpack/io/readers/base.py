@@ -23,9 +23,12 @@ CHUNK_BYTES = 8 << 20
 CHUNK_DOCUMENTS = 4096
 
 
-def missing_extra(what: str, extra: str) -> InvalidInputError:
-    """The error (kind ``"missing-extra"``) for ``what`` without the packages ``extra`` installs."""
-    return InvalidInputError(f"{what} needs the {extra!r} extra: pip install 'seqpack[{extra}]'",
+def missing_extra(what: str, extra: str, *more: str) -> InvalidInputError:
+    """The error (kind ``"missing-extra"``) for ``what`` without the packages ``extra`` (and
+    the ``more`` extras) install: one message naming every one."""
+    extras = (extra, *more)
+    names = " and ".join(map(repr, extras)) + (" extras" if more else " extra")
+    return InvalidInputError(f"{what} needs the {names}: pip install 'seqpack[{','.join(extras)}]'",
                              kind="missing-extra")
 
 
