@@ -107,6 +107,15 @@ def integer_array(name: str, values, dtype=np.int64, ndim: int | None = None) ->
     return np.ascontiguousarray(array, dtype=dtype)
 
 
+def query_starts(name: str, starts: np.ndarray, lengths: np.ndarray, dtype) -> np.ndarray:
+    """Integer ``starts`` ``[rows, T]`` as :func:`integer_array` gives them, read where the
+    query is active (its column below its row's entry of ``lengths``, integers): an inactive
+    query's start is never used, so one outside ``dtype``'s range there is read as 0."""
+    if starts.dtype.kind in "iu" and not np.can_cast(starts.dtype, dtype) and starts.size:
+        starts = np.where(np.arange(starts.shape[1]) < lengths[:, None], starts, 0)
+    return integer_array(name, starts, dtype)
+
+
 def _memory_of(value) -> np.ndarray | None:
     """``value``'s own memory as an array (an ndarray, a CPU torch tensor, a memoryview or
     another buffer), or None when it has none a kernel could write into."""

@@ -421,6 +421,15 @@ def test_inactive_starts_are_ignored():
     starts[1, 2:] = [77, -3]
     actual = range_attention_forward(q, k, v, lengths, starts)
     assert all(np.array_equal(a, b) for a, b in zip(expected, actual))
+    # Even a uint64 start past int64 there (it was refused: review); in an active cell it is.
+    wide = starts.astype(np.uint64)
+    wide[1, 2:] = np.iinfo(np.uint64).max
+    actual = range_attention_forward(q, k, v, lengths, wide)
+    assert all(np.array_equal(a, b) for a, b in zip(expected, actual))
+    assert np.array_equal(segment_spans(lengths, wide), segment_spans(lengths, starts))
+    wide[0, 0] = np.iinfo(np.uint64).max
+    with pytest.raises(InvalidInputError, match=r"segment_starts holds 18446744073709551615, outside the int64"):
+        range_attention_forward(q, k, v, lengths, wide)
 
 
 def test_read_only_output_buffer_is_rejected():

@@ -188,8 +188,12 @@ def test_layout_errors_name_grid_and_query_beside_their_exact_limits():
         range_softmax_forward(scores, [3, 3], [[0, 0, 0], [0, 0, 3]])
     with pytest.raises(InvalidInputError, match="grid 0 query 0 has range start -1"):
         range_softmax_forward(scores, [3, 3], [[-1, 0, 0], [0, 0, 0]])
-    # A start past its query is ignored where the query is inactive.
+    # A start past its query is ignored where the query is inactive, even past int64 (review).
     range_softmax_forward(scores, [3, 2], [[0, 0, 0], [0, 0, 3]])
+    wide = np.array([[0, 0, 0], [0, 0, 2**64 - 1]], dtype=np.uint64)
+    assert np.array_equal(range_softmax_forward(scores, [3, 2], wide), range_softmax_forward(scores, [3, 2]))
+    with pytest.raises(InvalidInputError, match=r"starts holds 18446744073709551615, outside the int64"):
+        range_softmax_forward(scores, [3, 3], wide)
     with pytest.raises(InvalidInputError, match="one per query"):
         range_softmax_forward(scores, [3, 3], np.zeros((2, 3, 1), dtype=np.int32))
     with pytest.raises(InvalidInputError, match="square grids"):

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .._arguments import check_disjoint, check_scale, integer_array
+from .._arguments import check_disjoint, check_scale, integer_array, query_starts
 from ..errors import InvalidInputError
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -40,7 +40,8 @@ def layout_arrays(valid_lengths, segment_starts, rows: int, width: int):
         raise InvalidInputError(
             f"segment_starts has shape {starts.shape}; expected ({rows}, {width})"
         )
-    return integer_array("valid_lengths", lengths, _INTP), integer_array("segment_starts", starts, _INTP)
+    lengths = integer_array("valid_lengths", lengths, _INTP)
+    return lengths, query_starts("segment_starts", starts, lengths, _INTP)
 
 
 def floats(names, arrays):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._arguments import check_disjoint, integer_array
+from .._arguments import check_disjoint, integer_array, query_starts
 from ..errors import InvalidInputError
 from . import _softmax
 from .autograd import Tensor, record
@@ -36,11 +36,15 @@ def causal_layout(
         raise InvalidInputError(f"grid {grid} has causal length {int(lengths[grid])}; T is {queries}")
     if starts is None:
         return lengths, np.zeros((grids, queries), dtype=np.int32)
-    starts = _integers(starts, "starts")
+    try:
+        starts = np.asarray(starts)
+    except (ValueError, TypeError) as error:  # ragged nesting
+        raise InvalidInputError(f"starts is not a regular array: {error}") from None
     if starts.shape != (grids, queries):
         raise InvalidInputError(
             f"expected range starts of shape {(grids, queries)} (one per query), got {starts.shape}"
         )
+    starts = query_starts("starts", starts, lengths, np.int64)
     column = np.arange(queries)
     valid = column < lengths[:, None]
     bad = valid & ((starts < 0) | (starts > column))
