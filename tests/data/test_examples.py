@@ -71,6 +71,16 @@ def test_whole_document_is_validated(binding, tokens, position):
     assert caught.value.position == position
 
 
+def test_a_stored_example_with_tokens_outside_the_vocabulary_is_refused_by_pad_and_pack(binding):
+    # The bare constructor only stores: PAD_CELL and 99999 reached valid cells (review).
+    example = sp.SequenceExample("e", sp.BatchDocument("d", [0, -1, 99999, 1]), range(0, 4), binding)
+    message = r"example 'e' \(index 0\): token -1 at position 1 of its document lies outside the vocabulary"
+    with pytest.raises(sp.InvalidInputError, match=message):
+        sp.pad([example], partition=sp.Partition.TRAIN, binding=binding)
+    with pytest.raises(sp.InvalidInputError, match=message):
+        sp.pack([example], sp.PackConfig(capacity=4), partition=sp.Partition.TRAIN, binding=binding)
+
+
 def test_decode_limits_apply(long_document):
     fixture = sp.BatchBinding.fixture()
     tight = sp.BatchBinding(sp.ByteTokenizer.fixture().identity, fixture.split_receipt_digest, sp.DecodeLimits(5, 3), sp.ByteTokenizer.fixture())

@@ -209,6 +209,14 @@ def test_bad_merges(merges, match):
         ByteTokenizer(merges)
 
 
+def test_merges_whose_pieces_double_are_refused_before_they_are_built():
+    # 48 integers asked for 2**24-byte pieces, and 34 merges would have asked 64 GB (review).
+    doubling = [(2, 2)] + [(258 + i, 258 + i) for i in range(27)]
+    with pytest.raises(InvalidInputError, match=r"the merges' pieces hold \d+ bytes in all; at most 268435456"):
+        ByteTokenizer(doubling)
+    ByteTokenizer(doubling[:20])
+
+
 def test_merges_may_build_on_earlier_merges():
     assert ByteTokenizer([(99, 100), (258, 258)]).encode_document("abab").tolist() == [0, 259, 1]
 

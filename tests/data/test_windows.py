@@ -174,6 +174,14 @@ def test_bad_configs(build, match):
         build()
 
 
+def test_window_sizes_past_int32_are_refused_where_they_enter():
+    # 2**63 was accepted, and windows() then raised OverflowError (review).
+    for context, stride in ((2**63, 1), (1, 2**63), (2**31, 1)):
+        with pytest.raises(InvalidInputError, match=r"(context_length|stride) is \d+; the maximum is 2147483647"):
+            CausalWindowConfig(context, stride)
+    assert CausalWindowConfig(2**31 - 1, 2**31 - 1).window_count(2**31) == 1
+
+
 def test_smallest_valid_configs():
     assert CausalWindowConfig(1, 1).window_count(2) == 1
     assert MiniBatchConfig(1, BatchOrder.SHUFFLED, 0).seed == 0

@@ -61,6 +61,13 @@ def check_stored(example: "SequenceExample", index: int) -> None:
                                  and mask.shape == (len(document),)):
         raise InvalidInputError(f"example {example.id!r} (index {index}): supervised is not a bool array over "
                                 f"its document's {len(document)} tokens: build it with from_range")
+    tokens, vocabulary = example.source_tokens, example.binding.vocabulary_size
+    outside = (tokens < 0) | (tokens >= vocabulary)  # (PAD_CELL is no token)
+    if outside.any():
+        at = int(np.argmax(outside))
+        raise InvalidInputError(f"example {example.id!r} (index {index}): token {int(tokens[at])} at position "
+                                f"{selected.start + at} of its document lies outside the vocabulary [0, {vocabulary}): "
+                                f"build it with from_range, which validates the document")
 
 
 class SequenceExample:

@@ -31,6 +31,8 @@ BASE_VOCABULARY_SIZE = BYTE_OFFSET + 256
 MAX_VOCABULARY_SIZE = 2**31  # token IDs are int32
 # Encoding maps each content token to the code point ``id - BYTE_OFFSET``.
 MAX_MERGES = 0x110000 - 256
+#: The most bytes every merge's piece may hold together (each piece is stored whole).
+MAX_PIECE_BYTES = 1 << 28
 
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
@@ -240,6 +242,13 @@ class ByteTokenizer:
             checked.append((int(left), int(right)))
             seen.add(checked[-1])
         self._merges = tuple(checked)
+        lengths = [0, 0] + [1] * 256  # each piece's bytes, counted before any is built
+        for left, right in self._merges:
+            lengths.append(lengths[left] + lengths[right])
+        if sum(lengths) > MAX_PIECE_BYTES:
+            raise InvalidInputError(f"the merges' pieces hold {sum(lengths)} bytes in all; at most "
+                                    f"{MAX_PIECE_BYTES} are supported (a merge of pieces that double each other grows "
+                                    f"as 2**merges)")
         pieces = [b"", b""] + [bytes([b]) for b in range(256)]
         for left, right in self._merges:
             pieces.append(pieces[left] + pieces[right])

@@ -101,8 +101,10 @@ class CausalWindowConfig:
     stride: int
 
     def __post_init__(self):
-        object.__setattr__(self, "context_length", check_int("context_length", self.context_length))
-        object.__setattr__(self, "stride", check_int("stride", self.stride))
+        # (bounded so that window arithmetic stays in int64 for numpy)
+        object.__setattr__(self, "context_length", check_int("context_length", self.context_length,
+                                                             maximum=INT32_MAX))
+        object.__setattr__(self, "stride", check_int("stride", self.stride, maximum=INT32_MAX))
 
     def window_count(self, token_count: int) -> int:
         """How many complete windows a sequence of ``token_count`` tokens supplies."""
