@@ -329,3 +329,23 @@ def test_a_single_string_is_not_a_list_of_ids(binding):
         sp.ExampleTable.from_arrays(tokens, offsets, binding, ids="ab")
     with pytest.raises(sp.InvalidInputError, match="not a single str"):
         sp.ExampleTable.from_texts(["x", "y"], binding, capacity=4, ids="ab")
+
+
+def test_from_texts_refuses_a_text_past_the_byte_limit_before_encoding_it():
+    # A 20 MB text was encoded whole (260 MB held) before the limit refused it (review).
+    import tracemalloc
+
+    binding = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="s", limits=sp.DecodeLimits(2000, 1000))
+    texts = ["fine", "x" * 2_000_000, "é" * 400]
+    tracemalloc.start()
+    try:
+        with pytest.raises(sp.DecodeLimitError, match=r"^text '#1' \(index 1\) holds more than 1000 bytes, the "
+                                                      r"binding's decode limit: refused before it is encoded$"):
+            sp.ExampleTable.from_texts(texts, binding, capacity=4096)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000
+    with pytest.raises(sp.DecodeLimitError, match=r"^text '#0' \(index 0\) holds more than 1000 bytes"):
+        sp.ExampleTable.from_texts(["é" * 501], binding, capacity=4096)  # 1002 bytes in 501 characters
+    assert len(sp.ExampleTable.from_texts(["é" * 500, "x" * 1000], binding, capacity=4096)) == 2  # exactly the limit

@@ -15,7 +15,7 @@ import numpy as np
 
 from .._arguments import INT32_MAX, check_bool, check_int, integer_array
 from .._threads import check_threads, kernel_threads
-from ..errors import InvalidInputError, SeqpackError
+from ..errors import DecodeLimitError, InvalidInputError, SeqpackError
 from . import _validate
 from .binding import BatchBinding, Partition, check_expectations
 from .documents import BatchDocument
@@ -182,6 +182,7 @@ class ExampleTable:
             raise InvalidInputError("texts must be a sequence of str or bytes, not a single text")
         texts = list(texts)
         names = None if ids is None else _check_ids(ids, len(texts))
+        _check_text_bytes(texts, binding.limits.max_bytes, names)
         documents = [binding.tokenizer.encode_document(text) for text in texts]
         if not documents:
             raise InvalidInputError("an example table needs at least one example")
@@ -316,6 +317,22 @@ def _check_ranges(spans, example_docs, doc_offsets, ids):
         why = f"source range [{start}, {stop}) has {stop - start} tokens; a prediction needs at least 2"
     name = ids[index] if ids is not None else f"#{index}"
     raise InvalidInputError(f"example {name!r} (index {index}): {why}")
+
+
+def _check_text_bytes(texts: list, limit: int, names) -> None:
+    """Refuse a text of more than ``limit`` bytes (a document decodes to its text's bytes)
+    before anything is encoded: the binding would refuse its document anyway, after
+    holding all of it. A text's characters bound its UTF-8 bytes from below, four times
+    them from above; only a text between the bounds is measured."""
+    for index, text in enumerate(texts):
+        if not isinstance(text, (str, bytes)):
+            continue  # (the tokenizer names it)
+        size = len(text) if isinstance(text, bytes) or len(text) > limit or 4 * len(text) <= limit \
+            else len(text.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            name = names[index] if names is not None else f"#{index}"
+            raise DecodeLimitError(f"text {name!r} (index {index}) holds more than {limit} bytes, the binding's "
+                                   f"decode limit: refused before it is encoded")
 
 
 def _check_ids(ids, count: int) -> tuple[str, ...]:
