@@ -126,6 +126,7 @@ def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
 
     config = kwargs.get("config")
     _check_dispatches_attention(config)
+    _check_only_attention_mixes(config)
     if getattr(config, "alibi", False):
         raise InvalidInputError("seqpack attention does not compute an additive position bias (this model's config "
                                 "has alibi=True)")
@@ -175,18 +176,48 @@ def _mask_builder_locals(frame) -> dict:
     return {}
 
 
+#: ``config.layer_types`` entries of layers that mix a row's positions outside attention (a
+#: convolution, a state space, linear attention, a recurrence; ``hybrid``: one beside
+#: attention), across a packed row's examples.
+NON_ATTENTION_LAYERS = frozenset({"conv", "short_conv", "linear_attention", "mamba", "hybrid", "recurrent"})
+#: Parts of the class names of layers that mix positions outside attention (state spaces,
+#: convolutions, linear attention, recurrences).
+RECURRENT_LAYERS = ("Mamba", "ShortConv", "GatedDeltaNet", "LinearAttention", "Rglru", "RecurrentBlock", "Rwkv")
+
+
 def check_runs_attention_functions(model) -> None:
-    """Refuse a transformers model whose class never calls an attention function (OpenAI
-    GPT, CPM-Ant: transformers marks it as not supporting attention backends, yet accepts
-    ``attn_implementation="seqpack"`` for it): it would compute its own causal attention,
-    across the examples of a packed row, and never call seqpack's hooks to be refused."""
-    compatible = getattr(type(model), "is_backend_compatible", None)  # None: a wrapper, such as a PEFT model
-    if compatible is not None and not compatible():
+    """Refuse a transformers model that would mix a packed row's examples where seqpack
+    cannot stop it: one whose modeling module has no attention functions (OpenAI GPT,
+    CPM-Ant: it computes its own causal attention, yet transformers accepts
+    ``attn_implementation="seqpack"`` for it), and one with layers that mix positions
+    outside attention (:data:`NON_ATTENTION_LAYERS`, :data:`RECURRENT_LAYERS`: LFM2's
+    convolutions, Mamba and linear-attention layers). A wrapper (a PEFT model) is
+    checked through the model it wraps, by its modules."""
+    module = type(model).__module__
+    if module.startswith("transformers.models.") and not hasattr(importlib.import_module(module),
+                                                                  "ALL_ATTENTION_FUNCTIONS"):
         raise InvalidInputError(
             f"{type(model).__name__} computes attention in its own code, never through transformers' "
             f"AttentionInterface, so seqpack attention cannot run inside it (its packed rows would attend across "
             f"their examples)"
         )
+    _check_only_attention_mixes(getattr(model, "config", None))
+    for name, layer in model.named_modules():
+        if any(part in type(layer).__name__ for part in RECURRENT_LAYERS):
+            raise InvalidInputError(f"{type(model).__name__}'s layer {name} ({type(layer).__name__}) mixes positions "
+                                    f"outside attention, across a packed row's examples: seqpack packs models whose "
+                                    f"every sequence layer is attention")
+
+
+def _check_only_attention_mixes(config) -> None:
+    """Refuse a config whose ``layer_types`` name one of :data:`NON_ATTENTION_LAYERS`."""
+    types = getattr(config, "layer_types", None)
+    other = next((kind for kind in types if kind in NON_ATTENTION_LAYERS), None) if isinstance(types, (list, tuple)) \
+        else None
+    if other is not None:
+        raise InvalidInputError(f"{getattr(config, 'model_type', type(config).__name__)} has {other!r} layers, which "
+                                f"mix positions outside attention, across a packed row's examples: seqpack packs models "
+                                f"whose every sequence layer is attention")
 
 
 def _check_dispatches_attention(config) -> None:
