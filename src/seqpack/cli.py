@@ -232,8 +232,11 @@ def _pack(args) -> int:
         raise UsageError("--bos and --eos go with --tokenizer (the byte tokenizer has BOS 0 and EOS 1)")
     if args.tokenizer is not None and args.eos is None:
         raise UsageError("--tokenizer needs --eos (--bos is optional: by default, the one its post-processor adds)")
+    needs = {"ray": "ray"} if args.engine == "ray" else {}
+    if args.tokenizer is not None:
+        needs["hf"] = "tokenizers"
     _check_extras("seqpack pack" + " --engine ray" * (args.engine == "ray") + " --tokenizer" * bool(args.tokenizer),
-                  ray=args.engine == "ray", hf=args.tokenizer is not None)
+                  needs)
     if args.address is not None and args.engine != "ray":
         raise UsageError("--address goes with --engine ray")
     if args.workers is not None and args.engine != "ray":
@@ -445,7 +448,7 @@ def _score(args) -> int:
     from .io.progress import Progress
     from .io.scores import check_scores_output, import_parquet, scores_table, write_scores
 
-    _check_extras("seqpack score", hf=True, corpus=True)
+    _check_extras("seqpack score", {"hf": "transformers", "corpus": "pyarrow"})
     check_scores_output(args.out, args.force)
     dataset = open_dataset(args.dataset)
     import_parquet()
@@ -511,14 +514,10 @@ def _scored_batches(dataset, count: int, progress):
         progress.close()
 
 
-#: A module each extra installs, by the extra's name.
-EXTRA_MODULES = {"hf": "transformers", "corpus": "pyarrow", "ray": "ray"}
-
-
-def _check_extras(command: str, **wanted: bool) -> None:
-    """Refuse ``command`` naming at once every extra it wants (by keyword) that is missing."""
-    missing = [extra for extra, wants in wanted.items() if wants and importlib.util.find_spec(EXTRA_MODULES[extra])
-               is None]
+def _check_extras(command: str, needs: dict[str, str]) -> None:
+    """Refuse ``command`` naming at once every extra it needs that is missing (``needs``:
+    each extra, by the module of it that the command imports)."""
+    missing = [extra for extra, module in needs.items() if importlib.util.find_spec(module) is None]
     if missing:
         from .io.readers import missing_extra
 

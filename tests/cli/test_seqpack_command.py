@@ -301,11 +301,20 @@ def test_bench_needs_a_suite():
      "seqpack pack --engine ray --tokenizer needs the 'ray' and 'hf' extras: pip install 'seqpack[ray,hf]'"),
 ])
 def test_pack_names_every_missing_extra_at_once(tmp_path, args, message):
-    script = ("import sys\nsys.modules.update(dict.fromkeys(('ray', 'transformers', 'pyarrow')))\n"
+    script = ("import sys\nsys.modules.update(dict.fromkeys(('ray', 'tokenizers', 'pyarrow')))\n"
               "from seqpack.cli import main\nsys.exit(main(sys.argv[1:]))")
     result = subprocess.run([sys.executable, "-c", script, "pack", str(tmp_path / "a.parquet"), "--out",
                              str(tmp_path / "out"), *args], capture_output=True, text=True, timeout=120)
     assert one_error_line(result) == f"seqpack: error: {message}"
+
+
+def test_pack_with_a_tokenizer_file_needs_tokenizers_not_transformers(tmp_path):
+    script = ("import sys\nsys.modules['transformers'] = None\nfrom seqpack.cli import main\n"
+              "sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", script, "pack", str(tmp_path / "a.txt"), "--out",
+                             str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok.json"), "--eos", "1"],
+                            capture_output=True, text=True, timeout=120)
+    assert "tok.json" in one_error_line(result) and "extra" not in result.stderr
 
 
 def test_pack_on_an_unreachable_ray_address_fails_in_seconds(tmp_path):
