@@ -309,6 +309,7 @@ def test_pack_names_every_missing_extra_at_once(tmp_path, args, message):
 
 
 def test_pack_with_a_tokenizer_file_needs_tokenizers_not_transformers(tmp_path):
+    pytest.importorskip("tokenizers", reason="--tokenizer needs the hf extra: pip install 'seqpack[hf]'")
     script = ("import sys\nsys.modules['transformers'] = None\nfrom seqpack.cli import main\n"
               "sys.exit(main(sys.argv[1:]))")
     result = subprocess.run([sys.executable, "-c", script, "pack", str(tmp_path / "a.txt"), "--out",
