@@ -19,7 +19,7 @@ METHODS = {"fused": fused_method, "dense": numpy_dense_method}
 @pytest.mark.parametrize("name", ["b", "c"])
 def test_forward_backward(benchmark, name, method):
     w = workload(name)
-    _, forward_backward = METHODS[method](w, "float64", None)
+    _, forward_backward, _ = METHODS[method](w, "float64", None)
     benchmark.extra_info.update(workload=name, edges=w.edges, dense_cells=w.dense_cells)
     benchmark(forward_backward)
 
@@ -28,6 +28,6 @@ def test_forward_backward(benchmark, name, method):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_forward_workload_a(benchmark, dtype, method):
     w = workload("a")
-    forward, _ = METHODS[method](w, dtype, None)
+    forward, *_ = METHODS[method](w, dtype, None)
     benchmark.extra_info.update(workload="a", edges=w.edges, dense_cells=w.dense_cells)
     benchmark.pedantic(forward, rounds=3, iterations=1, warmup_rounds=1)

@@ -121,6 +121,7 @@ def test_bench_attention_json_on_the_fixture_shape():
         assert (record["workload"], record["dtype"]) == ("c", "float64")
         low, high = record["peak_gflops_range"]
         assert 0 < low <= record["peak_gflops"] <= high
+        assert record["peers_apart"] < 1e-12  # every peer's results were compared in the run
         if record["method"] == "seqpack fused":
             assert record["forward_ms"] > 0 and record["forward_backward_ms"] >= record["forward_ms"] * 0.5
             assert record["edges"] < record["dense_cells"]

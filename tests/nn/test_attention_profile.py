@@ -75,7 +75,7 @@ def test_the_profile_is_off_after_a_block_that_raised():
 
 def test_the_benchmark_reports_the_breakdown():
     w = workload("b")
-    _, forward_backward = fused_method(w, "float64", 1, kv_heads=1)
+    _, forward_backward, _ = fused_method(w, "float64", 1, kv_heads=1)
     ms = profile(forward_backward, 2)
     assert set(ms) == set(_attention.PROFILE_BUCKETS) and all(value >= 0 for value in ms.values())
     assert 0 < non_gemm_share(ms) < 1

@@ -31,7 +31,7 @@ import numpy as np
 
 from .._arguments import check_int
 from .._threads import default_threads
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, SeqpackError
 from ..nn import _attention
 from ..nn.attention import _profile, range_attention_backward, range_attention_forward
 from ..nn.softmax import range_softmax_backward, range_softmax_forward
@@ -42,7 +42,9 @@ from .workloads import WORKLOADS, Workload, workload
 DTYPES = ("float32", "float64")
 
 
-# --- methods: each returns (forward, forward_backward) callables, or a reason string ---
+# --- methods: each returns (forward, forward_backward, results) callables, or a reason string;
+# results() runs forward and backward once more and returns out, dq, dk, dv as numpy arrays
+# (None where the method has no backward) for the in-run agreement check ---
 
 
 def fused_method(w: Workload, dtype, threads, kv_heads=None, path: str | None = None):
@@ -67,7 +69,11 @@ def fused_method(w: Workload, dtype, threads, kv_heads=None, path: str | None = 
             q, k, v, out, lse, dout, *layout, threads=threads, dq=grads[0], dk=grads[1], dv=grads[2]
         )
 
-    return forward, forward_backward
+    def results():
+        forward_backward()
+        return [x.copy() for x in (out, *grads)]
+
+    return forward, forward_backward, results
 
 
 def permission(w: Workload):
@@ -101,7 +107,7 @@ def numpy_dense_method(w: Workload, dtype, threads):
         dscores = weights * (dweights - (weights * dweights).sum(axis=-1, keepdims=True))
         return dscores @ k * scale, dscores.swapaxes(-1, -2) @ q * scale, dv
 
-    return forward, forward_backward
+    return forward, forward_backward, lambda: [forward()[1], *forward_backward()]
 
 
 def reference_path_method(w: Workload, dtype, threads):
@@ -126,7 +132,7 @@ def reference_path_method(w: Workload, dtype, threads):
         dscores = range_softmax_backward(weights, dweights, lengths, starts)
         return dscores @ k * scale, dscores.swapaxes(-1, -2) @ q * scale, dv
 
-    return forward, forward_backward
+    return forward, forward_backward, lambda: [forward()[1], *forward_backward()]
 
 
 def torch_tensors(w: Workload, dtype):
@@ -134,8 +140,9 @@ def torch_tensors(w: Workload, dtype):
     return [torch.from_numpy(x) for x in w.tensors(dtype)]
 
 
-def torch_timed(torch, run, inputs, dout):
-    """Forward under no_grad, and forward plus backward through autograd."""
+def torch_timed(torch, run, inputs, dout, assemble=None):
+    """Forward under no_grad, and forward plus backward through autograd; ``assemble``
+    turns ``run``'s result into one tensor of the output's shape (default: it is one)."""
     leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
 
     def forward():
@@ -145,9 +152,16 @@ def torch_timed(torch, run, inputs, dout):
     def forward_backward():
         for leaf in leaves:
             leaf.grad = None
-        torch.autograd.backward(run(*leaves), dout)
+        output = run(*leaves)
+        torch.autograd.backward(output, dout)
+        return output
 
-    return forward, forward_backward
+    def results():
+        output = forward_backward()
+        output = output if assemble is None else assemble(output)
+        return [output.detach().numpy(), *(leaf.grad.numpy() for leaf in leaves)]
+
+    return forward, forward_backward, results
 
 
 def torch_dense_mask_method(w: Workload, dtype, threads):
@@ -201,6 +215,13 @@ def torch_per_segment_method(w: Workload, dtype, threads, contiguous: bool):
     q, k, v, dout = torch_tensors(w, dtype)
     spans = list(_segment_slices(w))
     sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def scatter(pieces):
+        """The per-segment pieces in one [rows, heads, T, D] array, zero at padding."""
+        whole = np.zeros(w.shape, dtype=dtype)
+        for (row, start, end), piece in zip(spans, pieces):
+            whole[row, :, start:end] = piece.detach().numpy()[0]
+        return whole
     if contiguous:
         pieces = [
             [x[row : row + 1, :, start:end].contiguous() for row, start, end in spans]
@@ -220,9 +241,15 @@ def torch_per_segment_method(w: Workload, dtype, threads, contiguous: bool):
             for group in leaves:
                 for leaf in group:
                     leaf.grad = None
-            torch.autograd.backward(run_contiguous(*leaves), pieces[3])
+            outputs = run_contiguous(*leaves)
+            torch.autograd.backward(outputs, pieces[3])
+            return outputs
 
-        return forward, forward_backward
+        def results():
+            outputs = forward_backward()
+            return [scatter(outputs)] + [scatter([leaf.grad for leaf in group]) for group in leaves]
+
+        return forward, forward_backward, results
 
     def run_slices(q, k, v):
         outputs = []
@@ -232,7 +259,7 @@ def torch_per_segment_method(w: Workload, dtype, threads, contiguous: bool):
         return outputs
 
     upstream = [dout[row : row + 1, :, start:end] for row, start, end in spans]
-    return torch_timed(torch, run_slices, (q, k, v), upstream)
+    return torch_timed(torch, run_slices, (q, k, v), upstream, assemble=lambda outputs: torch.from_numpy(scatter(outputs)))
 
 
 def torch_flex_method(w: Workload, dtype, threads):
@@ -272,7 +299,16 @@ def torch_flex_method(w: Workload, dtype, threads):
             leaf.grad = None
         compiled(*leaves, block_mask=block_mask).backward(dout)
 
-    return forward, forward_backward
+    def results():  # FlexAttention has no backward on the CPU: the output alone
+        with torch.no_grad():
+            output = compiled(q, k, v, block_mask=block_mask).numpy()
+        try:
+            forward_backward()
+        except Exception:
+            return [output, None, None, None]
+        return [output, *(leaf.grad.numpy() for leaf in leaves)]
+
+    return forward, forward_backward, results
 
 
 def gqa_kv_heads(w: Workload) -> int:
@@ -342,18 +378,20 @@ def run(workloads, dtypes, repeats, threads, cpu_paths=None, head_dims=None):
                     record["note"] = calls
                 else:
                     timed.append((record, *calls))
+            peers_apart = check_agreement(w, dtype, timed)
             # The methods' forwards take turns, one sample each per round; then their
             # forwards+backwards (a failed backward, such as FlexAttention's, cannot touch
             # a forward measured before it), with the matmul peak taking its turn among
             # them, so that the peak and the kernels meet the same machine.
-            forwards = measure_in_turns([forward for _, forward, _ in timed], repeats)
+            forwards = measure_in_turns([forward for _, forward, _, _ in timed], repeats)
             *both_ways, peak_timing = measure_in_turns(
-                [forward_backward for *_, forward_backward in timed] + [peak], repeats)
+                [forward_backward for _, _, forward_backward, _ in timed] + [peak], repeats)
             for record in records:
+                record["peers_apart"] = peers_apart
                 record["peak_gflops"] = flops / peak_timing[0] / 1e9
                 record["peak_gflops_range"] = [flops / peak_timing[2] / 1e9,
                                                flops / peak_timing[1] / 1e9]
-            for (record, _, forward_backward), ahead, both in zip(timed, forwards, both_ways):
+            for (record, _, forward_backward, _), ahead, both in zip(timed, forwards, both_ways):
                 if isinstance(ahead, Exception):
                     raise ahead
                 record.update(_milliseconds("forward", ahead))
@@ -366,6 +404,45 @@ def run(workloads, dtypes, repeats, threads, cpu_paths=None, head_dims=None):
                     record["profile"] = profile(forward_backward, repeats)
             _attention.use_cpu_path(-1)
             yield from records
+
+
+# Relative to the largest magnitude of each result: float32 peers sum in other orders.
+PEER_TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
+WRONG = "torch SDPA is_causal"  # attends across examples on purpose: timed, not compared
+
+
+def check_agreement(w: Workload, dtype: str, timed) -> float:
+    """Run every method once more and compare its output and gradients with the first
+    fused row's (the first GQA row's for the grouped-query rows): the fused rows on other
+    CPU paths must give the same bits, the peers agree up to :data:`PEER_TOLERANCE`
+    (the output and dq at active queries), else an error, since timing methods that
+    compute different things would measure nothing. Returns the peers' largest
+    relative difference."""
+    active = (np.arange(w.shape[2])[None, :] < w.valid_lengths[:, None])[:, None, :, None]
+    first, largest = {}, 0.0
+    for record, _, _, results in timed:
+        method = record["method"]
+        if method.startswith(WRONG):
+            continue
+        arrays, group = results(), method.startswith(GQA)
+        if group not in first:
+            first[group] = method, arrays
+            continue
+        name, expected = first[group]
+        for label, got, want in zip(("out", "dq", "dk", "dv"), arrays, expected):
+            if got is None:
+                continue
+            if method.startswith("seqpack fused"):
+                if not np.array_equal(got, want):
+                    raise SeqpackError(f"{method} gives other bits than {name} in {label} ({dtype})")
+                continue
+            where = active if label in ("out", "dq") else True
+            apart = float(np.max(np.abs(np.where(where, got - want, 0)))) / max(float(np.max(np.abs(want))), 1e-300)
+            if not apart <= PEER_TOLERANCE[dtype]:
+                raise SeqpackError(f"{method} computes another {label} than {name} ({dtype}): "
+                                   f"{apart:.1e} apart relative to its largest value")
+            largest = max(largest, apart)
+    return largest
 
 
 def profile(forward_backward, calls: int) -> dict:
@@ -423,6 +500,9 @@ def print_table(records, out=sys.stdout):
             f"{' '.join(f'{v:.2f}' for v in first['load_average_before']) if first.get('load_average_before') else 'unknown'}",
             file=out,
         )
+        print(f"results checked in the run: the fused rows give the same bits on every path; every "
+              f"other method but is_causal agrees with seqpack fused to {first['peers_apart']:.1e} "
+              f"(largest difference relative to the largest value)", file=out)
         fused = group[0]  # seqpack fused, on the best path or the first one named
         print(
             "| method | fwd ms (min-max) | fwd+bwd ms (min-max) | fwd / fused | fwd+bwd / fused "

@@ -1,0 +1,64 @@
+"""``seqpack bench attention`` times only methods that compute the same attention."""
+
+import numpy as np
+import pytest
+
+from seqpack.bench.attention import check_agreement, fused_method, numpy_dense_method, torch_is_causal_method
+from seqpack.bench.workloads import workload
+from seqpack.errors import SeqpackError
+
+
+def timed(w, dtype, *methods):
+    return [({"method": name}, *build(w, dtype, 1)) for name, build in methods]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_peers_agree_with_the_fused_kernels_in_the_run(dtype):
+    w = workload("c")
+    apart = check_agreement(w, dtype, timed(w, dtype, ("seqpack fused", fused_method),
+                                            ("numpy dense masked", numpy_dense_method)))
+    assert 0 < apart < {"float32": 1e-5, "float64": 1e-13}[dtype]
+
+
+def test_a_method_computing_something_else_is_refused():
+    # Negative control: the dense peer with one key permitted outside its example.
+    w = workload("c")
+
+    def leaky(w, dtype, threads):
+        forward, forward_backward, results = numpy_dense_method(w, dtype, threads)
+
+        def shifted():
+            out, *grads = results()
+            out[0, 0, 3] += 1e-3  # B's first query: as if it had read A's last key
+            return [out, *grads]
+
+        return forward, forward_backward, shifted
+
+    with pytest.raises(SeqpackError, match=r"leaky computes another out than seqpack fused \(float64\)"):
+        check_agreement(w, "float64", timed(w, "float64", ("seqpack fused", fused_method), ("leaky", leaky)))
+
+
+def test_the_fused_paths_must_give_the_same_bits():
+    w = workload("c")
+
+    def off_by_one_bit(w, dtype, threads):
+        forward, forward_backward, results = fused_method(w, dtype, threads)
+
+        def nudged():
+            out, *grads = results()
+            out[0, 0, 0] = np.nextafter(out[0, 0, 0], np.inf)
+            return [out, *grads]
+
+        return forward, forward_backward, nudged
+
+    with pytest.raises(SeqpackError, match=r"seqpack fused \[avx2\] gives other bits than seqpack fused in out"):
+        check_agreement(w, "float64", timed(w, "float64", ("seqpack fused", fused_method),
+                                            ("seqpack fused [avx2]", off_by_one_bit)))
+
+
+def test_is_causal_is_timed_but_not_compared():
+    # It attends across examples on purpose (the table says "wrong"); comparing it would refuse every run.
+    pytest.importorskip("torch", reason="the torch peers need the torch extra")
+    w = workload("c")
+    check_agreement(w, "float64", timed(w, "float64", ("seqpack fused", fused_method),
+                                        ("torch SDPA is_causal (no isolation, wrong)", torch_is_causal_method)))
