@@ -237,6 +237,8 @@ def test_conversation_refusals_and_limits(bound):
     cases = {
         r"conversation 1: a conversation is a non-empty list of messages": [CONVERSATIONS[0], []],
         r"conversation 0: message 1: a message is a dict with a str 'role'": [[{"role": "user"}, {"content": "x"}]],
+        r"message 0: .*\(ShareGPT's 'from'/'value' messages need renaming to 'role'/'content' first\)":
+            [[{"from": "human", "value": "x"}]],
         r"conversations must be a sequence of conversations": {"messages": CONVERSATIONS[0]},
     }
     for message, conversations in cases.items():

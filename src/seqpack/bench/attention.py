@@ -259,7 +259,8 @@ def torch_per_segment_method(w: Workload, dtype, threads, contiguous: bool):
         return outputs
 
     upstream = [dout[row : row + 1, :, start:end] for row, start, end in spans]
-    return torch_timed(torch, run_slices, (q, k, v), upstream, assemble=lambda outputs: torch.from_numpy(scatter(outputs)))
+    return torch_timed(torch, run_slices, (q, k, v), upstream,
+                       assemble=lambda outputs: torch.from_numpy(scatter(outputs)))
 
 
 def torch_flex_method(w: Workload, dtype, threads):

@@ -56,7 +56,10 @@ def as_supervision(values, length: int, name: str) -> np.ndarray | None:
 def target_counts(supervised: np.ndarray | None, begins: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Supervised targets of each source range ``[begins[i], ends[i])`` (int64, read-only):
     its tokens after the first that are supervised (all of them when ``supervised`` is None)."""
-    counts = np.maximum(ends - begins - 1, 0) if supervised is None else range_target_counts(flips_of(supervised), begins, ends)
+    if supervised is None:
+        counts = np.maximum(ends - begins - 1, 0)
+    else:
+        counts = range_target_counts(flips_of(supervised), begins, ends)
     counts.flags.writeable = False
     return counts
 

@@ -295,8 +295,10 @@ def check_conversations(values, name: str) -> list:
                                                      f"not {conversation!r:.60}")
         for position, message in enumerate(conversation):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                hint = (" (ShareGPT's 'from'/'value' messages need renaming to 'role'/'content' first)"
+                        if isinstance(message, dict) and "from" in message and "value" in message else "")
                 raise RecordError("conversation", index, f"message {position}: a message is a dict with a "
-                                                         f"str 'role', not {message!r:.60}")
+                                                         f"str 'role', not {message!r:.60}{hint}")
     return conversations
 
 
