@@ -304,7 +304,14 @@ def test_packing_collator_refuses_what_it_would_ignore():
          f"feature 0: labels must be a 1-D sequence of {docs[0].size} integers"),
         (with_change(1, "attention_mask", padded_mask), "feature 1: attention_mask must be all ones: .*unpadded"),
         (with_change(1, "token_type_ids", [0] * docs[1].size), "feature 1 carries 'token_type_ids'"),
+        # -101 marks a reader's record without labels; a feature's own is refused (review: it was supervised).
+        (with_change(1, "labels", [-100] * (docs[1].size - 1) + [-101]),
+         rf"feature 1: labels\[{docs[1].size - 1}\] is -101 but input_ids\[{docs[1].size - 1}\] is "),
         ([{"labels": docs[0].tolist()}], "feature 0 has no input_ids"),
+        # IDs past int32 are named with their feature, a uint64 one unwrapped (review).
+        (with_change(1, "input_ids", np.array([5, 2**63 + 5], dtype=np.uint64)),
+         r"feature 1: input_ids holds 9223372036854775813, outside the int32 range"),
+        (with_change(1, "input_ids", [5, 2**40]), r"feature 1: input_ids holds 1099511627776, outside the int32"),
     ]
     for features, message in cases:
         with pytest.raises(InvalidInputError, match=message):

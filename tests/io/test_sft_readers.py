@@ -249,6 +249,9 @@ IDS = '{"input_ids": [5, 6, 7], "completion_mask": [0, 1, 1]}\n'
      r":2: field 'completion_mask' is not a list of ints$"),
     ('{"input_ids": [5], "labels": [-100]}\n{"input_ids": [5], "labels": [-18446744073709551616]}\n', "input_ids",
      r":2: field 'labels' value -18446744073709551616 does not fit int64$"),
+    # A record's own -101 is no "record without labels" mark (review: it became a supervised target).
+    (IDS + '{"input_ids": [5, 6, 7], "labels": [-101, -100, -101]}\n', "input_ids",
+     r":2: labels\[2\] is -101, neither -100 nor its input_ids token 7: a packed document's targets are its own "),
     # Fields seqpack would misread are refused, not ignored (review).
     (IDS + '{"input_ids": [5, 6], "seq_lengths": [1, 1]}\n', "input_ids",
      r":2: field 'seq_lengths': the records are rows that TRL's pack_dataset already packed "),
@@ -294,6 +297,9 @@ HI = [{"role": "user", "content": "hi"}]
     (lambda pa: {"input_ids": [[5], [6, 7]], "labels": [[5], [-100, None]]}, r"Table row 1: a 'labels' value is null"),
     (lambda pa: {"input_ids": [[5]], "assistant_masks": [[1.0]]},
      r"Table: column 'assistant_masks' of type list<item: double> is not a list of integers"),
+    (lambda pa: {"input_ids": [[5, 6], [7, 8, 9]], "labels": [[-101, 6], [-100, -100, -101]]},
+     r"Table row 1: labels\[2\] is -101, neither -100 nor its input_ids token 9: a packed document's targets are "
+     r"its own tokens"),
     (lambda pa: {"input_ids": [[5, 6]], "seq_lengths": [[1, 1]]},
      r"Table: field 'seq_lengths': the records are rows that TRL's pack_dataset already packed .*"),
     (lambda pa: {"text": ["a"], "image": ["cat.png"]}, r"Table: field 'image': a vision-language record .*"),

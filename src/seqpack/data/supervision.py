@@ -111,6 +111,17 @@ def trl_fault(tokens: np.ndarray, offsets: np.ndarray, columns: Mapping[str, np.
     return None
 
 
+def first_reserved_label(labels: np.ndarray, offsets: np.ndarray) -> int | None:
+    """The first flat index of a user's ``labels`` that holds :data:`NO_LABEL` where it is
+    read (past each document's first token, as :func:`trl_fault` reads labels), or None.
+    A reader marks with it the records that have no labels, so a user's own would turn a
+    label that TRL's loss refuses into a supervised target: every entry of user labels
+    checks it before :func:`trl_fault`."""
+    wrong = np.flatnonzero(labels == NO_LABEL)
+    wrong = wrong[~np.isin(wrong, offsets)]
+    return int(wrong[0]) if wrong.size else None
+
+
 def gathered(parts: list[np.ndarray | None], lengths: list[int]) -> np.ndarray | None:
     """The supervision of token arrays joined end to end: None when every part is None,
     else one bool array (a None part is all True)."""

@@ -29,8 +29,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
+from .._arguments import integer_array
 from ..data.binding import BatchBinding, Partition
-from ..data.supervision import IGNORE_INDEX, trl_fault, trl_supervised
+from ..data.supervision import IGNORE_INDEX, first_reserved_label, trl_fault, trl_supervised
 from ..data.table import ExampleTable
 from ..errors import CapacityError, InvalidInputError
 from ..layout.exports import cumulative_lengths
@@ -178,7 +179,10 @@ def _supervision(index: int, feature: dict, document: np.ndarray, completion_onl
         integers = key == "labels"
         columns[key] = _per_token(index, key, value, length, "iu" if integers else "biuf",
                                   "integers" if integers else "0s and 1s")
-    fault = trl_fault(document, np.array([0, length]), columns)  # (attention_mask is a 0/1 mask too)
+    bounds = np.array([0, length])
+    reserved = None if "labels" not in columns else first_reserved_label(columns["labels"], bounds)
+    fault = ("labels", reserved) if reserved is not None else trl_fault(document, bounds, columns)
+    # (attention_mask is a 0/1 mask too)
     if fault is not None:
         key, j = fault
         if key == "labels":
@@ -287,12 +291,13 @@ def _regular_array(index: int, key: str, value) -> np.ndarray:
 
 
 def token_ids(index: int, key: str, value) -> np.ndarray:
-    """``feature[key]`` as a 1-D int64 array (empty allowed)."""
+    """``feature[key]`` as a 1-D int32 array (empty allowed); an ID past int32 is named
+    with its feature, never wrapped."""
     array = _regular_array(index, key, value)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise InvalidInputError(f"feature {index}: {key} must be a 1-D sequence of integer token ids, got "
                                 f"shape {array.shape} and dtype {array.dtype}")
-    return array.astype(np.int64, copy=False)
+    return integer_array(f"feature {index}: {key}", array, np.int32)
 
 
 def one_batch(documents: list, supervision: list, config: PackConfig, policy: str, binding: BatchBinding, *,

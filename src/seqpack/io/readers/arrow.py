@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...data.supervision import NO_LABEL, first_reserved_label
 from ...errors import InvalidInputError
 from .base import DocumentChunk, Input, RecordReader, check_fields, missing_extra, not_a_file
 from .records import RecordFields, check_messages, find_record_fields, template_fields
@@ -199,6 +200,8 @@ def arrow_chunk(batch, fields: RecordFields, input_index: int, first_row: int, w
         ids = fields.fields[0]
         flat, offsets = _integer_lists(pa, columns[ids], ids, "a token ID", first_row, where)
         masks = {mask: _mask(pa, columns[mask], mask, ids, offsets, first_row, where) for mask in fields.masks}
+        if "labels" in masks:
+            _check_reserved(masks["labels"], flat, offsets, first_row, where)
         nbytes = flat.nbytes + sum(values.nbytes for values in masks.values())
         masked = np.ones(count, dtype=bool) if masks else None
         return DocumentChunk(inputs, locations, nbytes, ids=(flat, offsets), masks=masks or None, masked=masked)
@@ -229,6 +232,18 @@ def _mask(pa, array, mask: str, ids: str, offsets: np.ndarray, first_row: int, w
                                 f"{int(mask_offsets[row + 1] - mask_offsets[row])} values; column {ids!r} has "
                                 f"{int(offsets[row + 1] - offsets[row])} IDs")
     return values
+
+
+def _check_reserved(labels: np.ndarray, ids: np.ndarray, offsets: np.ndarray, first_row: int, where: Input) -> None:
+    """A row's own label -101 (:data:`~seqpack.data.supervision.NO_LABEL`, the mark of a
+    record without labels) is refused by its row, as any label other than -100 and its
+    token is."""
+    at = first_reserved_label(labels, offsets)
+    if at is not None:
+        row = _row_of(offsets, at)
+        raise InvalidInputError(f"{where.where(first_row + row)}: labels[{at - int(offsets[row])}] is {NO_LABEL}, "
+                                f"neither -100 nor its input_ids token {int(ids[at])}: a packed document's targets "
+                                f"are its own tokens")
 
 
 class ArrowBatches(RecordReader):

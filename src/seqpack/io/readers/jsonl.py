@@ -19,7 +19,7 @@ from itertools import chain
 import numpy as np
 
 from ..._arguments import check_int, check_optional_int
-from ...data.supervision import NO_LABEL
+from ...data.supervision import NO_LABEL, first_reserved_label
 from ...errors import InvalidInputError
 from .base import (
     CHUNK_BYTES,
@@ -329,10 +329,23 @@ class JsonLines(RecordReader):
             column = self._flat([row if row is not None else () for row in rows], lines, mask, offsets,
                                 np.array([row is not None for row in rows]))
             masks[mask] = column
+            if mask == "labels":
+                self._check_reserved(column, ids, offsets, lines)
             absent = np.repeat(np.array([row is None for row in rows]), np.diff(offsets))
             column[absent] = NO_LABEL if mask == "labels" else 1
         masked = np.array([bool(v[1]) for v in values])
         return DocumentChunk(inputs, locations, size, ids=(ids, offsets), masks=masks, masked=masked)
+
+    def _check_reserved(self, labels: np.ndarray, ids: np.ndarray, offsets: np.ndarray, lines: list) -> None:
+        """A record's own label -101 (:data:`~seqpack.data.supervision.NO_LABEL`, this
+        reader's mark of a record without labels) is refused by its line, as any label
+        other than -100 and its token is."""
+        at = first_reserved_label(labels, offsets)
+        if at is not None:
+            record = int(np.searchsorted(offsets, at, side="right")) - 1
+            raise InvalidInputError(f"{self.inputs[0].where(lines[record])}: labels[{at - int(offsets[record])}] is "
+                                    f"{NO_LABEL}, neither -100 nor its input_ids token {int(ids[at])}: a packed "
+                                    f"document's targets are its own tokens")
 
     def _flat(self, rows: list, lines: list, field: str, offsets: np.ndarray, present=None) -> np.ndarray:
         """The rows' integers back to back (int64; an absent row, per ``present``, takes
