@@ -41,6 +41,12 @@ def test_windows_exact_and_one_short():
     config = CausalWindowConfig(4, 4)
     assert list(config.windows([0, 99, 1])) == []
     assert config.window_count(4) == 0 and config.window_count(5) == 1
+    # numpy's unsigned scalars wrapped below zero (review: np.uint8(3) gave 64 windows)
+    assert [config.window_count(kind(3)) for kind in (np.uint8, np.uint32, np.uint64, np.int8)] == [0] * 4
+    assert config.window_count(np.uint64(9)) == 2 and len(config.window_starts(np.uint8(3))) == 0
+    for bad, message in ((-1, "token_count must be at least 0"), (10.5, "token_count must be an int")):
+        with pytest.raises(InvalidInputError, match=message):
+            config.window_count(bad)
     (window,) = config.windows(LONG.token_ids)
     assert window.inputs.tolist() == [0, 100, 101, 102]
     assert window.targets.tolist() == [100, 101, 102, 1]
@@ -117,6 +123,19 @@ def test_partition_filter_and_empty_epoch():
     assert empty.batches == () and empty.token_count == 0
     nothing = MiniBatchEpoch.build(Partition.TRAIN, [], config, MiniBatchConfig(2))
     assert nothing.batches == ()
+
+
+def test_documents_may_come_from_a_generator_and_configs_are_checked():
+    # A generator was used up by the type check and gave an empty epoch (review).
+    config = CausalWindowConfig(2, 1)
+    listed = MiniBatchEpoch.build(Partition.TRAIN, [LONG, SHORT], config, MiniBatchConfig(3))
+    generated = MiniBatchEpoch.build(Partition.TRAIN, (d for d in (LONG, SHORT)), config, MiniBatchConfig(3))
+    assert generated.window_count == listed.window_count > 0
+    assert [b.inputs.tolist() for b in generated.batches] == [b.inputs.tolist() for b in listed.batches]
+    for args, message in ((((2, 1), MiniBatchConfig(3)), "window_config must be a CausalWindowConfig, got tuple"),
+                          ((config, 3), "minibatch_config must be a MiniBatchConfig, got int")):
+        with pytest.raises(InvalidInputError, match=message):
+            MiniBatchEpoch.build(Partition.TRAIN, [LONG], *args)
 
 
 def _shuffled(seed):

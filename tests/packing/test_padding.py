@@ -273,3 +273,18 @@ def test_verify_names_record_length(ch04, corrupted):
     clone._records = records
     with pytest.raises(sp.VerificationError, match="occurrence 0: columns \\[0, 1\\) differ from its example's 2 predictions"):
         clone.verify()
+
+
+@pytest.mark.parametrize("texts, rows", [(["ab"], 1), (["abc", "hello", "x" * 20], 1), (["ab"] * 10, 2)])
+def test_a_small_padded_epoch_holds_no_more_than_its_memory_peak(binding, texts, rows):
+    # pad counted no fixed allowance: one example held 6597 bytes against a memory_peak of 3281 (review).
+    import tracemalloc
+
+    table = sp.ExampleTable.from_texts(texts, binding, capacity=64)
+    config = sp.PadConfig(rows_per_batch=rows)
+    sp.pad(table, config, partition=TRAIN, binding=binding)  # warm-up
+    tracemalloc.start()
+    epoch = sp.pad(table, config, partition=TRAIN, binding=binding)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak <= epoch.memory_peak

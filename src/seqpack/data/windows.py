@@ -107,8 +107,9 @@ class CausalWindowConfig:
         object.__setattr__(self, "stride", check_int("stride", self.stride, maximum=INT32_MAX))
 
     def window_count(self, token_count: int) -> int:
-        """How many complete windows a sequence of ``token_count`` tokens supplies."""
-        spare = token_count - self.context_length - 1
+        """How many complete windows a sequence of ``token_count`` tokens supplies
+        (an int, numpy's included, at least 0)."""
+        spare = check_int("token_count", token_count, minimum=0) - self.context_length - 1
         return spare // self.stride + 1 if spare >= 0 else 0
 
     def window_starts(self, token_count: int) -> np.ndarray:
@@ -191,6 +192,11 @@ class MiniBatchEpoch:
         """Windows of ``partition``'s documents, in document then start order
         (sequential) or permuted by ``numpy.random.default_rng(seed)`` (shuffled)."""
         check_partition(partition)
+        for name, value, kind in (("window_config", window_config, CausalWindowConfig),
+                                  ("minibatch_config", minibatch_config, MiniBatchConfig)):
+            if not isinstance(value, kind):
+                raise InvalidInputError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
+        documents = list(documents)  # (a generator is read once)
         for index, document in enumerate(documents):
             if not isinstance(document, BatchDocument):
                 raise InvalidInputError(

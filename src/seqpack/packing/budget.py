@@ -10,8 +10,8 @@ each cell of a batch's fields          19: four int32 fields, three bool flags  
 each row of a batch                    8: its valid length (int64)                  ``batch_bytes``
 each occurrence of a batch             36: one ``OCCURRENCE_DTYPE`` record          ``batch_bytes``
 each batch                             3 KiB: the object, its dict, nine headers    ``batch_bytes``
-gathering a batch's tokens, per        list of examples: 292 plus 4 per token       ``gather_bytes``
-occurrence (plus 64 per gather)        (copied); table: 44 (no copy)
+gathering a batch's tokens, per        list of examples: 292 plus 6 per token       ``gather_bytes``
+occurrence (plus 64 per gather)        (copied, with its supervision); table: 44
 a plan, per example                    1 (a scan) + the source's own (list 16,      ``plan_bytes``
                                        table 0) + 24 for decreasing policies
                                        (visiting order, sorted rows and starts)
@@ -24,6 +24,7 @@ placement of pairs, per pair           8 (the pair's cells) + the larger of plac
                                        their two examples')
 an eager epoch, per occurrence         44 temporaries + 36 record                   ``epoch_bytes``
 an eager epoch, per batch              3 KiB + 8 (the view and its list slot)       ``epoch_bytes``
+a padded epoch, fixed                  8 KiB (the epoch, its lists, temporaries)    ``PAD_FIXED_BYTES``
 =====================================  ===========================================  =================
 
 The object allowances were measured with tracemalloc and rounded up, so the budget
@@ -54,14 +55,17 @@ RECORD_BYTES = OCCURRENCE_DTYPE.itemsize
 BATCH_OBJECT_BYTES = 3 * 1024
 PLAN_BYTES_PER_BATCH = 128
 PLAN_FIXED_BYTES = 8 * 1024
+PAD_FIXED_BYTES = 8 * 1024
 PLAN_SCAN_BYTES_PER_EXAMPLE = 1
 DECREASING_BYTES_PER_EXAMPLE = 24
 REORDER_BYTES_PER_EXAMPLE = 32  # the placed rows and starts, the sort keys and scratch
 REORDER_FIXED_BYTES = 8 << 16  # its digit counts
 # Gathering: bounds (begins, ends), their int64 copies and the fill's record copies per
-# occurrence; a list source also holds one token view (256) and copies every token.
+# occurrence; a list source also holds one token view (256) and copies every token: int32,
+# and its supervision joined (bool) from parts that may be all-True temporaries (bool).
 GATHER_BYTES_PER_OCCURRENCE = 8 + 16 + 20
 COPY_BYTES_PER_OCCURRENCE = 16 + 20 + 256
+COPY_BYTES_PER_TOKEN = 4 + 1 + 1
 GATHER_FIXED_BYTES = 64
 # An eager epoch's temporaries per occurrence: ordinals and input-order indices (int64),
 # segments (int32), batch-local rows, lengths and a fill run's row shift (int64).
@@ -107,7 +111,7 @@ def gather_bytes(copies_tokens: bool, tokens, occurrences):
     Works elementwise on int64 arrays (one entry per batch) as on ints.
     """
     if copies_tokens:
-        return 4 * tokens + COPY_BYTES_PER_OCCURRENCE * occurrences + GATHER_FIXED_BYTES
+        return COPY_BYTES_PER_TOKEN * tokens + COPY_BYTES_PER_OCCURRENCE * occurrences + GATHER_FIXED_BYTES
     return GATHER_BYTES_PER_OCCURRENCE * occurrences + GATHER_FIXED_BYTES
 
 

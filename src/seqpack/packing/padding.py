@@ -86,7 +86,7 @@ def pad(
     tokens = np.add.reduceat(lengths, firsts) + rows
     largest_gather = int(budget.gather_bytes(source.copies_tokens, tokens, rows).max())
     required = (sum(budget.batch_bytes(r, r, w) for r, w in zip(rows.tolist(), widths.tolist()))
-                + count * source.held_bytes_per_example + largest_gather)
+                + count * source.held_bytes_per_example + largest_gather + budget.PAD_FIXED_BYTES)
     budget.require(required, config.max_memory_bytes, "the padded epoch")
     batches = [
         _padded_batch(partition, binding, source, lengths, first, first + batch_rows, width, pairs)
