@@ -80,16 +80,21 @@ def check_optional_int(name: str, value: object, minimum: int = 1, maximum: int 
     return None if value is None else check_int(name, value, minimum, maximum)
 
 
+def regular_array(name: str, values) -> np.ndarray:
+    """``np.asarray(values)``; ragged nesting or values numpy cannot hold are an error naming ``name``."""
+    try:
+        return np.asarray(values)
+    except (ValueError, TypeError) as error:
+        raise InvalidInputError(f"{name} is not a regular array: {error}") from None
+
+
 def integer_array(name: str, values, dtype=np.int64, ndim: int | None = None) -> np.ndarray:
     """``values`` as a C-contiguous array of integer ``dtype`` (no copy when it already is).
 
     Any integer dtype is accepted; a value outside ``dtype``'s range is an error that
     names it, never a silent wraparound (a uint64 above 2**63 - 1 stays what it is).
     """
-    try:
-        array = np.asarray(values)
-    except (ValueError, TypeError) as error:  # ragged nesting, values numpy cannot hold
-        raise InvalidInputError(f"{name} is not a regular array: {error}") from None
+    array = regular_array(name, values)
     if ndim is not None and array.ndim != ndim:
         raise InvalidInputError(f"{name} must be {ndim}-dimensional, got shape {array.shape}")
     if array.size == 0:

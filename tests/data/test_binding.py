@@ -68,6 +68,11 @@ def test_receipt_load_from_path_and_digest_ignores_formatting(tmp_path):
         ({"partitions": {"train": [""], "validation": [], "test": []}}, "bad ID"),
         ({"partitions": {"train": "a", "validation": [], "test": []}}, "list"),
         ({"partitions": {"train": [], "validation": [], "test": []}, "x": {1.5}}, "plain JSON"),
+        # Keys that do not sort together, NaN: TypeError and a non-JSON digest before (review).
+        ({"partitions": {Partition.TRAIN: ["a"], Partition.VALIDATION: [], Partition.TEST: []}},
+         r"got \[\"<Partition.TEST: 'test'>\", .*\(keys are the partitions' names as strings\)"),
+        ({"partitions": {"train": [], "validation": [], "test": [], 1: []}}, r"got \[\"'test'\", .*'1'\]"),
+        ({"partitions": {"train": [], "validation": [], "test": []}, "x": float("nan")}, "plain JSON"),
     ],
 )
 def test_bad_receipts(payload, match):
@@ -80,6 +85,12 @@ def test_receipt_rejects_invalid_json(tmp_path):
     path.write_text("{not json")
     with pytest.raises(InvalidInputError, match="not valid JSON"):
         SplitReceipt.load(path)
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes(b'{"partitions": {"train": ["caf\xe9"], "validation": [], "test": []}}')
+    for source, message in ((latin1, "is not UTF-8"), (tmp_path / "missing.json", "cannot be read: No such file"),
+                            (tmp_path, "cannot be read: Is a directory")):
+        with pytest.raises(InvalidInputError, match=f"split receipt {source} {message}"):
+            SplitReceipt.load(source)
 
 
 def test_fixture_binding():

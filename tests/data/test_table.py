@@ -349,3 +349,8 @@ def test_from_texts_refuses_a_text_past_the_byte_limit_before_encoding_it():
     with pytest.raises(sp.DecodeLimitError, match=r"^text '#0' \(index 0\) holds more than 1000 bytes"):
         sp.ExampleTable.from_texts(["é" * 501], binding, capacity=4096)  # 1002 bytes in 501 characters
     assert len(sp.ExampleTable.from_texts(["é" * 500, "x" * 1000], binding, capacity=4096)) == 2  # exactly the limit
+    # bytes-like texts too: a bytearray or memoryview was encoded whole first (review)
+    for kind in (bytes, bytearray, lambda data: memoryview(bytearray(data))):
+        with pytest.raises(sp.DecodeLimitError, match=r"^text '#1' \(index 1\) holds more than 1000 bytes.*refused"):
+            sp.ExampleTable.from_texts([kind(b"ok"), kind(b"x" * 1001)], binding, capacity=4096)
+        assert len(sp.ExampleTable.from_texts([kind(b"x" * 1000)], binding, capacity=4096)) == 1

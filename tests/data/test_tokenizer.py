@@ -256,3 +256,24 @@ def test_token_bytes_takes_only_int_ids(token):
     assert tokenizer.token_bytes(np.int64(67)) == b"A"
     with pytest.raises(TokenizerError, match="a token ID must be an int"):
         tokenizer.token_bytes(token)
+
+
+def test_ragged_ids_merges_and_limits_of_the_wrong_kind_are_named():
+    # numpy's ValueError, a TypeError and an AttributeError escaped before (review).
+    import seqpack as sp
+
+    tokenizer = sp.ByteTokenizer.fixture()
+    binding = sp.BatchBinding.fixture()
+    ragged = [0, [5, 6], 1]
+    cases = [
+        (lambda: sp.BatchDocument("d", ragged), "token IDs is not a regular array"),
+        (lambda: tokenizer.decode_document_bounded(ragged, binding.limits), "token IDs is not a regular array"),
+        (lambda: binding.validate_document(ragged), "token IDs is not a regular array"),
+        (lambda: sp.ByteTokenizer(None), "merges must be an iterable of \\(left, right\\) ID pairs, not NoneType"),
+        (lambda: sp.ByteTokenizer("ab"), "merges must be an iterable of .* not str"),
+        (lambda: tokenizer.decode_document_bounded([0, 5, 1], (10, 10)), "limits must be a DecodeLimits, not tuple"),
+    ]
+    for call, message in cases:
+        with pytest.raises(sp.InvalidInputError, match=message):
+            call()
+    assert tokenizer.decode_document_bounded([0, 5, 1], binding.limits) == bytes([3])

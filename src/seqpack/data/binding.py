@@ -61,7 +61,8 @@ class SplitReceipt:
         names = {p.value for p in Partition}
         if set(listed) != names:
             raise InvalidInputError(
-                f"split receipt partitions must be exactly {sorted(names)}, got {sorted(listed)}"
+                f"split receipt partitions must be exactly {sorted(names)}, got {sorted(map(repr, listed))} "
+                f"(keys are the partitions' names as strings)"
             )
         owner: dict[str, Partition] = {}
         partitions: dict[Partition, tuple[str, ...]] = {}
@@ -82,7 +83,7 @@ class SplitReceipt:
                 owner[doc_id] = partition
             partitions[partition] = tuple(ids)
         try:
-            self._payload = json.loads(json.dumps(payload))
+            self._payload = json.loads(json.dumps(payload, allow_nan=False))
         except (TypeError, ValueError) as error:
             raise InvalidInputError(f"a split receipt must be plain JSON data: {error}") from error
         self._partitions = MappingProxyType(partitions)
@@ -97,6 +98,10 @@ class SplitReceipt:
             payload = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as error:
             raise InvalidInputError(f"split receipt {source} is not valid JSON: {error}") from error
+        except UnicodeDecodeError as error:
+            raise InvalidInputError(f"split receipt {source} is not UTF-8: {error}") from None
+        except OSError as error:
+            raise InvalidInputError(f"split receipt {source} cannot be read: {error.strerror or error}") from None
         return cls(payload)
 
     @classmethod

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._arguments import regular_array
 from .binding import Partition, check_partition
 from ..errors import InvalidInputError
 
@@ -19,7 +20,7 @@ def as_int32_tokens(token_ids: object, name: str = "token IDs") -> np.ndarray:
 
     Non-integer dtypes, other shapes and values outside int32 are rejected.
     """
-    array = np.asarray(token_ids)
+    array = regular_array(name, token_ids)
     if array.ndim != 1:
         raise InvalidInputError(f"{name} must be 1-D, got shape {array.shape}")
     if array.size == 0:

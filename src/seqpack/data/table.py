@@ -325,10 +325,13 @@ def _check_text_bytes(texts: list, limit: int, names) -> None:
     holding all of it. A text's characters bound its UTF-8 bytes from below, four times
     them from above; only a text between the bounds is measured."""
     for index, text in enumerate(texts):
-        if not isinstance(text, (str, bytes)):
+        if isinstance(text, (bytes, bytearray, memoryview)):
+            size = memoryview(text).nbytes
+        elif isinstance(text, str):
+            size = len(text) if len(text) > limit or 4 * len(text) <= limit \
+                else len(text.encode("utf-8", "surrogatepass"))
+        else:
             continue  # (the tokenizer names it)
-        size = len(text) if isinstance(text, bytes) or len(text) > limit or 4 * len(text) <= limit \
-            else len(text.encode("utf-8", "surrogatepass"))
         if size > limit:
             name = names[index] if names is not None else f"#{index}"
             raise DecodeLimitError(f"text {name!r} (index {index}) holds more than {limit} bytes, the binding's "

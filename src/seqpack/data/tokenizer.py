@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._arguments import INT64_MAX, check_int, is_int
+from .._arguments import INT64_MAX, check_int, is_int, regular_array
 from ..errors import DecodeLimitError, InvalidInputError, TokenizerError
 
 BOS_ID = 0
@@ -115,7 +115,7 @@ class TokenizerIdentity:
 
 def _as_token_array(token_ids: object) -> np.ndarray:
     """A 1-D integer view of ``token_ids`` (any integer dtype, or a list)."""
-    ids = np.asarray(token_ids)
+    ids = regular_array("token IDs", token_ids)
     if ids.ndim != 1:
         raise InvalidInputError(f"token IDs must be 1-D, got shape {ids.shape}")
     if ids.size == 0:
@@ -231,6 +231,9 @@ class ByteTokenizer:
     eos_id = EOS_ID
 
     def __init__(self, merges: Iterable[tuple[int, int]] = ()):
+        if isinstance(merges, (str, bytes)) or not isinstance(merges, Iterable):
+            raise InvalidInputError(f"merges must be an iterable of (left, right) ID pairs, not "
+                                    f"{type(merges).__name__}")
         checked: list[tuple[int, int]] = []
         seen: set[tuple[int, int]] = set()
         for rank, merge in enumerate(merges):
@@ -348,6 +351,8 @@ class ByteTokenizer:
     ) -> tuple[np.ndarray, np.ndarray, int]:
         """Content IDs, their byte lengths and the byte total of a checked document
         (of a document taken as given, every ID is content: controls decode to nothing)."""
+        if not isinstance(limits, DecodeLimits):
+            raise InvalidInputError(f"limits must be a DecodeLimits, not {type(limits).__name__}")
         ids = check_framed_document(token_ids, self._identity, limits.max_tokens, as_given=as_given)
         first = 0 if as_given else 1
         content = ids[first:ids.shape[0] - first].astype(np.intp)
