@@ -39,9 +39,11 @@ def check_int(name: str, value: object, minimum: int = 1, maximum: int | None = 
 def batch_number(number: object, count: int, owner: str) -> int:
     """``number`` as a Python int in ``[0, count)``, else :class:`BatchIndexError` naming
     ``owner``'s batches (a bool or a float is no batch number)."""
-    if not is_int(number) or not 0 <= number < count:
-        why = " (a bool is not a batch number)" if isinstance(number, (bool, np.bool_)) else ""
-        raise BatchIndexError(f"batch {number!r} is outside {owner}'s batches [0, {count}){why}")
+    if not is_int(number):
+        raise BatchIndexError(f"batch {number!r} is a {type(number).__name__}, not an int: {owner}'s batches "
+                              f"are numbered [0, {count})")
+    if not 0 <= number < count:
+        raise BatchIndexError(f"batch {number!r} is outside {owner}'s batches [0, {count})")
     return operator.index(number)
 
 

@@ -121,3 +121,13 @@ def test_token_id_kernel_returns_first_bad_index():
 def test_non_integer_token_ids_are_rejected():
     with pytest.raises(InvalidInputError, match="must be integers"):
         check_token_ids(np.array([0.0, 1.0]), 4)
+
+
+def test_the_embedding_op_checks_its_ids_before_any_lookup():
+    # seqpack.nn.ops.embedding read outside its table for an unchecked ID (review).
+    table = Tensor(np.arange(12.0).reshape(4, 3))
+    for bad in (4, -5):
+        with pytest.raises(InvalidInputError, match=rf"token ID {bad} at cell \(1,\) is neither PAD_CELL"):
+            embedding(table, np.array([0, bad]))
+    rows = embedding(table, np.array([3, PAD_CELL], dtype=np.int64))
+    assert rows.value.tolist() == [[9.0, 10.0, 11.0], [0.0, 0.0, 0.0]]

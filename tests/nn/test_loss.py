@@ -257,3 +257,12 @@ def test_logits_wider_than_float64_are_rejected():
     logits, targets, mask = loss_case()
     with pytest.raises(InvalidInputError, match="wider than float64"):
         masked_nll(logits.astype(np.longdouble), targets, mask)
+
+
+def test_a_torch_tensor_that_requires_grad_is_named():
+    # torch's RuntimeError from numpy() escaped (review); seqpack.torch is its place.
+    torch = pytest.importorskip("torch", reason="the case is a torch tensor: pip install 'seqpack[torch]'")
+    logits, targets, mask = loss_case()
+    with pytest.raises(InvalidInputError, match=r"logits must be a numpy array \(seqpack.torch takes torch tensors\)"):
+        masked_nll(torch.tensor(logits, requires_grad=True), targets, mask)
+    assert masked_nll(torch.tensor(logits), targets, mask).mean == masked_nll(logits, targets, mask).mean

@@ -50,7 +50,7 @@ def test_epoch_calls_behave_like_a_list(small_epoch):
         calls[len(calls)]
     with pytest.raises(IndexError):
         calls[-len(calls) - 1]
-    with pytest.raises(sp.BatchIndexError, match=r"batch '0' is outside this epoch's batches \[0, "):
+    with pytest.raises(sp.BatchIndexError, match=r"batch '0' is a str, not an int: this epoch's batches are numbered \[0, "):
         calls["0"]
     for batch in calls:
         batch.verify()

@@ -160,6 +160,20 @@ def test_argument_errors():
     state = st.IterableBatchDataset(source, seed=1).state_dict()
     with pytest.raises(sp.InvalidInputError, match="the state was saved with seed 1; this dataset has 2"):
         st.IterableBatchDataset(source, seed=2).load_state_dict(state)
+    # An epoch past int64 raised a ValueError after changing the dataset (review).
+    dataset = st.IterableBatchDataset(source, seed=1)
+    for epoch in (2**63, np.uint64(2**63)):
+        with pytest.raises(sp.InvalidInputError, match="epoch is 9223372036854775808; the maximum is 9223372036854775807"):
+            dataset.set_epoch(epoch)
+        with pytest.raises(sp.InvalidInputError, match="epoch is 9223372036854775808; the maximum is"):
+            dataset.load_state_dict({**state, "epoch": epoch})
+    assert dataset.epoch == 0
+    dataset.set_epoch(2**63 - 1)  # the exact twin
+    assert dataset.epoch == 2**63 - 1
+    # A batch number that is no int says so (review: tensor(1) was "outside" [0, n)).
+    with pytest.raises(sp.InvalidInputError, match=r"batch tensor\(1\) is a Tensor, not an int: this dataset's batches "
+                                                   r"are numbered \[0, "):
+        st.BatchDataset(source)[torch.tensor(1)]
 
 
 def test_set_epoch_keeps_a_restored_position_of_that_epoch_only():

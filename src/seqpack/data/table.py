@@ -101,7 +101,7 @@ class ExampleTable:
         ``supervised`` (None: all) is a bool array over ``token_ids``: ``supervised[j]``
         says whether token ``j``, as a target, counts in the loss (a document's first
         token is never a target). An example none of whose targets is supervised is an
-        error naming it. ``threads`` (None: ``seqpack._arguments.default_threads()``) split the validation of
+        error naming it. ``threads`` (None: ``seqpack._threads.default_threads()``) split the validation of
         a large token array; the result never depends on it.
         """
         check_expectations(partition, binding)

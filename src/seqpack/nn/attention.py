@@ -102,7 +102,7 @@ def range_attention_forward(q, k, v, valid_lengths, segment_starts, *, threads=N
     ``lse`` may be given to skip fresh allocations: writeable, matching, strided as the
     inputs may be without a copy (so ``out`` can be a view of ``[rows, T, heads,
     head_dim]`` storage), and sharing no memory with itself, any input or each other. ``threads``: None for the default of
-    ``seqpack._arguments.default_threads()``; results do not depend on it. Ctrl-C
+    ``seqpack._threads.default_threads()``; results do not depend on it. Ctrl-C
     interrupts the call (``KeyboardInterrupt``; outputs then undefined).
     """
     threads = kernel_threads(threads)

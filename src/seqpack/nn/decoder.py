@@ -196,7 +196,6 @@ class Decoder:
         ids = np.asarray(inputs)
         if ids.ndim != 2:
             raise InvalidInputError(f"inputs must be [rows, T], got shape {ids.shape}")
-        ids = F.check_token_ids(ids, self.config.vocabulary_size)
         return F.embedding(self._parameters["embedding"], ids)
 
     def masked_loss(self, logits: Tensor, targets, loss_mask) -> MaskedLoss:

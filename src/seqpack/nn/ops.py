@@ -141,11 +141,10 @@ def select_cells(x: Tensor, active: np.ndarray) -> Tensor:
 
 
 def embedding(table: Tensor, ids: np.ndarray) -> Tensor:
-    """Rows of ``table`` ``[V, D]`` for int32 ``ids`` ``[...]``; PAD_CELL cells give zero rows.
-
-    ``ids`` must already be checked (see :func:`check_token_ids`).
-    """
-    flat = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
+    """Rows of ``table`` ``[V, D]`` for integer ``ids`` ``[...]``; PAD_CELL cells give zero
+    rows. Every ID is checked before any lookup (:func:`check_token_ids`)."""
+    ids = check_token_ids(ids, table.shape[0])
+    flat = ids.reshape(-1)
     width = table.shape[1]
     out = np.empty((flat.shape[0], width))
     _embedding.embedding_forward(np.ascontiguousarray(table.value), flat, out)

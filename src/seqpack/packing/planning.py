@@ -269,7 +269,7 @@ def plan(
     longer than ``capacity`` or a batch over ``max_cells`` (``CapacityError``); the plan
     plus its largest batch over ``max_memory_bytes`` (``MemoryBudgetError``, checked
     before placement and again after it). ``threads`` (None: the default of
-    ``seqpack._arguments.default_threads``) is what ``epoch()`` and large builds use.
+    ``seqpack._threads.default_threads``) is what ``epoch()`` and large builds use.
     """
     result = placed_plan(examples, config, partition, binding, policy, threads, pairs)
     budget.require(result.memory_peak, result.config.max_memory_bytes, "the packing plan and its largest batch")
@@ -291,7 +291,7 @@ def pack(
     ``pairs=True`` the policy places preference pairs instead of examples, as
     :func:`plan` says. Errors are those of :func:`plan`, and the whole epoch's bytes
     over ``max_memory_bytes`` (``MemoryBudgetError``), checked before any batch array
-    is allocated. ``threads`` (None: ``seqpack._arguments.default_threads()``) split
+    is allocated. ``threads`` (None: ``seqpack._threads.default_threads()``) split
     the fill; the result never depends on it.
     """
     return placed_plan(examples, config, partition, binding, policy, threads, pairs).epoch()

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from .._arguments import batch_index, check_bool, check_int
+from .._arguments import INT64_MAX, batch_index, check_bool, check_int
 from ..errors import InvalidInputError
 from ..packing.batches import PackedBatches
 from ..packing.epoch import Epoch
@@ -146,7 +146,7 @@ class IterableBatchDataset(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Iterate epoch ``epoch`` next (from its start, unless a loaded state resumes it)."""
-        epoch = check_int("epoch", epoch, 0)
+        epoch = check_int("epoch", epoch, 0, INT64_MAX)
         self._chosen = epoch
         if self._resume is not None and self._resume[0] != epoch:
             self._resume = None
@@ -163,7 +163,7 @@ class IterableBatchDataset(IterableDataset):
 
     def rank_batches(self, epoch: int) -> np.ndarray:
         """This rank's batch numbers of ``epoch``, in order."""
-        epoch = check_int("epoch", epoch, 0)
+        epoch = check_int("epoch", epoch, 0, INT64_MAX)
         count = len(self._batches)
         order = (np.random.default_rng((self.seed, epoch)).permutation(count) if self.shuffle
                  else np.arange(count, dtype=np.int64))
@@ -214,7 +214,7 @@ class IterableBatchDataset(IterableDataset):
         for name, ours in self._settings().items():
             if state.get(name) != ours:
                 raise InvalidInputError(f"the state was saved with {name} {state.get(name)!r}; this dataset has {ours!r}")
-        epoch = check_int("epoch", state["epoch"], 0)
+        epoch = check_int("epoch", state["epoch"], 0, INT64_MAX)
         position = check_int("position", state["position"], 0, len(self))
         if position == len(self) and self._chosen is not None and self._chosen != epoch:
             return  # its epoch is over and set_epoch already moved on: nothing to resume

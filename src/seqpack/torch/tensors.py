@@ -80,7 +80,8 @@ def tensors(batch, device=None) -> dict[str, torch.Tensor]:
     ``target_valid``, ``loss_mask`` (bool) and ``valid_lengths`` (int64 ``[rows]``).
     New: ``input_ids`` (int64, padding -> ``PAD_INPUT_ID``) and ``shift_labels`` (int64,
     ``IGNORE_INDEX`` outside ``loss_mask``). ``device`` (None: the CPU) moves every
-    tensor there, which copies.
+    tensor there, which copies to any other device; on the CPU the shared fields stay
+    shared.
     """
     batch = check_batch(batch)
     result = {name: shared_tensor(getattr(batch, name)) for name in SHARED_FIELDS}
