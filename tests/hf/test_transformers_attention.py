@@ -621,3 +621,20 @@ def test_models_that_mix_positions_outside_attention_are_refused():
                                                            num_attention_heads=4), attn_implementation="seqpack")
     attention_module.check_runs_attention_functions(falcon)
     attention_module.check_runs_attention_functions(model("llama"))
+
+
+def test_a_model_that_reads_the_mask_before_attention_is_refused():
+    # Doge turns the mask into its own dynamic mask before attention: an AttributeError on
+    # seqpack's LayerMask escaped from the model and from evaluate (review).
+    from transformers import DogeConfig
+
+    sph.register()
+    batch, _ = packed(lengths=(6, 9, 4))
+    doge = AutoModelForCausalLM.from_config(
+        DogeConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2), attn_implementation="seqpack")
+    message = r"this model reads the attention mask's 'dtype' in its own code before attention"
+    with pytest.raises(InvalidInputError, match=message):
+        doge(**sph.rows(batch))
+    with pytest.raises(InvalidInputError, match=message):
+        sph.evaluate(doge, [batch])

@@ -116,6 +116,16 @@ class LayerMask:
     span: int | None = None
     sequences: torch.Tensor | None = None
 
+    def __getattr__(self, name: str):
+        # A model that reads the mask as a tensor in its own code before attention (Doge's
+        # dynamic mask, DeepSeek-V3.2's indexer) would compute on it past seqpack's reach.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise InvalidInputError(
+            f"this model reads the attention mask's {name!r} in its own code before attention, so it needs a "
+            f"dense mask that seqpack attention never builds: use attn_implementation='sdpa' or 'eager' for it"
+        )
+
 
 def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                  attention_mask=None, use_vmap=False, local_size=None, **kwargs):
