@@ -652,11 +652,13 @@ def _show(args) -> int:
 
 
 def _check_figure_path(svg: Path | None) -> None:
-    """Refuse an ``--svg`` file inside a packed dataset (the one drawn or another)."""
+    """Refuse an ``--svg`` file inside a packed dataset (the one drawn or another), and one
+    that is a link or a special file (it would be replaced, not written through)."""
     if svg is not None:
-        from .io.publish import check_outside_datasets
+        from .io.publish import check_outside_datasets, check_replaceable_file
 
         check_outside_datasets(Path(svg), "--svg")
+        check_replaceable_file(Path(svg), "--svg")
 
 
 def _write_text(path: Path, text: str) -> None:

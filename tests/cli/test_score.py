@@ -158,6 +158,12 @@ def test_batches_limits_and_force_replaces(corpus, scored):
     before = out.read_bytes()
     line = one_error_line(run("score", packed, "--model", model, "--out", out, "--batches", 1))
     assert line == f"seqpack: error: {out} already exists (--force replaces it)" and out.read_bytes() == before
+    link = root / "link.parquet"  # --force replaced a link (or a FIFO) with a file (review)
+    link.symlink_to(out)
+    line = one_error_line(run("score", packed, "--model", model, "--out", link, "--force", "--batches", 1))
+    assert line == (f"seqpack: error: --out {link} is a symbolic link; seqpack writes a new file or replaces a "
+                    f"regular one whole: name a file") and link.is_symlink()
+    link.unlink()
     result = run("score", packed, "--model", model, "--out", out, "--force", "--batches", 1, "--threads", 1, "--json")
     assert result.returncode == 0, result.stderr
     replaced = parquet.read_table(out).num_rows

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -809,6 +810,21 @@ def test_a_figure_inside_the_dataset_is_refused(dataset, command):
     assert run("verify", dataset, "--quiet").returncode == 0
 
 
+# Review: --svg /dev/stdout replaced the link with a regular file (as root), and a FIFO became a file.
+@pytest.mark.parametrize("command", ["stats", "show"])
+def test_a_figure_over_a_link_or_a_fifo_is_refused(dataset, tmp_path, command):
+    link, fifo = tmp_path / "stdout-like", tmp_path / "fifo"
+    link.symlink_to(tmp_path / "target.svg")
+    os.mkfifo(fifo)
+    for figure, kind in ((link, "a symbolic link"), (fifo, "not a regular file")):
+        line = one_error_line(run(command, dataset, "--svg", figure), 1)
+        assert f"--svg {figure} is {kind}; seqpack writes a new file or replaces a regular one whole" in line
+    assert link.is_symlink() and stat.S_ISFIFO(fifo.stat().st_mode) and not (tmp_path / "target.svg").exists()
+    regular = tmp_path / "figure.svg"
+    regular.write_text("old")
+    assert run(command, dataset, "--svg", regular).returncode == 0 and regular.read_text() != "old"
+
+
 # Review: outputs inside another packed dataset were written, and it then failed verify.
 @pytest.mark.parametrize("command", [("show", "packed", "--svg"), ("stats", None, "--svg"),
                                      ("pack", None, "--out")])
@@ -853,3 +869,21 @@ def test_a_figure_that_cannot_be_written_fails_before_anything_is_printed(tmp_pa
     result = run("show", "packed", "--svg", tmp_path / "missing" / "figure.svg")
     assert "figure.svg: cannot write: No such file or directory" in one_error_line(result, 1)
     assert result.stdout == ""
+
+
+# Review: an input named with a byte that is not UTF-8 was packed whole, then sealing the
+# manifest raised UnicodeEncodeError (a traceback); --split such a name crashed at start.
+@pytest.mark.skipif(os.name != "posix", reason="needs file names of arbitrary bytes")
+def test_inputs_and_split_names_that_are_not_utf8_are_refused_by_name(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "b.txt").write_text("world")
+    with open(os.path.join(os.fsencode(corpus), b"\xffname.txt"), "w") as file:
+        file.write("hello")
+    line = one_error_line(run("pack", corpus, "--out", tmp_path / "out", "--quiet"), 1)
+    assert line == (f"seqpack: error: {corpus}/\\xffname.txt: the name holds a byte that is not UTF-8; a packed "
+                    f"dataset's manifest names its inputs in UTF-8: rename it")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+    line = one_error_line(run("pack", corpus / "b.txt", "--out", tmp_path / "out", "--split", os.fsdecode(b"s\xff")), 1)
+    assert "the split name 's\\udcff' holds a byte that is not UTF-8" in line
+    assert run("pack", corpus / "b.txt", "--out", tmp_path / "out", "--quiet").returncode == 0

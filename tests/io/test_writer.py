@@ -166,6 +166,28 @@ def test_a_publish_stopped_at_any_step_puts_the_old_dataset_back(tmp_path, text,
     io.verify_dataset(out)
 
 
+def test_a_dataset_a_killed_force_left_hidden_comes_back_before_a_plain_pack_checks_out(tmp_path, text):
+    # SIGKILL between moving the old dataset aside and the new manifest: a plain pack then said
+    # "already exists" for a directory without a manifest (review).
+    from seqpack.io import publish
+
+    out = tmp_path / "out"
+    pack([io.TextFiles([text])], out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    dead = 2**22 + 12345  # no such process
+    while publish._alive(dead):
+        dead += 1
+    hidden = tmp_path / f".out.seqpack-old-{publish.this_host()}-{dead}-0123456789ab"
+    os.rename(out, hidden)
+    out.mkdir()  # the killed run's new dataset, its manifest never written
+    (out / "part-00000").mkdir()
+    with pytest.raises(sp.InvalidInputError, match="already exists"):
+        pack([io.TextFiles([text])], out)
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "out"]
+    io.verify_dataset(out)
+
+
 # From the 38bdb8f fix: force deleted a user's part-* entries and replaced a foreign manifest.json.
 @pytest.mark.parametrize("make, stranger", [
     (lambda d: (d / "part-1").mkdir(), "'part-1'"),
@@ -183,3 +205,26 @@ def test_force_refuses_a_directory_that_only_looks_like_a_dataset(tmp_path, text
     with pytest.raises(sp.InvalidInputError, match=rf"is not a packed dataset \(it holds {re.escape(stranger)}\)"):
         pack([io.TextFiles([text])], out, force=True)
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+
+
+@pytest.mark.parametrize("merges", [(), ((100, 99),)])  # ("a" "b" with bytes as IDs byte + 2)
+def test_a_text_past_the_byte_limit_is_refused_before_it_is_encoded(tmp_path, merges):
+    # A 100 MB text file peaked at 1 GB of memory before its token count refused it (review).
+    import tracemalloc
+
+    binding = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(merges), split="s", limits=sp.DecodeLimits(2000, 1000))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes(b"x" * 1000)  # exactly the limit: packed
+    (corpus / "b.txt").write_bytes(b"ab" * 1_000_000)
+    tracemalloc.start()
+    try:
+        with pytest.raises(sp.InvalidInputError, match=r"b.txt: the document holds more than 1000 bytes, the "
+                                                       r"binding's decode limit: refused before it is encoded$"):
+            io.pack_corpus([io.TextFiles([corpus])], tmp_path / "out", binding=binding, config=sp.PackConfig(2048))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5_000_000  # the file read (2 MB) and no more than a copy of it
+    (corpus / "b.txt").unlink()
+    io.pack_corpus([io.TextFiles([corpus])], tmp_path / "out", binding=binding, config=sp.PackConfig(2048))

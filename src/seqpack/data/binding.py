@@ -164,6 +164,8 @@ def split_digest(split: Split) -> str:
     if isinstance(split, os.PathLike):
         return SplitReceipt.load(split).digest
     if isinstance(split, str) and split:
+        if any(0xD800 <= ord(c) <= 0xDFFF for c in split):  # (an undecodable command-line byte)
+            raise InvalidInputError(f"the split name {split!r} holds a byte that is not UTF-8")
         return sha256_hex({"split_name": split})
     raise InvalidInputError(
         f"split must be a SplitReceipt, a path to a receipt file or a non-empty name, not {split!r}"

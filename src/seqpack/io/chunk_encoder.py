@@ -161,14 +161,27 @@ class ChunkEncoder:
                 raise error from None
             tokens, offsets = frame(content, offsets, binding.bos_id, binding.eos_id)
         elif not self.tokenizer.merges:  # bytes: ID = byte + 2, no merges to apply
+            self._check_text_sizes(chunk)
             data, offsets = chunk.joined_bytes()
             tokens, offsets = frame(data.astype(np.int32) + 2, offsets, binding.bos_id, binding.eos_id)
         else:
+            self._check_text_sizes(chunk)
             documents = [self.tokenizer.encode_document(t) for t in chunk.text_list()]
             offsets = np.zeros(len(documents) + 1, dtype=np.int64)
             np.cumsum([len(d) for d in documents], out=offsets[1:])
             tokens = np.concatenate(documents) if documents else np.zeros(0, np.int32)
         return self._validated(chunk, tokens, offsets, supervised, supervision, as_given=as_given)
+
+    def _check_text_sizes(self, chunk: DocumentChunk) -> None:
+        """Refuse a text past the binding's byte limit before it is encoded, which would hold
+        its tokens whole first (a text's characters bound its UTF-8 bytes from below)."""
+        limit = self.binding.limits.max_bytes
+        sizes = np.diff(chunk.text_buffer[1]) if chunk.text_buffer is not None else \
+            np.array([len(text) for text in chunk.texts], dtype=np.int64)
+        over = np.flatnonzero(sizes > limit)
+        if over.size:
+            raise self.refused(chunk, int(over[0]), f"the document holds more than {limit} bytes, the binding's "
+                                                    f"decode limit: refused before it is encoded")
 
     def _masked(self, chunk: DocumentChunk, values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, tuple]:
         """TRL's rule for pre-tokenized records (:func:`~seqpack.data.supervision.trl_supervised`)

@@ -131,6 +131,7 @@ class PackJob:
         supervision = SupervisionOptions(completion_only_loss, chat_template, assistant_only_loss, template_limits)
         listed = tuple(item for reader in readers for item in reader.inputs)
         force = check_bool("force", force)
+        publish.remove_leftovers(out.parent)  # (a dataset a killed --force left hidden comes back first)
         publish.check_output(out, force, listed)
         return cls(readers, listed, out, tokenizer, binding, config, policy, partition, long,
                    check_bool("framed", framed), supervision, check_optional_int("shards", shards),

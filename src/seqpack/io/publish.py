@@ -338,6 +338,16 @@ def check_outside_datasets(out: Path, what: str) -> None:
                                     f"manifest and parts: write it elsewhere")
 
 
+def check_replaceable_file(out: Path, what: str) -> None:
+    """Refuse an existing ``out`` that a file written beside it and renamed into place must
+    not replace: a symbolic link, a FIFO, a device or a socket (``/dev/stdout`` would become
+    a regular file, and nothing would reach the terminal)."""
+    if out.is_symlink() or (out.exists() and not out.is_file() and not out.is_dir()):
+        kind = "a symbolic link" if out.is_symlink() else "not a regular file"
+        raise InvalidInputError(f"{what} {out} is {kind}; seqpack writes a new file or replaces a regular one "
+                                f"whole: name a file")
+
+
 def check_name_length(out: Path) -> None:
     """Refuse an output whose temporary siblings' names would be too long for the file system."""
     longest = len(temporary_sibling(out, "partial").name.encode())
@@ -357,13 +367,14 @@ def check_name_length(out: Path) -> None:
 def pending_dataset(out: Path, force: bool, inputs=()):
     """A hidden temporary sibling of ``out`` to write into; removed on any failure.
 
-    ``out``, ``force`` and ``inputs`` are checked first (:func:`check_output`), and what
-    killed writers left beside ``out`` is removed (:func:`remove_leftovers`). The
+    What killed writers left beside ``out`` is cleared up first (:func:`remove_leftovers`:
+    a dataset that a killed ``--force`` had moved aside comes back), then ``out``, ``force``
+    and ``inputs`` are checked (:func:`check_output`). The
     caller finishes with :func:`publish`, which renames it into place.
     """
+    remove_leftovers(out.parent)  # first: a dataset a killed --force left hidden comes back before out is checked
     check_output(out, force, inputs)
     check_name_length(out)
-    remove_leftovers(out.parent)
     staging = temporary_sibling(out, "partial")
     staging.mkdir()
     try:

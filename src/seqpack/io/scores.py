@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InvalidInputError
-from .publish import (check_name_length, check_outside_datasets, fsync_directory, left_by_a_dead_writer,
-                      signals_deferred, temporary_sibling, this_host)
+from .publish import (check_name_length, check_outside_datasets, check_replaceable_file, fsync_directory,
+                      left_by_a_dead_writer, signals_deferred, temporary_sibling, this_host)
 from .readers import missing_extra
 
 #: The file's columns and their Arrow types, in order.
@@ -57,10 +57,11 @@ def check_scores_output(out: Path, force: bool) -> None:
     if out.name in ("", ".", ".."):
         raise InvalidInputError(f"the output {str(out)!r} ends in '.' or '..': name the scores file")
     check_outside_datasets(out, "--out")
-    if out.exists() or out.is_symlink():
+    check_replaceable_file(out, "--out")
+    if out.exists():
         if not force:
             raise InvalidInputError(f"{out} already exists (--force replaces it)")
-        if out.is_dir() and not out.is_symlink():
+        if out.is_dir():
             raise InvalidInputError(f"{out} is a directory; --force replaces only a file")
     if not out.parent.is_dir():
         problem = "is not a directory" if out.parent.exists() else "does not exist"

@@ -90,6 +90,14 @@ class Input:
     unit: str | None
     within: str | None = None
 
+    def __post_init__(self):
+        for name in (self.name, self.within):
+            if name is not None and any(0xD800 <= ord(c) <= 0xDFFF for c in name):
+                from ..render import printable
+
+                raise InvalidInputError(f"{printable(name)}: the name holds a byte that is not UTF-8; a packed "
+                                        f"dataset's manifest names its inputs in UTF-8: rename it")
+
     def where(self, location: int) -> str:
         """``path:line``, ``name row 12``, ``name sequence 3`` or the file's name."""
         if self.unit is None:
