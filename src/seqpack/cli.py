@@ -613,6 +613,8 @@ def _columns(text: str | None, width: int, default: int) -> range:
         start, stop = (int(v) if v else None for v in text.split(":"))
     except ValueError:
         raise UsageError(f"--columns takes START:STOP, not {text!r}") from None
+    if (start or 0) < 0 or (stop or 0) < 0:
+        raise UsageError(f"--columns {text}: START and STOP are columns from 0, not negative")
     if start is not None and stop is not None and stop <= start:
         raise UsageError(f"--columns {text} is empty: STOP must be above START")
     return range(start or 0, width if stop is None else stop)

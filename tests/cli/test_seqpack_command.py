@@ -797,6 +797,9 @@ def test_names_with_undecodable_bytes_or_control_characters_are_shown_escaped(tm
 def test_an_empty_column_window_is_a_usage_error(dataset, window):
     result = run("show", dataset, "--columns", window)
     assert f"--columns {window} is empty: STOP must be above START" in one_error_line(result, 2)
+    # A negative column was exit 1, not a usage error (review).
+    result = run("show", dataset, "--columns", ":-1")
+    assert "--columns :-1: START and STOP are columns from 0, not negative" in one_error_line(result, 2)
 
 
 # Regression: a figure written inside the dataset made the dataset fail verify.
