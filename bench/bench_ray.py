@@ -56,7 +56,7 @@ from seqpack.data.corpus import stdlib_sources
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_corpus import train_bpe  # noqa: E402
-from timing import conditions, positive  # noqa: E402
+from timing import conditions, positive, positive_size  # noqa: E402
 
 FILES = 16
 CAPACITY = 2048
@@ -165,7 +165,7 @@ def timed_rounds(calls: dict, rounds: int, work: Path) -> dict[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--megabytes", type=float, default=16, help="text in the corpus (default 16)")
+    parser.add_argument("--megabytes", type=positive_size, default=16, help="text in the corpus (default 16)")
     parser.add_argument("--shards", type=positive, default=8, help="shards of the Ray runs (default 8)")
     parser.add_argument("--repeats", type=positive, default=1, help="rounds of the four runs in turn; medians (default 1)")
     parser.add_argument("--workdir", type=Path, help="where the corpus and outputs go (default: a temporary dir)")

@@ -18,6 +18,17 @@ def positive(text: str) -> int:
     return value
 
 
+def positive_size(text: str) -> float:
+    """An ``argparse`` type: a positive, finite number (a size), else a usage error."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
 def arguments(description: str, repeats: int, *counts: tuple[str, int, str]) -> argparse.ArgumentParser:
     """A benchmark's parser: each ``(flag, default, help)`` of ``counts`` (positive integers), then
     ``--repeats`` (rounds, each running every method once), ``--threads`` (torch threads, 2)

@@ -62,3 +62,17 @@ def test_is_causal_is_timed_but_not_compared():
     w = workload("c")
     check_agreement(w, "float64", timed(w, "float64", ("seqpack fused", fused_method),
                                         ("torch SDPA is_causal (no isolation, wrong)", torch_is_causal_method)))
+
+
+def test_a_head_size_whose_arrays_do_not_fit_is_refused_before_any_allocation(monkeypatch):
+    # --head-dim 4096 on workload (a) was killed by the kernel at 21 GB (review).
+    from seqpack.bench import attention
+    from seqpack.errors import InvalidInputError
+
+    pages = {"SC_PAGE_SIZE": 4096, "SC_AVPHYS_PAGES": 2**30 // 4096}  # 1 GiB available
+    monkeypatch.setattr(attention.os, "sysconf", pages.__getitem__)
+    attention.check_memory(["a"], ["float64"], [64])  # 12 copies of 32 MiB fit
+    with pytest.raises(InvalidInputError, match=r"workload \(a\) at head_dim 256 needs about 1.5 GiB for its arrays; "
+                                                 r"1.0 GiB are available: choose a smaller --head-dim"):
+        attention.check_memory(["c", "a"], ["float64"], [64, 256])
+    attention.check_memory(["a"], ["float32"], [128])  # float32 halves it

@@ -313,6 +313,11 @@ def test_the_output_is_checked_before_a_cluster_starts(corpus, tmp_path, monkeyp
         pack_corpus(corpus[:1], tmp_path / "nowhere" / "x", config=CONFIG, long="cut")
     with pytest.raises(InvalidInputError, match="out must be a path"):
         pack_corpus(corpus[:1], 5, config=CONFIG, long="cut")
+    # Review: Ray's OverflowError for max_retries past int32, and an AttributeError for an int address.
+    for options, message in (({"max_retries": 2**31}, "max_retries is 2147483648; the maximum is 2147483647"),
+                             ({"address": 6379}, "address must be a str such as 'auto' or 'host:6379', not int")):
+        with pytest.raises(InvalidInputError, match=message):
+            pack_corpus(corpus[:1], tmp_path / "out", config=CONFIG, long="cut", **options)
 
 
 class FakeRay:
@@ -338,7 +343,7 @@ def test_joining_names_a_malformed_or_silent_address_and_keeps_the_signal_handle
             pipeline._join_or_start(FakeRay(error), address)
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     fake = FakeRay()
-    with pytest.raises(InvalidInputError, match="cannot reach a Ray cluster at 127.0.0.1:1"):
+    with pytest.raises(InvalidInputError, match=r"cannot reach a Ray cluster at 127.0.0.1:1 \(from RAY_ADDRESS\)"):
         pipeline._join_or_start(fake, None)
     assert fake.calls == []
     monkeypatch.delenv("RAY_ADDRESS")

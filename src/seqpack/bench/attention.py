@@ -596,6 +596,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated head sizes to run each workload at (default: its own)")
 
 
+#: Copies of one [rows, heads, T, head_dim] array the methods hold at once, rounded up
+#: (each method's inputs, leaves, gradients and results).
+HELD_ARRAYS = 12
+
+
+def check_memory(workloads, dtypes, head_dims) -> None:
+    """Refuse a run whose arrays would not fit this machine's available memory (a large
+    ``--head-dim`` on workload (a)), before anything is allocated."""
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX: nothing to compare with
+        return
+    for name in workloads:
+        w = workload(name)
+        rows, heads, width, head_dim = w.shape
+        for size in head_dims or [head_dim]:
+            itemsize = max(np.dtype(dtype).itemsize for dtype in dtypes or w.dtypes)
+            needed = HELD_ARRAYS * rows * heads * width * size * itemsize
+            if needed > available:
+                raise InvalidInputError(
+                    f"workload ({name}) at head_dim {size} needs about {needed / 2**30:.1f} GiB for its arrays; "
+                    f"{available / 2**30:.1f} GiB are available: choose a smaller --head-dim")
+
+
 def run_command(options: argparse.Namespace) -> int:
     """Measure and print the comparison table (or JSON records)."""
     if options.repeats < 1:
@@ -605,6 +629,7 @@ def run_command(options: argparse.Namespace) -> int:
     if missing:
         raise InvalidInputError(f"--cpu-path {', '.join(missing)}: this CPU runs only "
                                 f"{', '.join(_attention.cpu_paths())}")
+    check_memory(options.workload, options.dtype, options.head_dim)
     measure = dict(cpu_paths=options.cpu_path, head_dims=options.head_dim)
     if importlib.util.find_spec("threadpoolctl") is not None:  # optional: pin numpy's BLAS too
         from threadpoolctl import threadpool_limits

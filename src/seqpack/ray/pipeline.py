@@ -32,7 +32,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from .._arguments import check_int
+from .._arguments import INT32_MAX, check_int
 from ..errors import InvalidInputError, SeqpackError
 from ..io.job import PackJob, run_job
 from ..io.readers import missing_extra
@@ -58,14 +58,15 @@ def import_ray():
 HTTP2_GREETING = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 
 
-def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> None:
+def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT, source: str = "") -> None:
     """Raise :class:`InvalidInputError` unless ``address`` (``host:port`` or
     ``ray://host:port``) answers as a Ray cluster's gRPC server does within ``timeout``
     seconds: a TCP connection opens, and the server's first HTTP/2 frame is SETTINGS (with
     ``RAY_USE_TLS`` set, only the connection is checked). ``ray.init`` retries an
     unreachable address, or one where something else listens (the dashboard's port, for
     one), for minutes without a word; this fails in seconds instead. Other addresses
-    (``None``, ``"auto"``, other schemes, no port) are left to Ray."""
+    (``None``, ``"auto"``, other schemes, no port) are left to Ray. ``source`` follows the
+    address in errors (" (from RAY_ADDRESS)")."""
     if address is None:
         return
     target = address[len("ray://"):] if address.startswith("ray://") else address
@@ -79,7 +80,7 @@ def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> No
             answer = _first_frame(connection)
     except OSError as error:
         reason = f"no answer within {timeout:g} s" if isinstance(error, TimeoutError) else error.strerror or str(error)
-        raise InvalidInputError(f"cannot reach a Ray cluster at {address}: {reason}") from None
+        raise InvalidInputError(f"cannot reach a Ray cluster at {address}{source}: {reason}") from None
     if len(answer) == 9 and answer[3] == 4 and answer[5:9] == bytes(4):
         return
     if answer.startswith(b"HTTP/"):
@@ -89,7 +90,7 @@ def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> No
         what = "the server closed the connection without a word"
     else:
         what = f"the server answered {answer[:9]!r}"
-    raise InvalidInputError(f"{address} is not a Ray cluster's address: {what}")
+    raise InvalidInputError(f"{address}{source} is not a Ray cluster's address: {what}")
 
 
 def _first_frame(connection: socket.socket) -> bytes:
@@ -232,7 +233,8 @@ def run_on_ray(job: PackJob, *, address: str | None = None, workers: int | None 
     """Run ``job`` (a :class:`~seqpack.io.PackJob`) on a Ray cluster with a
     :class:`RayRunner`; return the manifest.
 
-    ``address`` is the cluster to join (``"auto"``, ``"ray://host:10001"``...; a
+    ``address`` is the cluster to join (``"auto"``, ``"host:6379"``, or Ray Client's
+    ``"ray://host:10001"``, which needs ``pip install "ray[client]"``; a
     ``host:port`` that does not answer as a Ray cluster within :data:`CONNECT_TIMEOUT`
     seconds is an error); without one, the cluster in ``RAY_ADDRESS`` (probed the same
     way) or, without that, a local cluster started here and shut down at the end. A Ray
@@ -241,8 +243,10 @@ def run_on_ray(job: PackJob, *, address: str | None = None, workers: int | None 
     take); a task whose worker dies is rerun up to ``max_retries`` times. The job's
     output was checked when it was built, before any cluster starts.
     """
-    max_retries = check_int("max_retries", max_retries, minimum=0)
+    max_retries = check_int("max_retries", max_retries, minimum=0, maximum=INT32_MAX)  # (Ray's own bound)
     workers = None if workers is None else check_int("workers", workers)
+    if address is not None and not isinstance(address, str):
+        raise InvalidInputError(f"address must be a str such as 'auto' or 'host:6379', not {type(address).__name__}")
     cpus = job.threads or 1
     ray = import_ray()
     started = not ray.is_initialized()
@@ -278,12 +282,12 @@ def _join_or_start(ray, address: str | None, quiet: bool = False) -> None:
     start a local cluster; a malformed address is an error naming it. ``quiet`` keeps
     Ray's warnings (its token authentication notice, for one) off stderr."""
     joined = address if address is not None else os.environ.get("RAY_ADDRESS") or None
-    check_reachable(joined)
+    source = "" if address is not None else " (from RAY_ADDRESS)"
+    check_reachable(joined, source=source)
     options = {"include_dashboard": False} if joined is None else {}
     try:
         ray.init(address=address, logging_level=logging.ERROR if quiet else logging.WARNING, **options)
     except (ConnectionError, ValueError) as error:
-        source = "" if address is not None else " (from RAY_ADDRESS)"
         raise InvalidInputError(f"cannot join the Ray cluster at {joined}{source}: {error}") from None
 
 
