@@ -22,6 +22,9 @@ def packed_rows(sources: list[list[int]], capacity: int, rows_per_batch: int) ->
     """Every field of every packed call, built cell by cell from the examples' source tokens."""
     placements = next_fit_placements([len(s) - 1 for s in sources], capacity)
     row_count = placements[-1][0] + 1 if placements else 0
+    in_call = [[] for _ in range(0, row_count, rows_per_batch)]  # each call's examples, in input order
+    for ordinal, (source, (row, start)) in enumerate(zip(sources, placements)):
+        in_call[row // rows_per_batch].append((ordinal, source, row, start))
     calls = []
     for first_row in range(0, row_count, rows_per_batch):
         rows = min(rows_per_batch, row_count - first_row)
@@ -35,9 +38,7 @@ def packed_rows(sources: list[list[int]], capacity: int, rows_per_batch: int) ->
             "valid_lengths": [0] * rows,
             "occurrences": [],
         }
-        for ordinal, (source, (row, start)) in enumerate(zip(sources, placements)):
-            if not first_row <= row < first_row + rows:
-                continue
+        for ordinal, source, row, start in in_call[first_row // rows_per_batch]:
             local = row - first_row
             for j in range(len(source) - 1):
                 fields["inputs"][local][start + j] = source[j]
