@@ -20,40 +20,35 @@ def test_the_peers_agree_with_the_fused_kernels_in_the_run(dtype):
     assert 0 < apart < {"float32": 1e-5, "float64": 1e-13}[dtype]
 
 
-def test_a_method_computing_something_else_is_refused():
-    # Negative control: the dense peer with one key permitted outside its example.
-    w = workload("c")
+def altered(build, change):
+    """``build``'s method with ``change`` applied to the output its results() return."""
+    def method(w, dtype, threads):
+        forward, forward_backward, results = build(w, dtype, threads)
 
-    def leaky(w, dtype, threads):
-        forward, forward_backward, results = numpy_dense_method(w, dtype, threads)
-
-        def shifted():
+        def changed():
             out, *grads = results()
-            out[0, 0, 3] += 1e-3  # B's first query: as if it had read A's last key
+            change(out)
             return [out, *grads]
 
-        return forward, forward_backward, shifted
+        return forward, forward_backward, changed
 
+    return method
+
+
+def test_a_method_computing_something_else_is_refused():
+    # Negative control: the dense peer as if B's first query had read A's last key.
+    w = workload("c")
+    leaky = altered(numpy_dense_method, lambda out: out.__setitem__((0, 0, 3), out[0, 0, 3] + 1e-3))
     with pytest.raises(SeqpackError, match=r"leaky computes another out than seqpack fused \(float64\)"):
         check_agreement(w, "float64", timed(w, "float64", ("seqpack fused", fused_method), ("leaky", leaky)))
 
 
 def test_the_fused_paths_must_give_the_same_bits():
     w = workload("c")
-
-    def off_by_one_bit(w, dtype, threads):
-        forward, forward_backward, results = fused_method(w, dtype, threads)
-
-        def nudged():
-            out, *grads = results()
-            out[0, 0, 0] = np.nextafter(out[0, 0, 0], np.inf)
-            return [out, *grads]
-
-        return forward, forward_backward, nudged
-
+    nudged = altered(fused_method, lambda out: out.__setitem__((0, 0, 0), np.nextafter(out[0, 0, 0], np.inf)))
     with pytest.raises(SeqpackError, match=r"seqpack fused \[avx2\] gives other bits than seqpack fused in out"):
         check_agreement(w, "float64", timed(w, "float64", ("seqpack fused", fused_method),
-                                            ("seqpack fused [avx2]", off_by_one_bit)))
+                                            ("seqpack fused [avx2]", nudged)))
 
 
 def test_is_causal_is_timed_but_not_compared():
