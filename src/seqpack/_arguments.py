@@ -54,6 +54,15 @@ def batch_index(index: object, count: int, owner: str) -> int:
     return batch_number(index, count, owner)
 
 
+def batch_range(index: slice, count: int, owner: str) -> range:
+    """The batch numbers slice ``index`` selects of ``count``; a zero step or bounds that are
+    no integers are a :class:`BatchIndexError` naming ``owner``'s batches."""
+    try:
+        return range(*index.indices(count))
+    except (TypeError, ValueError) as error:
+        raise BatchIndexError(f"slice {index!r} of {owner}'s batches [0, {count}): {error}") from None
+
+
 def check_bool(name: str, value: object) -> bool:
     """``value`` as a Python bool (a bool or numpy bool only), else :class:`InvalidInputError`."""
     if not isinstance(value, (bool, np.bool_)):

@@ -87,9 +87,9 @@ def test_receipt_rejects_invalid_json(tmp_path):
         SplitReceipt.load(path)
     latin1 = tmp_path / "latin1.json"
     latin1.write_bytes(b'{"partitions": {"train": ["caf\xe9"], "validation": [], "test": []}}')
-    for source, message in ((latin1, "is not UTF-8"), (tmp_path / "missing.json", "cannot be read: No such file"),
-                            (tmp_path, "cannot be read: Is a directory")):
-        with pytest.raises(InvalidInputError, match=f"split receipt {source} {message}"):
+    for source, message in ((latin1, " is not UTF-8"), (tmp_path / "missing.json", ": cannot read: No such file"),
+                            (tmp_path, ": cannot read: Is a directory")):
+        with pytest.raises(InvalidInputError, match=f"split receipt {source}{message}"):
             SplitReceipt.load(source)
 
 

@@ -462,3 +462,29 @@ def test_the_budget_caps_a_batch_not_the_memory_mapped_index(tmp_path):
     assert dataset.memory_peak > 64 * 1024 > dataset.batch_peak
     assert sum(batch.target_count for batch in dataset.batches(reuse_buffers=True)) == 3000 * 6
     assert io.verify_dataset(tmp_path / "out")["batches_verified"] == len(dataset)
+
+
+def test_a_part_mapped_again_after_its_dataset_was_replaced_is_refused(tmp_path, monkeypatch):
+    # Unmapped to stay under MAPPED_PARTS, a part was mapped again by name with only its sizes
+    # checked: a dataset replaced in between (same sizes) was misread by the old index (review).
+    from seqpack.io import part as module
+
+    monkeypatch.setattr(module, "MAPPED_PARTS", 1)
+    lines = ["alpha beta", "gamma delta epsilon", "zeta", "eta theta"]
+    path = tmp_path / "docs.jsonl"
+
+    def pack_lines(order, force=False):
+        path.write_text("".join(json.dumps({"text": lines[i]}) + "\n" for i in order))
+        io.pack_corpus([io.JsonLines(path)], tmp_path / "ds", binding=BINDING, tokenizer=TOKENIZER,
+                       config=sp.PackConfig(64, 1), shards=2, force=force)
+
+    pack_lines([0, 1, 2, 3])
+    dataset = io.open_dataset(tmp_path / "ds")
+    first, last = dataset.batch(0).inputs.copy(), len(dataset) - 1
+    dataset.batch(last)  # maps the second part, unmapping the first
+    pack_lines([1, 0, 2, 3], force=True)  # the same files' sizes, other tokens
+    with pytest.raises(sp.InvalidInputError, match=r"part-00000/\S+: the file was replaced or rewritten since the "
+                                                   r"dataset was opened: open it again"):
+        dataset.batch(0)
+    reopened = io.open_dataset(tmp_path / "ds")
+    assert not np.array_equal(reopened.batch(0).inputs, first)

@@ -52,6 +52,10 @@ def test_epoch_calls_behave_like_a_list(small_epoch):
         calls[-len(calls) - 1]
     with pytest.raises(sp.BatchIndexError, match=r"batch '0' is a str, not an int: this epoch's batches are numbered \[0, "):
         calls["0"]
+    # A zero step or a float bound: numpy's ValueError and a TypeError before (review).
+    for bad, message in ((slice(0, 2, 0), "slice step cannot be zero"), (slice(0, 1.5), "slice indices must be")):
+        with pytest.raises(sp.BatchIndexError, match=rf"^slice .* of this epoch's batches \[0, {len(calls)}\): {message}"):
+            calls[bad]
     for batch in calls:
         batch.verify()
 

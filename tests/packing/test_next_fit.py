@@ -443,6 +443,8 @@ def test_a_plan_is_indexed_like_a_dataset(table, binding):
     for bad in (len(plan), -len(plan) - 1, True):
         with pytest.raises(InvalidInputError, match=rf"batch {bad!r} (is outside this plan's batches|is a bool, not an int: this plan's batches are numbered) \[0, {len(plan)}\)"):
             plan[bad]
+    with pytest.raises(sp.BatchIndexError, match=r"slice\(0, 2, 0\) of this plan's batches \[0, \d+\): slice step"):
+        plan[0:2:0]
 
 
 def test_reuse_buffers_must_be_a_bool(table, binding):

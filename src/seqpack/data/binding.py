@@ -101,7 +101,7 @@ class SplitReceipt:
         except UnicodeDecodeError as error:
             raise InvalidInputError(f"split receipt {source} is not UTF-8: {error}") from None
         except OSError as error:
-            raise InvalidInputError(f"split receipt {source} cannot be read: {error.strerror or error}") from None
+            raise InvalidInputError(f"split receipt {source}: cannot read: {error.strerror or error}") from None
         return cls(payload)
 
     @classmethod

@@ -142,8 +142,8 @@ class PackedDataset:
     """A packed dataset on disk, its batches built on demand; follows :class:`~seqpack.packing.PackedBatches`.
 
     Batches are numbered globally across parts (a part's batches follow the previous
-    part's); ordinals and segments are global example ordinals. ``threads`` is accepted
-    for the plan's interface (a batch fills on one thread). The object pickles as its
+    part's); ordinals and segments are global example ordinals. ``threads`` fills a batch
+    of at least ``PARALLEL_CELLS`` cells, as a plan's batches fill. The object pickles as its
     path, so data-loader workers reopen the memory maps instead of copying them.
     """
 

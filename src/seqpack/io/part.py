@@ -8,6 +8,7 @@ batch or split a preference pair.
 from __future__ import annotations
 
 import mmap
+import os
 import tokenize
 import weakref
 from collections import OrderedDict
@@ -26,6 +27,11 @@ from . import format as fmt
 
 MAPPED_PARTS = 64
 _mapped: OrderedDict[int, weakref.ref] = OrderedDict()   # id(part) -> part, least recent first
+
+
+def _identity(status: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells one file from another at the same path: device, inode, size and mtime."""
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
 
 
 def _npy_header(path: Path) -> tuple[tuple, bool, np.dtype, int]:
@@ -60,12 +66,15 @@ class Part:
         self.batch_count = int(record["batches"])
         self.pair_count = int(record["pairs"]) if self.paired else 0
         self._sizes = {name: record["files"][name]["bytes"] for name in fmt.part_files(version)}
+        self._identities = {}  # each file's (device, inode, size, mtime) as opened: a re-map checks it
         for name, expected in self._sizes.items():
             path = directory / name
             if not path.is_file():
                 raise InvalidInputError(f"{path}: missing")
-            if path.stat().st_size != expected:
-                raise InvalidInputError(f"{path}: {path.stat().st_size} bytes; the manifest records {expected}")
+            status = path.stat()
+            if status.st_size != expected:
+                raise InvalidInputError(f"{path}: {status.st_size} bytes; the manifest records {expected}")
+            self._identities[name] = _identity(status)
         # A file only a later version writes is left from a dataset whose version was lowered.
         for since, name in fmt.VERSION_FILES.items():
             if since > version and (directory / name).exists():
@@ -112,6 +121,11 @@ class Part:
         if not np.prod(shape, dtype=np.int64):
             return np.zeros(shape, dtype)
         with open(self.directory / name, "rb") as handle:
+            if _identity(os.fstat(handle.fileno())) != self._identities[name]:
+                # (unmapped to stay under MAPPED_PARTS, mapped again: the same sizes would not
+                # show a dataset replaced in between, whose tokens the old index would misread)
+                raise InvalidInputError(f"{self.directory / name}: the file was replaced or rewritten since the "
+                                        f"dataset was opened: open it again")
             view = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         self._views[name] = view
         return np.frombuffer(view, dtype=dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)

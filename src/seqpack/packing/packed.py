@@ -8,7 +8,7 @@ import numpy as np
 
 from ..layout.batch import BatchLayout
 from ..layout.fields import FieldArrays, Placements
-from .._arguments import batch_index
+from .._arguments import batch_index, batch_range
 from .epoch import Epoch
 
 
@@ -54,7 +54,7 @@ class EpochBatches(Sequence):
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+            return [self[i] for i in batch_range(index, len(self), "this epoch")]
         number = batch_index(index, len(self), "this epoch")
         batch = self._made[number]
         if batch is None:

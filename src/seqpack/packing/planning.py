@@ -22,7 +22,7 @@ from typing import Union
 
 import numpy as np
 
-from .._arguments import batch_index, batch_number, check_bool
+from .._arguments import batch_index, batch_number, batch_range, check_bool
 from .._threads import check_threads
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
@@ -44,7 +44,7 @@ def batch_at(batches, index, owner: str):
     errors): one batch (a negative number counts from the end), or a list of them for a
     slice."""
     if isinstance(index, slice):
-        return [batches.batch(i) for i in range(*index.indices(len(batches)))]
+        return [batches.batch(i) for i in batch_range(index, len(batches), owner)]
     return batches.batch(batch_index(index, len(batches), owner))
 
 
