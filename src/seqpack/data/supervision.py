@@ -153,11 +153,11 @@ def state_at(flips: np.ndarray, positions: np.ndarray) -> np.ndarray:
 def supervision_of(flips: np.ndarray, start: int, stop: int) -> np.ndarray:
     """The supervision of tokens ``[start, stop)`` as a bool array."""
     first, last = np.searchsorted(flips, [start, stop])
-    toggles = np.zeros(stop - start, dtype=np.int64)
+    toggles = np.zeros(stop - start, dtype=np.uint8)  # (a byte per token: only the parity counts)
     toggles[flips[first:last] - start] = 1
     if stop > start:
-        toggles[0] += first
-    return (np.cumsum(toggles) & 1) == 0
+        toggles[0] ^= int(first) & 1
+    return np.bitwise_xor.accumulate(toggles, out=toggles) == 0
 
 
 def unsupervised_before(flips: np.ndarray, positions: np.ndarray) -> np.ndarray:

@@ -205,10 +205,16 @@ class PackedDataset:
         self.largest_batch_rows = min(per_batch, max(part.row_count for part in self.parts))
         largest = max(int(np.diff(part.bounds).max()) for part in self.parts)
         tokens = max(int(np.diff(part.token_offsets[part.bounds]).max()) for part in self.parts)
-        index_bytes = sum(8 * (4 * part.example_count + part.batch_count) for part in self.parts)
+        # Per example: ordinals, rows, starts, lengths, token offsets and targets (int64); a pair's placement.
+        index_bytes = sum(8 * ((6 + self.pairs) * part.example_count + part.batch_count) for part in self.parts)
         index_bytes += sum(8 * (part.example_count + part.flips.shape[0]) for part in self.parts if part.supervised)
+        flips = None
+        if any(part.supervised for part in self.parts):  # the most flips one batch's tokens hold
+            flips = max(int(np.diff(np.searchsorted(part.flips, part.token_offsets[part.bounds])).max())
+                        for part in self.parts if part.supervised)
         #: Bytes one built batch holds, with its int32 tokens: what ``max_memory_bytes`` caps.
-        self.batch_peak = budget.stored_batch_bytes(self.largest_batch_rows, largest, tokens, self.config.capacity)
+        self.batch_peak = budget.stored_batch_bytes(self.largest_batch_rows, largest, tokens, self.config.capacity,
+                                                    flips)
         #: Bytes held: the index arrays (memory-mapped from the files) and one built batch.
         self.memory_peak = index_bytes + self.batch_peak
 

@@ -216,19 +216,22 @@ def no_content() -> InvalidInputError:
     return InvalidInputError("the inputs hold no document with content")
 
 
-def _check_batches(bounds: np.ndarray, tokens: np.ndarray, row_count: int, config: PackConfig) -> None:
+def _check_batches(bounds: np.ndarray, tokens: np.ndarray, row_count: int, config: PackConfig,
+                   flips: np.ndarray | None) -> None:
     """The config's limits on one batch, as ``seqpack.plan`` checks them and as reading the
     part will: ``max_cells`` (a ``CapacityError``) and ``max_memory_bytes`` for the largest
     batch read back (a ``MemoryBudgetError``). ``bounds``: each batch's first example in
-    placement order; ``tokens``: each example's source tokens, in that order."""
+    placement order; ``tokens``: each example's source tokens, in that order; ``flips``:
+    at most how many supervision flips each holds (None: no supervision)."""
     if not bounds.size:
         return
     rows = min(config.rows_per_batch, row_count)
     check_batch_cells(rows, config)
     occurrences = int(np.diff(np.append(bounds, tokens.shape[0])).max())
     largest = int(np.add.reduceat(tokens, bounds).max())
-    budget.require(budget.stored_batch_bytes(rows, occurrences, largest, config.capacity), config.max_memory_bytes,
-                   "one batch of the packed dataset")
+    most_flips = None if flips is None else int(np.add.reduceat(flips, bounds).max())
+    budget.require(budget.stored_batch_bytes(rows, occurrences, largest, config.capacity, most_flips),
+                   config.max_memory_bytes, "one batch of the packed dataset")
 
 
 def write_part(directory: Path, encoded: EncodedDocuments, config: PackConfig, policy: str, long: str,
@@ -262,7 +265,11 @@ def write_part(directory: Path, encoded: EncodedDocuments, config: PackConfig, p
         rows, starts = placement.rows[order], placement.starts[order]
     batch_count = -(-placement.row_count // per_batch)
     bounds = np.searchsorted(rows, np.arange(batch_count, dtype=np.int64) * per_batch)
-    _check_batches(bounds, ends - begins if order is None else (ends - begins)[order], placement.row_count, config)
+    flips = None  # each example's flips, and one more where its first token may open a run
+    if encoded.flips is not None:
+        flips = np.searchsorted(encoded.flips, ends) - np.searchsorted(encoded.flips, begins) + 1
+    _check_batches(bounds, ends - begins if order is None else (ends - begins)[order], placement.row_count, config,
+                   flips=flips if order is None or flips is None else flips[order])
     directory.mkdir()
     files = {"tokens.bin": _write_tokens(directory / "tokens.bin", encoded.pieces, begins, ends, order, progress)}
     ordinals = np.arange(documents.shape[0], dtype=np.int64) if order is None else order

@@ -10,6 +10,8 @@ each cell of a batch's fields          19: four int32 fields, three bool flags  
 each row of a batch                    8: its valid length (int64)                  ``batch_bytes``
 each occurrence of a batch             36: one ``OCCURRENCE_DTYPE`` record          ``batch_bytes``
 each batch                             3 KiB: the object, its dict, nine headers    ``batch_bytes``
+a batch read from disk                 4 per token, supervised 2 more and 8 per     ``stored_batch_bytes``
+                                       flip; 56 per occurrence (bounds, placements)
 gathering a batch's tokens, per        list of examples: 292 plus 6 per token       ``gather_bytes``
 occurrence (plus 64 per gather)        (copied, with its supervision); table: 44
 a plan, per example                    1 (a scan) + the source's own (list 16,      ``plan_bytes``
@@ -70,6 +72,11 @@ GATHER_FIXED_BYTES = 64
 # An eager epoch's temporaries per occurrence: ordinals and input-order indices (int64),
 # segments (int32), batch-local rows, lengths and a fill run's row shift (int64).
 EPOCH_BYTES_PER_OCCURRENCE = 8 + 8 + 4 + 8 + 8 + 8
+# A batch read from disk, per occurrence: ordinals, begins and ends (int64), the placements'
+# rows and int32 segments, and the fill's record copies; per supervised token: the bool
+# supervision and the parity byte it is rebuilt from; per flip in its range, an int64.
+STORED_BYTES_PER_OCCURRENCE = 8 + 16 + 8 + 4 + 20
+STORED_SUPERVISION_BYTES_PER_TOKEN = 2
 #: Gathering temporaries an eager epoch allows one fill run (unless one batch needs more).
 FILL_BLOCK_BYTES = 64 * 2**20
 
@@ -99,10 +106,13 @@ def batch_bytes(rows: int, occurrences: int, width: int) -> int:
     return field_bytes(rows, width) + occurrences * RECORD_BYTES + BATCH_OBJECT_BYTES
 
 
-def stored_batch_bytes(rows: int, occurrences: int, tokens: int, width: int) -> int:
-    """Bytes one batch read from a packed dataset holds: the built batch and its source
-    tokens as int32."""
-    return batch_bytes(rows, occurrences, width) + 4 * tokens
+def stored_batch_bytes(rows: int, occurrences: int, tokens: int, width: int, flips: int | None = None) -> int:
+    """Bytes one batch read from a packed dataset holds: the built batch, its source
+    tokens as int32, its occurrences' ordinals, bounds and placements, and, with
+    supervision (``flips``: at most how many supervision flips its tokens hold), its
+    tokens' supervision with what it is rebuilt from."""
+    supervision = 0 if flips is None else STORED_SUPERVISION_BYTES_PER_TOKEN * tokens + 8 * flips
+    return batch_bytes(rows, occurrences, width) + 4 * tokens + STORED_BYTES_PER_OCCURRENCE * occurrences + supervision
 
 
 def gather_bytes(copies_tokens: bool, tokens, occurrences):
