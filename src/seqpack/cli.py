@@ -571,19 +571,17 @@ def _causal_lm(path: Path, dtype, hf):
     try:
         try:
             config = AutoConfig.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError, KeyError) as error:
+        except Exception as error:  # (transformers raises TypeError, ZeroDivisionError... on a malformed config.json)
             raise InvalidInputError(f"{path}: not a transformers model: {_first_line(error)}") from None
         if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
             raise InvalidInputError(f"{path}: a {config.model_type!r} model is not a causal LM "
                                     f"(AutoModelForCausalLM has no class for it)")
         config.use_cache = False
-        from safetensors import SafetensorError
-
         try:  # weights of another shape than the config's come back as mismatched_keys, refused below
             model, loading = AutoModelForCausalLM.from_pretrained(
                 path, config=config, dtype=dtype, attn_implementation=hf.NAME, local_files_only=True,
                 output_loading_info=True, ignore_mismatched_sizes=True)
-        except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as error:
+        except Exception as error:  # (the same, from the model's constructor or the checkpoint)
             raise InvalidInputError(f"{path}: cannot load the model: {_first_line(error)}") from None
     finally:
         hf_logging.set_verbosity(verbosity)

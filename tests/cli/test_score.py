@@ -205,15 +205,18 @@ def small_vocabulary(root, vocabulary):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing model", "empty model directory", "not a causal LM", "no weights",
                                   "truncated weights", "weights of other shapes", "small vocabulary",
-                                  "not a dataset", "inside the dataset", "a directory"])
+                                  "not a dataset", "inside the dataset", "a directory", "malformed config"])
 def test_each_refusal_is_one_line(corpus, case):
     root, packed, model = corpus
     out, extra = root / f"refused-{case.replace(' ', '-')}.parquet", []
     vocabulary = sp.open_dataset(packed).binding.vocabulary_size
     target = root / case.replace(" ", "-")
-    if case in ("empty model directory", "not a causal LM", "no weights"):
+    if case in ("empty model directory", "not a causal LM", "no weights", "malformed config"):
         target.mkdir(exist_ok=True)
-        if case == "not a causal LM":
+        if case == "malformed config":  # transformers' ZeroDivisionError was a traceback (review)
+            config = json.loads((model / "config.json").read_text())
+            (target / "config.json").write_text(json.dumps({**config, "num_attention_heads": 0}))
+        elif case == "not a causal LM":
             (target / "config.json").write_text(json.dumps({"model_type": "vit"}))
         elif case == "no weights":
             (target / "config.json").write_text((model / "config.json").read_text())
@@ -242,6 +245,7 @@ def test_each_refusal_is_one_line(corpus, case):
         "not a dataset": f"{root / 'docs'}/manifest.json: missing",
         "inside the dataset": f"--out {packed / 'scores.parquet'} is inside the packed dataset {packed.resolve()}",
         "a directory": f"{root / 'docs'} is a directory; --force replaces only a file",
+        "malformed config": f"{target}: not a transformers model: integer modulo by zero",
     }
     if case == "missing model":
         model = root / "missing-model"

@@ -308,6 +308,7 @@ def test_packing_collator_refuses_what_it_would_ignore():
         (with_change(1, "labels", [-100] * (docs[1].size - 1) + [-101]),
          rf"feature 1: labels\[{docs[1].size - 1}\] is -101 but input_ids\[{docs[1].size - 1}\] is "),
         ([{"labels": docs[0].tolist()}], "feature 0 has no input_ids"),
+        ([{"input_ids": docs[0].tolist()}, [5, 6]], "feature 1 is a list, not a dict of token IDs"),  # (a TypeError)
         # IDs past int32 are named with their feature, a uint64 one unwrapped (review).
         (with_change(1, "input_ids", np.array([5, 2**63 + 5], dtype=np.uint64)),
          r"feature 1: input_ids holds 9223372036854775813, outside the int32 range"),

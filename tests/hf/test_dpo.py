@@ -311,6 +311,7 @@ def collate(features, capacity=12, rows_per_batch=3):
      r"feature 1: prompt_ids is not a regular array: setting an array element with a sequence"),
     (lambda f: f[2].update(rejected_ids=[2, 258, 1]), TokenizerError,
      r"example 'feature 2 rejected' \(index 5\), document 5: token 258 at position 1 is out of vocabulary"),
+    (lambda f: f.__setitem__(1, None), InvalidInputError, "feature 1 is a NoneType, not a dict of token IDs"),
     (lambda f: f[1].update(chosen_ids=[]), InvalidInputError,
      "feature 1: chosen_ids is empty; a completion needs at least one token"),
     (lambda f: f[2].update(chosen_ids=[1]), InvalidInputError,

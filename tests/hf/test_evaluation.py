@@ -290,6 +290,26 @@ def test_data_of_another_kind_is_refused(tmp_path, case):
         sph.evaluate(hf_cases.model("llama"), data)
 
 
+def test_an_example_past_a_models_learned_positions_is_named():
+    # GPT-2's position table raised a bare IndexError (a traceback from seqpack score) (review).
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    batch, _ = hf_cases.packed(lengths=(5, 30, 9))
+    sph.register()
+    short = GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=16, n_embd=32, n_layer=1, n_head=2))
+    short.set_attn_implementation("seqpack")
+    positions = batch.occurrence_records["stop"] - batch.occurrence_records["start"] + 1  # (its tokens)
+    longest = int(np.argmax(positions))
+    with pytest.raises(InvalidInputError, match=rf"batch 0: the model failed to look up an embedding .*; its longest "
+                                                rf"example, '{batch.example_ids[longest]}', takes {positions.max()} "
+                                                rf"positions and the model's config has n_positions 16, "
+                                                rf"max_position_embeddings 16"):
+        sph.evaluate(short, [batch])
+    fits = GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=int(positions.max()), n_embd=32, n_layer=1, n_head=2))
+    fits.set_attn_implementation("seqpack")
+    assert len(sph.evaluate(fits, [batch]).ordinals) == 3  # exactly the longest example's positions
+
+
 def test_data_with_no_supervised_target_is_refused():
     net = hf_cases.model("llama")
     for empty in ([], iter(())):

@@ -24,7 +24,7 @@ collator, so it cannot: set ``model.config.use_cache = False`` (Trainer does, fr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -255,6 +255,7 @@ class PackingCollator:
             raise InvalidInputError("PackingCollator received no features")
         documents, supervision = [], []
         for index, feature in enumerate(features):
+            check_feature(index, feature)
             if "input_ids" not in feature:
                 raise InvalidInputError(f"feature {index} has no input_ids; its keys are {sorted(feature)}")
             document = token_ids(index, "input_ids", feature["input_ids"])
@@ -288,6 +289,12 @@ def _regular_array(index: int, key: str, value) -> np.ndarray:
         return np.asarray(value)
     except (TypeError, ValueError) as error:
         raise InvalidInputError(f"feature {index}: {key} is not a regular array: {error}") from None
+
+
+def check_feature(index: int, feature) -> None:
+    """Refuse a feature that is not a mapping of keys to values, naming it."""
+    if not isinstance(feature, Mapping):
+        raise InvalidInputError(f"feature {index} is a {type(feature).__name__}, not a dict of token IDs")
 
 
 def token_ids(index: int, key: str, value) -> np.ndarray:

@@ -136,6 +136,30 @@ def _data_of(data) -> _Data:
     return _Data(lambda: iter(data), None, None)
 
 
+#: Config fields that bound the positions a model with learned position embeddings takes.
+POSITION_LIMITS = ("n_positions", "max_position_embeddings")
+
+
+def _forward(model, network, inputs: dict, batch, number: int):
+    """``model``'s outputs on batch ``number`` flattened (``inputs``). An ``IndexError``
+    there is a lookup past a table: for a model with learned positions (GPT-2, OPT), an
+    example longer than its ``n_positions`` or ``max_position_embeddings``, which is named."""
+    try:
+        return model(**inputs, use_cache=False)
+    except IndexError as error:
+        records = batch.occurrence_records
+        longest = int(np.argmax(records["stop"] - records["start"]))
+        positions = int(records["stop"][longest] - records["start"][longest]) + 1  # (flat: its tokens, the last too)
+        config = getattr(network, "config", None)
+        limits = {name: getattr(config, name) for name in POSITION_LIMITS if isinstance(getattr(config, name, None), int)}
+        known = ", ".join(f"{name} {value}" for name, value in limits.items()) or "no position limit in its config"
+        raise InvalidInputError(
+            f"batch {number}: the model failed to look up an embedding ({error}); its longest example, "
+            f"{batch.example_ids[longest]!r}, takes {positions} positions and the model's config has {known}: a model "
+            f"with learned positions needs examples no longer than them (pack with a capacity at most that)"
+        ) from None
+
+
 def _causal_lm(model):
     """The outermost transformers model inside ``model`` (``model`` itself, or the model a
     wrapper holds), its attention checked: every transformers model in it must run seqpack
@@ -252,7 +276,7 @@ def evaluate(model, data, *, progress: bool = False) -> Evaluation:
                 fields = flat(batch)                       # its occurrences' sequences, in order
                 inputs = {key: value.to(device) if isinstance(value, torch.Tensor) else value
                           for key, value in fields.items() if key != "labels"}
-                outputs = model(**inputs, use_cache=False)
+                outputs = _forward(model, network, inputs, batch, number)
                 logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]   # [1, N, V]
                 del outputs
                 _check_vocabulary(int(logits.shape[-1]), binding, "its logits")

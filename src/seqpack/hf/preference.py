@@ -17,7 +17,7 @@ import torch
 
 from ..errors import CapacityError, InvalidInputError
 from ..packing.config import PackConfig
-from .collators import collator_setup, one_batch, rows, token_ids
+from .collators import check_feature, collator_setup, one_batch, rows, token_ids
 
 #: The token IDs of a feature, as TRL's ``DPOTrainer`` prepares them.
 PAIR_KEYS = ("prompt_ids", "chosen_ids", "rejected_ids")
@@ -79,6 +79,7 @@ class PreferenceCollator:
 
     def _pair(self, index: int, feature: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(prompt, chosen, rejected)`` IDs of feature ``index``, once they make a pair that fits a row."""
+        check_feature(index, feature)
         missing = [key for key in PAIR_KEYS if key not in feature]
         if missing:
             raise InvalidInputError(f"feature {index} lacks {', '.join(missing)}; its keys are {sorted(feature)} "
