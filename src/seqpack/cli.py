@@ -805,6 +805,10 @@ class _Signals:
 def main(argv: list[str] | None = None) -> int:
     """The ``seqpack`` command: its exit status (0 done, 1 bad input or a failed check, 2
     usage, 130 interrupted, 143 terminated); errors are one line on stderr."""
+    if sys.stdout is None:  # (started with stdout closed: nothing could be reported)
+        if sys.stderr is not None:
+            print("seqpack: error: cannot write the output: stdout is closed", file=sys.stderr)
+        return 1
     with _Signals() as signals:
         try:
             try:

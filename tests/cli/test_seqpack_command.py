@@ -890,3 +890,12 @@ def test_inputs_and_split_names_that_are_not_utf8_are_refused_by_name(tmp_path):
     line = one_error_line(run("pack", corpus / "b.txt", "--out", tmp_path / "out", "--split", os.fsdecode(b"s\xff")), 1)
     assert "the split name 's\\udcff' holds a byte that is not UTF-8" in line
     assert run("pack", corpus / "b.txt", "--out", tmp_path / "out", "--quiet").returncode == 0
+
+
+# Review: with stdout closed (`>&-`) every command ended in an AttributeError traceback.
+@pytest.mark.skipif(os.name != "posix", reason="closes the child's stdout")
+@pytest.mark.parametrize("args", [("demo", "packed"), ("show", "packed")])
+def test_a_closed_stdout_is_one_error_line(args):
+    result = subprocess.run([seqpack_command(), *args], stderr=subprocess.PIPE, text=True, timeout=120,
+                            preexec_fn=lambda: os.close(1))
+    assert (result.returncode, result.stderr) == (1, "seqpack: error: cannot write the output: stdout is closed\n")

@@ -266,3 +266,16 @@ def test_a_torch_tensor_that_requires_grad_is_named():
     with pytest.raises(InvalidInputError, match=r"logits must be a numpy array \(seqpack.torch takes torch tensors\)"):
         masked_nll(torch.tensor(logits, requires_grad=True), targets, mask)
     assert masked_nll(torch.tensor(logits), targets, mask).mean == masked_nll(logits, targets, mask).mean
+
+
+def test_the_chapter_probe_takes_only_the_chapter_examples():
+    # An example named "A" of another length was a numpy broadcast ValueError; of the same
+    # length but other tokens, it silently got the chapter's probabilities (review).
+    import seqpack as sp
+
+    binding = sp.BatchBinding.fixture()
+    for tokens in ([0, 99, 100, 101, 1], [0, 99, 105, 1]):
+        example = sp.SequenceExample.from_document("A", sp.BatchDocument("A", tokens), binding)
+        batch = sp.pack([example], sp.PackConfig(6, 1), partition=sp.Partition.TRAIN, binding=binding).batches[0]
+        with pytest.raises(InvalidInputError, match=r"example 'A' is not a chapter fixture example"):
+            gold_probabilities(batch)

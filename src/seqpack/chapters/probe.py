@@ -13,7 +13,7 @@ import numpy as np
 from ..data.binding import BatchBinding
 from ..errors import InvalidInputError
 from ..nn.loss import masked_loss
-from .fixtures import chapter_batch
+from .fixtures import DOCUMENTS, chapter_batch
 
 
 def constructed_logits(batch, gold_probabilities: np.ndarray) -> np.ndarray:
@@ -75,13 +75,15 @@ def gold_probabilities(batch) -> np.ndarray:
     """``[rows, T]`` constructed gold probabilities of the chapter batch (NaN off-target)."""
     gold = np.full(batch.shape, np.nan)
     for occurrence, example in zip(batch.occurrences, batch.examples):
-        if example.id not in _GOLD_BY_ID:
-            raise InvalidInputError(f"example {example.id!r} is not a chapter fixture example")
+        expected = _FIXTURE_TOKENS.get(example.id)
+        if expected is None or example.source_tokens.tolist() != expected:
+            raise InvalidInputError(f"example {example.id!r} is not a chapter fixture example (its id and tokens)")
         gold[occurrence.row, occurrence.columns.start : occurrence.columns.stop] = _GOLD_BY_ID[example.id]
     return gold
 
 
 _GOLD_BY_ID = {name: values for table in _GOLD.values() for name, values in table.items()}
+_FIXTURE_TOKENS = {name: tokens for table in DOCUMENTS.values() for name, tokens in table.items()}
 
 
 def loss_probe_section(kind: str) -> dict:
