@@ -51,6 +51,7 @@ def test_demo_padded_json():
     assert round(probe["wrong_document_mean"], 6) == 0.953077
     decoder = trace["decoder"]
     assert decoder["seed"] == 42 and decoder["parameter_count"] == 3448
+    assert decoder["parameters_from"].startswith("numpy.random.default_rng(42), not the chapters' Rust generator")
     assert decoder["logit_comparisons"] == 1596 and decoder["comparisons_outside_tolerance"] == 0
     assert isinstance(decoder["loss_sum"]["separate"], float)
     assert abs(decoder["loss_sum"]["separate"] - decoder["loss_sum"]["padded"]) <= 1e-9 * decoder["loss_sum"]["separate"]
