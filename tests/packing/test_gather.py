@@ -55,3 +55,15 @@ def test_bad_arguments(call, message):
         call(np.arange(10, dtype=np.int32))
     # The exact-limit twin: the whole source, in an output of exactly its size.
     assert gather_ranges(np.arange(10, dtype=np.int32), [0], [10], out=np.zeros(10, np.int32)).tolist() == list(range(10))
+
+
+def test_an_out_that_aliases_the_bounds_is_refused():
+    # out = ends.view(int32) passed the checks; the kernel then rewrote ends mid-copy and read
+    # far past the source (a segfault) (review).
+    source = np.arange(8, dtype=np.int32)
+    begins, ends, at = np.array([0, 1], np.int64), np.array([1, 1], np.int64), np.array([0, 1], np.int64)
+    for name, out in (("ends", ends.view(np.int32)), ("begins", begins.view(np.int32)), ("at", at.view(np.int32))):
+        with pytest.raises(sp.InvalidInputError, match=f"out overlaps {name} in memory"):
+            gather_ranges(source, begins, ends, out=out, at=at if name == "at" else None)
+    assert ends.tolist() == [1, 1] and gather_ranges(source, begins, ends).tolist() == [0]
+

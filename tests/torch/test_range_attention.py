@@ -100,6 +100,20 @@ def test_position_ids_alone_give_the_segment_starts():
     assert torch.equal(everything[1], ours(q, k, v)[1])  # row 1 has no padding
 
 
+def test_a_uint64_layout_past_int64_in_inactive_cells_is_ignored():
+    # The nn kernels ignore an inactive cell's start; the torch wrapper refused it (review).
+    q, k, v = inputs(4, 2)
+    starts, positions = layout()
+    for name, values in (("segment_starts", starts), ("position_ids", positions)):
+        huge = values.astype(np.uint64)
+        huge[0, LENGTHS[0]:] = 2**64 - 1  # past row 0's valid length
+        result = st.range_attention(q, k, v, valid_lengths=LENGTHS, **{name: huge})
+        assert torch.equal(result, ours(q, k, v)), name
+        huge[0, 0] = 2**64 - 1  # an active cell: still refused
+        with pytest.raises(sp.InvalidInputError, match=f"{name} holds 18446744073709551615, outside the int64"):
+            st.range_attention(q, k, v, valid_lengths=LENGTHS, **{name: huge})
+
+
 def test_a_packed_batch_gives_its_own_layout():
     batch = sp.chapters.fixtures.chapter_batch("packed", sp.BatchBinding.fixture())
     fields = st.tensors(batch)

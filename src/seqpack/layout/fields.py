@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._threads import kernel_threads
+from ..errors import InvalidInputError
 from . import _fill
 
 PAD_CELL = -1
@@ -100,6 +101,26 @@ class Placements(NamedTuple):
         return Placements(*(p[first:end] for p in self))
 
 
+def _check_inside(placements: Placements, begins: np.ndarray, ends: np.ndarray, fields: FieldArrays) -> None:
+    """Refuse placements the fill kernel would write outside ``fields`` with (it trusts
+    them): one entry per occurrence everywhere, rows in order and inside, every
+    occurrence's cells inside its row. O(occurrences), against the fill's O(cells)."""
+    rows, width = fields.valid_lengths.shape[0], fields.cells.shape[2]
+    count = placements.rows.shape[0]
+    if any(array.shape != (count,) for array in (*placements, begins, ends)):
+        raise InvalidInputError(f"placements must give one entry per occurrence ({count}) in every array")
+    stops = placements.starts + (ends - begins - 1)
+    bad = np.flatnonzero((placements.rows < 0) | (placements.rows >= rows) | (placements.starts < 0)
+                         | (stops > width) | (stops < placements.starts))
+    if bad.size:
+        i = int(bad[0])
+        raise InvalidInputError(f"occurrence {i} at row {int(placements.rows[i])}, columns "
+                                f"[{int(placements.starts[i])}, {int(stops[i])}) is not inside the {rows} x {width} "
+                                f"fields")
+    if count > 1 and np.any(placements.rows[1:] < placements.rows[:-1]):
+        raise InvalidInputError("placements must be sorted by row")
+
+
 def fill_fields(source, placements: Placements, fields: FieldArrays, threads: int | None = None) -> None:
     """Write every cell of ``fields`` from ``placements`` of ``source``'s examples.
 
@@ -107,6 +128,7 @@ def fill_fields(source, placements: Placements, fields: FieldArrays, threads: in
     fill of at least ``PARALLEL_CELLS`` cells; smaller fills run on one thread.
     """
     tokens, supervised, begins, ends = source.gather(placements.ordinals)
+    _check_inside(placements, begins, ends, fields)
     threads = kernel_threads(threads) if fields.cells[0].size >= PARALLEL_CELLS else 1
     _fill.fill_rows(tokens, supervision_bytes(supervised), begins, ends, placements.rows, placements.starts,
                     placements.segments, fields.cells, fields.flags.view(np.uint8), fields.valid_lengths,

@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from .._arguments import regular_array
 from .._threads import kernel_threads
 from ..errors import InvalidInputError, OutOfMemoryError
 from .autograd import Tensor, as_tensor, record
@@ -73,7 +74,7 @@ def segment_spans(valid_lengths, segment_starts) -> np.ndarray:
     ``end`` is exclusive; the kernels work per (row, head, segment). Raises
     :class:`InvalidInputError` for a layout that breaks the module's rule.
     """
-    starts = np.asarray(segment_starts)
+    starts = regular_array("segment_starts", segment_starts)
     if starts.ndim != 2:
         raise InvalidInputError(f"segment_starts must be [rows, T], got shape {starts.shape}")
     rows, width = starts.shape

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .._arguments import check_disjoint, check_scale, integer_array, query_starts
+from .._arguments import check_disjoint, check_scale, integer_array, query_starts, regular_array
 from ..errors import InvalidInputError
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -28,8 +28,8 @@ MAX_HEAD_DIM = 4096
 
 def layout_arrays(valid_lengths, segment_starts, rows: int, width: int):
     """Integer layout arrays coerced to C-contiguous intp after shape and dtype checks."""
-    lengths = np.asarray(valid_lengths)
-    starts = np.asarray(segment_starts)
+    lengths = regular_array("valid_lengths", valid_lengths)
+    starts = regular_array("segment_starts", segment_starts)
     if lengths.dtype.kind not in "iu":
         raise InvalidInputError(f"valid_lengths must have an integer dtype, got {lengths.dtype}")
     if starts.dtype.kind not in "iu":
@@ -50,7 +50,7 @@ def floats(names, arrays):
     ``lse`` [rows, heads, T]), ``k``, ``v`` shaped like ``k`` ([rows, kv_heads, T,
     head_dim] with ``heads`` a multiple of ``kv_heads``)."""
     # Plain loops and attribute checks: this runs on every call, tiny inputs included.
-    first = arrays[0] if type(arrays[0]) is np.ndarray else np.asarray(arrays[0])
+    first = _native(names[0], arrays[0])
     dtype, shape = first.dtype, first.shape
     if dtype not in _FLOATS:
         raise InvalidInputError(f"q must be float32 or float64, got {dtype}")
@@ -66,8 +66,7 @@ def floats(names, arrays):
     coerced = []
     kv_shape = None
     for name, array in zip(names, arrays):
-        if type(array) is not np.ndarray:
-            array = np.asarray(array)
+        array = _native(name, array)
         if array.dtype != dtype:
             raise InvalidInputError(f"{name} has dtype {array.dtype}; q has {dtype}")
         if name == "k":
@@ -79,6 +78,14 @@ def floats(names, arrays):
         in_place = (flags.c_contiguous and flags.aligned) or _in_place(array)
         coerced.append(array if in_place else np.ascontiguousarray(array))
     return coerced
+
+
+def _native(name: str, values) -> np.ndarray:
+    """``values`` as an array, floats in this machine's byte order (a byte-swapped one copied)."""
+    array = values if type(values) is np.ndarray else regular_array(name, values)
+    if array.dtype.kind == "f" and not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return array
 
 
 # The arrays shaped like k: [rows, kv_heads, T, head_dim].

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._arguments import INT32_MAX
+from .._arguments import INT32_MAX, regular_array
 from ..errors import InvalidInputError
 from ..layout.batch import BatchLayout
 from . import _loss
@@ -56,8 +56,8 @@ def _eligible(targets, loss_mask, classes: int, cells_shape, *,
     ``loss_mask`` (bool, or integers 0 and 1) and ``targets`` (integers) must have the
     logits' cell shape ``cells_shape``. No eligible cell at all is an error (the mean has
     no denominator) unless ``allow_none``."""
-    mask = np.asarray(loss_mask)
-    targets = np.asarray(targets)
+    mask = regular_array("loss_mask", loss_mask)
+    targets = regular_array("targets", targets)
     for name, array in (("loss_mask", mask), ("targets", targets)):
         if array.shape != tuple(cells_shape):
             raise InvalidInputError(
@@ -114,6 +114,8 @@ def masked_nll(logits, targets: np.ndarray, loss_mask: np.ndarray,
     ``targets`` is read only at eligible cells, where it must lie in ``[0, V)``.
     ``logits`` is an array (computed in its own precision) or a tape ``Tensor``, whose
     loss's ``backward()`` gives ``parameters`` (default ``{"logits": logits}``).
+    ``backward()`` reads the logits again (no copy is kept): they must be unchanged
+    since this call.
     """
     if isinstance(logits, Tensor):
         return _masked_nll_on_tape(logits, targets, loss_mask, parameters or {"logits": logits})
@@ -177,7 +179,8 @@ def masked_loss(logits, batch, *, binding=None) -> MaskedLoss:
     The logits must match the batch's shape and its binding's vocabulary size; with
     ``binding`` the batch must also carry exactly that binding. ``backward()`` returns
     ``{"logits": d mean / d logits}``; for an array, in the precision the logits are read
-    in: float32 or float64 as given, float32 for float16, float64 for integers.
+    in: float32 or float64 as given, float32 for float16, float64 for integers. It reads
+    the logits again, so they must be unchanged since this call.
     """
     if not isinstance(batch, BatchLayout):
         raise InvalidInputError(f"masked_loss takes a padded or packed batch, not {type(batch).__name__}")

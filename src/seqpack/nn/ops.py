@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._arguments import INT32_MAX
+from .._arguments import INT32_MAX, regular_array
 from ..errors import InvalidInputError
 from . import _embedding
 from .autograd import Tensor, as_tensor, record
@@ -143,6 +143,8 @@ def select_cells(x: Tensor, active: np.ndarray) -> Tensor:
 def embedding(table: Tensor, ids: np.ndarray) -> Tensor:
     """Rows of ``table`` ``[V, D]`` for integer ``ids`` ``[...]``; PAD_CELL cells give zero
     rows. Every ID is checked before any lookup (:func:`check_token_ids`)."""
+    if len(table.shape) != 2:
+        raise InvalidInputError(f"the embedding table must be [V, D], got shape {table.shape}")
     ids = check_token_ids(ids, table.shape[0])
     flat = ids.reshape(-1)
     width = table.shape[1]
@@ -162,7 +164,7 @@ def check_token_ids(ids: np.ndarray, vocabulary_size: int) -> np.ndarray:
 
     Raises :class:`InvalidInputError` naming the first offending cell, before any lookup.
     """
-    array = np.asarray(ids)
+    array = regular_array("token IDs", ids)
     if array.dtype.kind not in "iu":
         raise InvalidInputError(f"token IDs must be integers, got dtype {array.dtype}")
     if vocabulary_size > INT32_MAX:  # (IDs are looked up as int32)

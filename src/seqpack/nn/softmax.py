@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._arguments import check_disjoint, integer_array, query_starts
+from .._arguments import check_disjoint, integer_array, query_starts, regular_array
 from ..errors import InvalidInputError
 from . import _softmax
 from .autograd import Tensor, record
@@ -63,7 +63,7 @@ def _integers(values, name: str) -> np.ndarray:
 
 def _grids(name: str, values) -> np.ndarray:
     """Real ``values`` as C-contiguous float64 (complex, bool and non-numeric rejected)."""
-    array = np.asarray(values)
+    array = regular_array(name, values)
     if array.dtype.kind not in "fiu":
         raise InvalidInputError(f"{name} must hold real numbers, got dtype {array.dtype}")
     return np.ascontiguousarray(array, dtype=np.float64)
@@ -137,17 +137,17 @@ def _grid_layout(grids, lengths, starts, name: str = "scores"):
         raise InvalidInputError(f"{name} must be square grids [..., T, T] with T > 0, got shape {array.shape}")
     queries = array.shape[-1]
     grids = array.size // (queries * queries)
-    lengths = _flatten_leading(lengths, array.shape[:-2], (grids,))
-    starts = _flatten_leading(starts, array.shape[:-1], (grids, queries))
+    lengths = _flatten_leading("lengths", lengths, array.shape[:-2], (grids,))
+    starts = _flatten_leading("starts", starts, array.shape[:-1], (grids, queries))
     lengths, starts = causal_layout(grids, queries, lengths, starts)
     return array.reshape(grids, queries, queries), lengths, starts
 
 
-def _flatten_leading(values, shape, flat_shape):
+def _flatten_leading(name: str, values, shape, flat_shape):
     """Reshape ``values`` of ``shape`` to ``flat_shape``; any other shape is left for the check."""
     if values is None:
         return None
-    values = np.asarray(values)
+    values = regular_array(name, values)
     return values.reshape(flat_shape) if values.shape == shape else values
 
 

@@ -60,7 +60,7 @@ def gather_ranges(source: np.ndarray, begins, ends, dtype=np.int32, out: np.ndar
             or not out.flags.c_contiguous or not out.flags.writeable:
         raise InvalidInputError(f"out must be a writable C-contiguous {dtype} array of at least {need} tokens")
     source = np.ascontiguousarray(source)
-    check_disjoint({"out": out}, {"source": source})
+    check_disjoint({"out": out}, {"source": source, "begins": begins, "ends": ends, "at": at})
     _gather.gather_ranges(source, begins, ends, out, at)
     return out
 

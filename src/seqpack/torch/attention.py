@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._arguments import integer_array
+from .._arguments import integer_array, query_starts, regular_array
 from ..errors import InvalidInputError
 from ..nn.attention import range_attention_backward, range_attention_forward
 from .tensors import is_integer_tensor
@@ -30,17 +30,25 @@ NATIVE = (torch.float32, torch.float64)
 WIDENED = (torch.bfloat16, torch.float16)
 
 
-def int_array(name: str, values, shape: tuple | None = None) -> np.ndarray:
-    """An integer layout argument (tensor, array or nested list) as a numpy int64 array,
-    of ``shape`` when given."""
+def integer_values(name: str, values, shape: tuple | None = None) -> np.ndarray:
+    """An integer layout argument (tensor, array or nested list) as a numpy array of its
+    own integer dtype, of ``shape`` when given."""
     if isinstance(values, torch.Tensor):
         if not is_integer_tensor(values):
             raise InvalidInputError(f"{name} must hold integers, got {values.dtype}")
         values = values.detach().cpu().numpy()
-    array = integer_array(name, values).reshape(np.shape(values))  # a 0-d input stays 0-d
+    array = regular_array(name, values)
+    if array.size and array.dtype.kind not in "iu":
+        raise InvalidInputError(f"{name} must hold integers, got dtype {array.dtype}")
     if shape is not None and array.shape != shape:
         raise InvalidInputError(f"{name} has shape {tuple(array.shape)}; expected {shape}")
     return array
+
+
+def int_array(name: str, values, shape: tuple | None = None) -> np.ndarray:
+    """:func:`integer_values` as int64 (a value outside it is named, never wrapped)."""
+    array = integer_values(name, values, shape)
+    return integer_array(name, array).reshape(array.shape)  # a 0-d input stays 0-d
 
 
 def starts_from_positions(position_ids: np.ndarray, valid_lengths: np.ndarray) -> np.ndarray:
@@ -72,9 +80,12 @@ def _layout(q: torch.Tensor, segment_starts, valid_lengths, position_ids) -> tup
         lengths = int_array("valid_lengths", valid_lengths, (rows,))  # its range is the kernel's check
     if (segment_starts is None) == (position_ids is None):
         raise InvalidInputError("give exactly one of segment_starts and position_ids")
+    # (read where a query is active: an inactive cell's value, even past int64, is never used)
     if segment_starts is not None:
-        return lengths, int_array("segment_starts", segment_starts, (rows, width))
-    return lengths, starts_from_positions(int_array("position_ids", position_ids, (rows, width)), lengths)
+        starts = integer_values("segment_starts", segment_starts, (rows, width))
+        return lengths, query_starts("segment_starts", starts, lengths, np.int64)
+    positions = integer_values("position_ids", position_ids, (rows, width))
+    return lengths, starts_from_positions(query_starts("position_ids", positions, lengths, np.int64), lengths)
 
 
 def check_kernel_tensor(name: str, tensor, where: str) -> None:
