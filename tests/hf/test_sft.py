@@ -480,7 +480,7 @@ def test_sft_trainer_with_packing_collator_trains_on_conversations_and_counts_to
         args = SFTConfig(output_dir=str(tmp_path / out), per_device_train_batch_size=4, max_steps=6,
                          learning_rate=3e-3, logging_steps=1, report_to=[], use_cpu=True, bf16=False, seed=0,
                          save_strategy="no", dataloader_num_workers=0, assistant_only_loss=True, max_length=None,
-                         **options)
+                         include_num_input_tokens_seen="non_padding", **options)
         net = model("llama", vocab_size=tokenizer.vocabulary_size, attention="seqpack" if out == "ours" else "sdpa")
         trainer = trainer_class(model=net, args=args, train_dataset=Dataset.from_list(records),
                                 processing_class=processing,
@@ -493,5 +493,8 @@ def test_sft_trainer_with_packing_collator_trains_on_conversations_and_counts_to
     theirs, _ = run(SFTTrainer, "theirs", padding_free=True)
     assert net.config._attn_implementation == "seqpack" and len(ours) == len(theirs) == 6
     assert [entry["num_tokens"] for entry in ours] == [entry["num_tokens"] for entry in theirs]
+    # Trainer's own count took a row's padding cells for tokens (the pad token is not ID 0 here) (review).
+    assert processing.pad_token_id != 0
+    assert [e["num_input_tokens_seen"] for e in ours] == [e["num_input_tokens_seen"] for e in theirs]
     assert ours[-1]["loss"] < ours[0]["loss"]
     assert all(np.isfinite(entry["loss"]) for entry in ours)

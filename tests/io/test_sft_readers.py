@@ -249,6 +249,11 @@ IDS = '{"input_ids": [5, 6, 7], "completion_mask": [0, 1, 1]}\n'
      r":2: field 'completion_mask' is not a list of ints$"),
     ('{"input_ids": [5], "labels": [-100]}\n{"input_ids": [5], "labels": [-18446744073709551616]}\n', "input_ids",
      r":2: field 'labels' value -18446744073709551616 does not fit int64$"),
+    # A repeated key kept only its last value (review).
+    (IDS + '{"input_ids": [5, 6, 7], "input_ids": [8, 9]}\n', "input_ids",
+     r":2: field 'input_ids' appears twice in one object \(JSON readers keep only the last; Parquet and pyarrow "),
+    (CONVERSATION + '{"messages": [{"role": "user", "content": "a", "content": "b"}]}\n', None,
+     r":2: field 'content' appears twice in one object"),
     # A record's own -101 is no "record without labels" mark (review: it became a supervised target).
     (IDS + '{"input_ids": [5, 6, 7], "labels": [-101, -100, -101]}\n', "input_ids",
      r":2: labels\[2\] is -101, neither -100 nor its input_ids token 7: a packed document's targets are its own "),
@@ -441,3 +446,28 @@ def test_a_named_field_reads_beside_images_but_packed_rows_are_refused(tmp_path)
     path.write_text('{"input_ids": [5, 6], "seq_lengths": [1, 1]}\n')
     with pytest.raises(sp.InvalidInputError, match=r":1: field 'seq_lengths': "):
         records_of(io.JsonLines(path, ids_field="input_ids"))
+
+
+def test_an_arrow_stream_cut_between_record_batches_is_refused(tmp_path):
+    # Its reader took the end of the file for the end of the stream: a save_to_disk shard cut
+    # at a batch boundary packed 1000 of its 3000 rows, exit 0 (review).
+    pa = pyarrow()
+    records = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(6)]
+    saved = write_saved(tmp_path / "saved", records, num_shards=2)
+    shard = sorted(saved.glob("*.arrow"))[1]
+    whole = shard.read_bytes()
+    assert whole.endswith(b"\xff\xff\xff\xff\x00\x00\x00\x00")
+    assert len(records_of(io.reader_for(saved))) == 6
+    shard.write_bytes(whole[:-8])  # every record batch intact, the end-of-stream marker gone
+    with pytest.raises(sp.InvalidInputError, match=rf"^{re.escape(str(shard))}: an Arrow stream without its "
+                                                   rf"end-of-stream marker: cut short"):
+        records_of(io.reader_for(saved))
+    stream = tmp_path / "records.arrows"
+    table = pa.table({"text": [f"t{i}" for i in range(4)]})
+    with pa.ipc.new_stream(stream, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=2):
+            writer.write_batch(batch)
+    assert len(records_of(io.reader_for(stream))) == 4
+    stream.write_bytes(stream.read_bytes()[:-8])
+    with pytest.raises(sp.InvalidInputError, match="an Arrow stream without its end-of-stream marker"):
+        records_of(io.reader_for(stream))

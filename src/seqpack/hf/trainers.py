@@ -41,7 +41,9 @@ class SFTTokenCount:
     """A mixin for ``trl.SFTTrainer`` (before it in the bases) trained with
     :class:`~seqpack.hf.PackingCollator`: its ``num_tokens`` metric counts each batch's
     tokens (:func:`token_count`, gathered over processes) as TRL counts its own
-    padding-free batches, instead of one row's width.
+    padding-free batches, instead of one row's width; so does Trainer's
+    ``num_input_tokens_seen`` with ``include_num_input_tokens_seen="non_padding"`` (it
+    counted a row's padding cells as tokens whenever the pad token is not ID 0).
 
     ``class Trainer(seqpack.hf.SFTTokenCount, trl.SFTTrainer): pass``; batches without
     ``valid_lengths`` (not from :func:`~seqpack.hf.rows`) keep TRL's count. It reads TRL
@@ -57,6 +59,12 @@ class SFTTokenCount:
             self._total_train_tokens = before + counted // self._tp_size
             self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
         return result
+
+    def _track_num_input_tokens(self, inputs):  # (transformers 5's Trainer hook)
+        if self.args.include_num_input_tokens_seen != "non_padding" or "valid_lengths" not in inputs:
+            return super()._track_num_input_tokens(inputs)
+        counted = token_count(inputs).to(self.args.device)
+        self.state.num_input_tokens_seen += self.accelerator.gather(counted).sum().item()
 
 
 class PackedDPO:

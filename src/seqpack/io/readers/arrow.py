@@ -21,7 +21,7 @@ import numpy as np
 
 from ...data.supervision import NO_LABEL, first_reserved_label
 from ...errors import InvalidInputError
-from .base import DocumentChunk, Input, RecordReader, check_fields, missing_extra, not_a_file
+from .base import DocumentChunk, Input, RecordReader, cannot_read, check_fields, missing_extra, not_a_file
 from .records import RecordFields, check_messages, find_record_fields, template_fields
 
 
@@ -66,6 +66,28 @@ def record_columns(schema, text_field: str | None, ids_field: str | None, name: 
     if found.message_field is not None and _is_list(import_pyarrow(), schema.field(found.message_field).type):
         return found.as_conversational()
     return found
+
+
+#: How an Arrow IPC stream ends (a continuation marker and a zero length; Arrow 0.15 and
+#: later, 2019). Its reader takes the end of the file for the end of the stream, so a
+#: stream cut between two record batches would read as a shorter whole.
+STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def check_stream_end(path) -> None:
+    """Refuse an Arrow stream file that does not end with its end-of-stream marker."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(size - len(STREAM_END), 0))
+            tail = handle.read()
+    except OSError as error:
+        raise cannot_read(path, error) from None
+    if tail != STREAM_END:
+        raise InvalidInputError(f"{path}: an Arrow stream without its end-of-stream marker: cut short (an "
+                                f"interrupted copy or a full disk?); its record batches so far would read as the "
+                                f"whole")
 
 
 def _first_null(array) -> int:
@@ -303,6 +325,7 @@ class ArrowBatches(RecordReader):
                     reader = pa.ipc.open_file(path)
                     batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
                 except pa.ArrowInvalid:
+                    check_stream_end(path)
                     reader = pa.ipc.open_stream(path)
                     batches = iter(reader)
                 return self._fields(reader.schema), batches

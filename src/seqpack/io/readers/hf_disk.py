@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ...errors import InvalidInputError
-from .arrow import ArrowBatches, import_pyarrow
+from .arrow import ArrowBatches, check_stream_end, import_pyarrow
 from .base import Input, cannot_read, check_fields, input_path, not_a_file
 from .records import RecordFields
 
@@ -88,6 +88,7 @@ class SavedDataset(ArrowBatches):
 
     def _open(self) -> tuple[RecordFields, Iterator]:
         pa = import_pyarrow()
+        check_stream_end(self.files[0])
         try:
             first = pa.ipc.open_stream(self.files[0])
         except (pa.ArrowInvalid, OSError) as error:
@@ -100,6 +101,8 @@ class SavedDataset(ArrowBatches):
         pa = import_pyarrow()
         names = first.schema.names
         for index, path in enumerate(self.files):
+            if index:
+                check_stream_end(path)
             reader = first if index == 0 else pa.ipc.open_stream(path)
             if reader.schema.names != names:
                 raise InvalidInputError(f"{path}: columns {', '.join(reader.schema.names)}; {self.files[0]} has "

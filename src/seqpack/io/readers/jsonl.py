@@ -142,6 +142,27 @@ def _blank(line: bytes) -> bool:
     return not line.strip().removeprefix(b"\xef\xbb\xbf").strip()
 
 
+class RepeatedKey(ValueError):
+    """A key that appears twice in one JSON object."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object's dict; a repeated key (which ``json`` resolves silently to its last
+    value) is a :class:`RepeatedKey`."""
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen = set()
+        raise RepeatedKey(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return record
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+
+
 class JsonLines(RecordReader):
     """A JSONL file: one JSON object a line, each a record of one kind, by the field
     given (``text_field``: a string; ``ids_field``: a list of token IDs; not both), else
@@ -211,7 +232,10 @@ class JsonLines(RecordReader):
     def _parse(self, line: bytes, number: int):
         where = self.inputs[0].where(number)
         try:
-            return json.loads(line)
+            return _DECODER.decode(line.decode("utf-8-sig", "surrogatepass"))  # (as json.loads decodes bytes)
+        except RepeatedKey as repeated:
+            raise InvalidInputError(f"{where}: field {repeated.key!r} appears twice in one object (JSON readers "
+                                    f"keep only the last; Parquet and pyarrow refuse it)") from None
         except ValueError as error:
             hint = (" (a .json input is read as JSON lines: one object per line)"
                     if self.path.suffix.lower() == ".json" else "")
