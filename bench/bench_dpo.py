@@ -43,7 +43,8 @@ medians over rounds and the ratio the median of per-round ratios (target: seqpac
 its own ``compute_ref_log_probs`` run on the policy) are compared. In float32 the sums (some
 hundreds of nats) agree to about 1e-6 relative; the loss reads
 ``(chosen - reference chosen) - (rejected - reference rejected)``, a few nats left of such sums,
-so cancellation leaves it about 1e-4 relative. Reported beside them: the cells each step computes (TRL: ``2 * pairs``
+so cancellation leaves it about 1e-4 relative (past ``LOSS_AGREEMENT`` or ``LOGPS_AGREEMENT`` the
+script stops and reports no timing). Reported beside them: the cells each step computes (TRL: ``2 * pairs``
 rows times the padded width, and the real tokens among them; seqpack: rows times 2048, and the
 real cells), the peak memory each step adds, measured alone in a fresh process per method (the
 growth of the resident set above the one before, on Linux, after a first small step), the CPU,
@@ -64,7 +65,7 @@ import time
 
 import numpy as np
 
-from timing import arguments
+from timing import arguments, check_agreement
 
 CAPACITY = 2048
 VOCABULARY = 512
@@ -75,6 +76,8 @@ COMPLETION = (180, 0.8, 2)       # tokens, the EOS included: median, sigma, at l
 SEQUENCE = 1024                  # prompt + completion at most: a pair fills at most 2046 of a row's 2048 predictions
 METHODS = ("TRL padded", "seqpack packed")
 ID_KEYS = ("prompt_ids", "chosen_ids", "rejected_ids")
+#: The largest relative differences between the two steps (float32; see above): the loss, each pair's sums.
+LOSS_AGREEMENT, LOGPS_AGREEMENT = 1e-3, 1e-4
 
 
 def preference_pairs(count: int) -> list[dict]:
@@ -310,6 +313,9 @@ def main(argv=None) -> dict:
     loss_difference = abs(losses[ours] - losses[trl_name]) / abs(losses[trl_name])
     logps_difference = {side: float(np.max(np.abs(logps[ours][k] - logps[trl_name][k]) / np.abs(logps[trl_name][k])))
                         for k, side in enumerate(("chosen", "rejected"))}
+    check_agreement({ours: loss_difference}, LOSS_AGREEMENT, "losses")
+    check_agreement({f"{ours}, {side}": value for side, value in logps_difference.items()}, LOGPS_AGREEMENT,
+                    "per-pair log-probabilities")
     targets = sum(len(p["chosen_ids"]) + len(p["rejected_ids"]) for p in pairs)
     result = {
         "cpu": cpu_description(), "threads": args.threads, "kernel_threads": kernel_threads(None),

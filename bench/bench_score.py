@@ -25,7 +25,8 @@ from the logits), one model and one set of examples for all, in this process:
 
 Each round runs every method once, in turn, so load changes hit all of them; figures are
 medians over rounds and the ratios medians of per-round ratios. Every method's per-example
-sums are checked against seqpack's (the largest difference is printed). Then
+sums are checked against seqpack's (the largest difference is printed; past ``AGREEMENT``
+relative, the script stops and reports no timing). Then
 ``seqpack.torch.sequence_logprobs`` against ``seqpack.torch.objective.loss_sum`` on the same
 logits (one seqpack batch's, float32), forward and forward + backward (target: within 1.1x),
 and the peak memory each forward adds to its logits, each measured alone in a fresh process
@@ -47,12 +48,14 @@ import time
 
 import numpy as np
 
-from timing import arguments
+from timing import arguments, check_agreement
 
 CAPACITY = 2048
 ROWS_PER_BATCH = 4
 METHODS = ("HF per example", "HF padded", "HF packed sdpa", "seqpack", "no-op bound")
 BASELINES = ("HF per example", "HF padded", "HF packed sdpa")
+#: The largest relative difference of a per-example sum from seqpack's (float32 logits, sums in float64).
+AGREEMENT = 1e-6
 #: Samples of the sequence_logprobs / loss_sum timings (each ~20 ms; a few ms per call, so noisy).
 LOGPROB_SAMPLES = 25
 
@@ -290,6 +293,8 @@ def main(argv=None) -> dict:
     agreement = {name: (float(np.max(np.abs(sums[name] - reference))),
                         float(np.max(np.abs(sums[name] - reference) / np.maximum(np.abs(reference), 1e-300))))
                  for name in BASELINES}  # the no-op bound computes no attention: its sums are not scores
+    check_agreement({name: relative for name, (_, relative) in agreement.items()}, AGREEMENT, "per-example NLL sums")
+    check_agreement({"sequence_logprobs": difference}, AGREEMENT, "total log-probabilities (against loss_sum)")
     rate = {name: targets / statistics.median(times) for name, times in samples.items()}
 
     def ratio(name, against):

@@ -55,6 +55,16 @@ def timings(call, repeat: int) -> list[float]:
     return seconds
 
 
+def check_agreement(differences: dict[str, float], tolerance: float, what: str) -> None:
+    """Refuse to time methods that compute different things: each of ``differences`` (a
+    method's largest relative difference from the reference method, or NaN) must be at most
+    ``tolerance``, else ``SystemExit`` names the method, its difference and ``what`` differed."""
+    for name, difference in differences.items():
+        if not difference <= tolerance:  # NaN included
+            raise SystemExit(f"{name}: {what} differ from the reference by {difference:.1e} (relative), more "
+                             f"than {tolerance:.0e}; the methods do not compute the same thing, so no timing is reported")
+
+
 def median_seconds(call, repeat: int) -> float:
     return statistics.median(timings(call, repeat))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from timing import positive, positive_size  # noqa: E402
+from timing import check_agreement, positive, positive_size  # noqa: E402
 
 
 def test_sizes_are_positive_and_finite():
@@ -19,3 +19,13 @@ def test_sizes_are_positive_and_finite():
     assert positive("3") == 3
     with pytest.raises(argparse.ArgumentTypeError, match="expected a positive integer"):
         positive("0")
+
+
+def test_scripts_refuse_to_report_methods_that_disagree():
+    # bench_score.py and bench_dpo.py printed the difference but timed a disagreeing method (review).
+    check_agreement({"HF per example": 5e-9, "HF padded": 1e-6}, 1e-6, "per-example NLL sums")
+    with pytest.raises(SystemExit, match=r"HF padded: per-example NLL sums differ from the reference by 2\.0e-06 "
+                                         r"\(relative\), more than 1e-06; .* no timing is reported"):
+        check_agreement({"HF per example": 5e-9, "HF padded": 2e-6}, 1e-6, "per-example NLL sums")
+    with pytest.raises(SystemExit, match="seqpack packed: losses differ from the reference by nan"):
+        check_agreement({"seqpack packed": float("nan")}, 1e-3, "losses")
