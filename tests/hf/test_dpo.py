@@ -97,10 +97,10 @@ def packed_trainer():
     return Trainer
 
 
-def trainer(kind, records, tokenizer, processing, tmp_path, *, dtype=torch.float64, **options):
+def trainer(kind, records, tokenizer, processing, tmp_path, *, dtype=torch.float64, policy=None, **options):
     """TRL's own ``DPOTrainer`` (``kind="theirs"``: its collator, sdpa) or the packed one
     (``"ours"``: ``PreferenceCollator``, ``PackedDPO``, seqpack attention) on ``records``, the
-    reference a model of other weights (seed 1)."""
+    reference a model of other weights (seed 1); ``policy``: that model (default a new one)."""
     dpo, datasets = trl_modules()
     ours = kind == "ours"
     attention = "seqpack" if ours else "sdpa"
@@ -110,7 +110,7 @@ def trainer(kind, records, tokenizer, processing, tmp_path, *, dtype=torch.float
     extra = {"data_collator": sph.PreferenceCollator(sp.PackConfig(capacity=128, rows_per_batch=PAIRS),
                                                      tokenizer_identity=tokenizer.identity)} if ours else {}
     return (packed_trainer() if ours else dpo.DPOTrainer)(
-        model=model("llama", dtype, attention=attention, vocab_size=tokenizer.vocabulary_size),
+        model=policy or model("llama", dtype, attention=attention, vocab_size=tokenizer.vocabulary_size),
         ref_model=model("llama", dtype, attention=attention, seed=1, vocab_size=tokenizer.vocabulary_size),
         args=dpo.DPOConfig(**arguments), train_dataset=datasets.Dataset.from_list(records),
         processing_class=processing, **extra)
@@ -329,6 +329,10 @@ def collate(features, capacity=12, rows_per_batch=3):
     (lambda f: [x.update(ref_rejected_logps=[-1.0, -2.0]) for x in f], InvalidInputError,
      r"ref_rejected_logps must be one real number per feature; the features give a torch.float32 tensor of "
      r"shape \(3, 2\)"),
+    (lambda f: [x.update(ref_rejected_logps=True) for x in f], InvalidInputError,
+     r"ref_rejected_logps must be one real number per feature; the features give a torch.bool tensor"),
+    (lambda f: [x.update(ref_rejected_logps=-1j) for x in f], InvalidInputError,
+     r"ref_rejected_logps must be one real number per feature; the features give a torch.complex64 tensor"),
 ])
 def test_the_collator_refuses_naming_the_feature(change, error, message):
     features = pair_features()
@@ -353,6 +357,11 @@ def test_what_the_collator_accepts_at_each_limit():
     counts = spt.pair_logprobs(torch.zeros(2, 12, 258), batch["packed_rows"])
     assert sorted(zip(counts.pair_ids.tolist(), counts.chosen_counts.tolist(), counts.rejected_counts.tolist())) == \
         [(0, 2, 6), (1, 4, 1), (2, 1, 1)]
+    for feature, value in zip(features, (-3, -2, np.int64(-5))):   # whole numbers: TRL stacks them as int64 (review)
+        feature.update(ref_chosen_logps=value)
+    theirs = trl_modules()[0].DataCollatorForPreference(pad_token_id=0)(copy.deepcopy(features))["ref_chosen_logps"]
+    ours = collate(features, rows_per_batch=2)["ref_chosen_logps"]
+    assert ours.dtype == theirs.dtype == torch.int64 and ours.tolist() == theirs.tolist() == [-3, -2, -5]
     with pytest.raises(InvalidInputError, match="config must be a PackConfig, not int"):
         sph.PreferenceCollator(12, tokenizer_identity=IDENTITY)
     with pytest.raises(InvalidInputError, match="policy"):
@@ -384,6 +393,20 @@ def test_a_deep_copy_of_a_packed_model_runs_its_own_weights(text_pairs, tmp_path
             parameter.mul_(1.5)
     assert all(torch.equal(a, b) for a, b in zip(ours.compute_ref_log_probs(frozen, batch), before))
     assert not torch.equal(ours.compute_ref_log_probs(ours.model, batch)[0], before[0])
+
+
+def test_a_second_trainer_on_the_same_policy_keeps_its_plain_forward(text_pairs, tmp_path):
+    # Iterative DPO's next round on the same policy: TRL wraps seqpack's forward again, and a plain
+    # forward (generate, a user's call) then recursed forever between the two wrappers (review).
+    first = trainer("ours", *text_pairs, tmp_path)
+    net, ids = first.model, torch.tensor([[1, 5, 6, 7]])
+    before = net(input_ids=ids, use_cache=False).logits
+    second = trainer("ours", *text_pairs, tmp_path, policy=net)
+    assert torch.equal(net(input_ids=ids, use_cache=False).logits, before)
+    assert net.generate(ids, max_new_tokens=2, do_sample=False).shape == (1, 6)
+    features = [second.train_dataset[i] for i in range(PAIRS)]
+    twice, once = (t.compute_loss(t.model, t._prepare_inputs(t.data_collator(features))) for t in (second, first))
+    assert torch.equal(twice, once)  # the fused step is unchanged by the second wrapping
 
 
 def test_packed_dpo_refuses_a_batch_trl_would_truncate_or_without_packed_rows(text_pairs, tmp_path):

@@ -105,7 +105,7 @@ class PreferenceCollator:
 def _references(features: Sequence[dict]) -> dict:
     """Each of TRL's precomputed reference keys the features carry, stacked as TRL stacks it
     (``torch.tensor`` of the values), once every feature carries it and it makes a 1-D
-    floating-point tensor."""
+    real tensor: integers stay integers, as TRL keeps them (its loss promotes them)."""
     stacked = {}
     for key in REFERENCE_KEYS:
         lacking = [index for index, feature in enumerate(features) if key not in feature]
@@ -118,7 +118,7 @@ def _references(features: Sequence[dict]) -> dict:
             values = torch.tensor([feature[key] for feature in features])
         except (TypeError, ValueError, RuntimeError) as error:
             raise InvalidInputError(f"{key} must be one number per feature: {error}") from None
-        if values.shape != (len(features),) or not values.is_floating_point():
+        if values.shape != (len(features),) or values.dtype == torch.bool or values.is_complex():
             raise InvalidInputError(f"{key} must be one real number per feature; the features give a "
                                     f"{values.dtype} tensor of shape {tuple(values.shape)}")
         stacked[key] = values

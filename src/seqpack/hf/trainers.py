@@ -142,16 +142,20 @@ def _wrap(model, max_length: int | None) -> None:
 
     The new forward is bound to the model, and reads the model it runs through ``self``
     on each call, so a ``copy.deepcopy`` of the model (an iterative-DPO reference) runs
-    its own weights; a call without ``fused_lm_head`` goes to the forward it replaced.
+    its own weights; a call without ``fused_lm_head`` goes to the forward it replaced. A
+    later trainer on the same model (TRL wraps our forward in its own again) wraps anew
+    under an attribute of its own, so each wrapper goes on to the forward it replaced.
     """
     if getattr(model.forward, "runs_packed_rows", False):
         return
-    model._seqpack_unpacked_forward = model.forward
+    replaced = f"_seqpack_unpacked_forward_{getattr(model, '_seqpack_wraps', 0)}"
+    setattr(model, replaced, model.forward)
+    model._seqpack_wraps = getattr(model, "_seqpack_wraps", 0) + 1
 
     @functools.wraps(type(model).forward)  # its signature, as TRL keeps it for generate
     def forward(self, *args, packed_rows=None, fused_lm_head=False, **kwargs):
         if not fused_lm_head:  # generation, or TRL's extra forward for logits: its padded batch
-            return self._seqpack_unpacked_forward(*args, **kwargs)
+            return getattr(self, replaced)(*args, **kwargs)
         if packed_rows is None:
             raise InvalidInputError("PackedDPO's models run on packed rows, and this batch has none: give the "
                                     "trainer a seqpack.hf.PreferenceCollator as its data_collator")
