@@ -332,7 +332,11 @@ def test_num_items_in_batch_refuses_labels_that_are_not_integers_and_a_lone_batc
         for key in ("labels", "shift_labels"):
             with pytest.raises(InvalidInputError, match=message):
                 sph.num_items_in_batch([{key: labels}])
-    for lone in (batch, fields):
+    from transformers import BatchEncoding
+
+    # transformers' padding collators give a BatchEncoding (a mapping, not a dict) (review)
+    assert sph.num_items_in_batch([BatchEncoding({"labels": torch.tensor([[-100, 5, -100, 7]])})]) == 2
+    for lone in (batch, fields, BatchEncoding(fields)):
         with pytest.raises(InvalidInputError, match="one micro-batch .* pass the list"):
             sph.num_items_in_batch(lone)
 

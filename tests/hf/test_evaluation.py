@@ -496,6 +496,28 @@ def test_labels_without_shift_labels_are_shifted_as_the_models_loss_shifts_them(
     assert_close(run.evaluate()["eval_loss"], scored.sum(0)[0] / scored.sum(0)[1], "eval_loss")
 
 
+@pytest.mark.slow
+def test_a_padding_collators_batch_encoding_is_weighted_too(float64, tmp_path):
+    """transformers' causal-LM collator returns a BatchEncoding, a mapping but no dict: its
+    batches added nothing, so eval_loss stayed Trainer's mean of batch means (review)."""
+    from transformers import BatchEncoding
+
+    Weighted, features, net, _ = weighted_setup()
+    plain = [{"input_ids": f["input_ids"]} for f in features]
+    scored = alone_scores(net, plain)
+
+    def padding_collator(batch):   # DataCollatorForLanguageModeling(mlm=False)'s fields, padded right
+        width = max(len(f["input_ids"]) for f in batch)
+        ids = torch.tensor([f["input_ids"] + [0] * (width - len(f["input_ids"])) for f in batch])
+        present = torch.tensor([[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"])) for f in batch])
+        return BatchEncoding({"input_ids": ids, "attention_mask": present, "labels": ids.masked_fill(present == 0, -100)})
+
+    run = trainer(Weighted, net, plain, tmp_path)
+    run.model.set_attn_implementation("sdpa")
+    run.data_collator = padding_collator
+    assert_close(run.evaluate()["eval_loss"], scored.sum(0)[0] / scored.sum(0)[1], "eval_loss")
+
+
 def test_outputs_without_logits_are_refused(tmp_path):
     from transformers import Trainer
 

@@ -120,8 +120,9 @@ def rows(batch) -> dict:
 
 
 def _eligible(item) -> int:
-    """Eligible targets of one micro-batch, by Trainer's rule."""
-    if isinstance(item, dict):
+    """Eligible targets of one micro-batch, by Trainer's rule (a dict, or any mapping such as
+    transformers' ``BatchEncoding``)."""
+    if isinstance(item, Mapping):
         if "shift_labels" in item:
             return int(np.count_nonzero(int_array("shift_labels", item["shift_labels"]) != IGNORE_INDEX))
         if "labels" in item:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -310,8 +310,9 @@ def evaluate(model, data, *, progress: bool = False) -> Evaluation:
 
 def _shifted_targets(inputs) -> torch.Tensor | None:
     """A batch's targets aligned with its logits, -100 where not eligible: ``shift_labels``
-    when given, else ``labels`` shifted left by one (``ForCausalLMLoss``'s rule), else None."""
-    if not isinstance(inputs, dict):
+    when given, else ``labels`` shifted left by one (``ForCausalLMLoss``'s rule), else None.
+    ``inputs`` is a dict or any mapping (transformers' padding collators give a ``BatchEncoding``)."""
+    if not isinstance(inputs, Mapping):
         return None
     if inputs.get("shift_labels") is not None:
         return inputs["shift_labels"]

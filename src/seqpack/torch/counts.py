@@ -4,7 +4,7 @@ the same count (see :mod:`seqpack.torch.objective`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -95,7 +95,7 @@ def target_count(item) -> int:
 def micro_batches(batches) -> Iterable:
     """``batches`` when it is an iterable of micro-batches; one micro-batch (a batch, a dict,
     a tensor) or something not iterable is an :class:`InvalidInputError`."""
-    if isinstance(batches, (dict, BatchLayout, torch.Tensor)):
+    if isinstance(batches, (Mapping, BatchLayout, torch.Tensor)):
         raise InvalidInputError(
             f"batches is one micro-batch ({type(batches).__name__}); pass the list of the step's micro-batches"
         )
