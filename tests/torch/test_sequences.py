@@ -202,6 +202,10 @@ def test_every_output_of_transformers_flattening_collator_is_read(options):
         expected.append(rows[torch.arange(tokens.numel() - 1), tokens[1:]].sum())
         start += tokens.numel()
     assert result.counts.tolist() == [n - 1 for n in lengths] and close(result.sums, torch.stack(expected))
+    # the same fields in a BatchEncoding (what transformers' padding collators return: a mapping, not a dict)
+    from transformers import BatchEncoding
+
+    assert torch.equal(st.sequence_logprobs(logits, BatchEncoding(dict(flat))).sums, result.sums)
 
 
 def test_empty_layouts_give_empty_results():

@@ -11,6 +11,7 @@ results are bitwise the same on every run.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,13 +80,13 @@ def _ordinals(batch) -> tuple[np.ndarray | None, str]:
     and the input as errors name it."""
     if isinstance(batch, BatchLayout):
         return batch.occurrence_records["ordinal"].astype(np.int64), "the batch"
-    if isinstance(batch, dict) and "segments" in batch:
+    if isinstance(batch, Mapping) and "segments" in batch:
         fields = batch_tensors(batch)
         width = fields["positions"].shape[1]
         valid = torch.arange(width)[None, :] < fields["valid_lengths"][:, None]
         starts = valid & (fields["positions"] == 0)                                     # [rows, T], row-major
         return fields["segments"][starts].numpy().astype(np.int64), "the tensors() dict"
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return None, "the flat() dict" if "cu_seq_lens_q" in batch or "seq_idx" in batch else "the rows() dict"
     return None, "the input"  # sequence_logprobs refuses it
 

@@ -13,6 +13,7 @@ at every thread count.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -246,7 +247,7 @@ def _targets(batch) -> _Targets:
     """The eligible cells and occurrences of a batch or one of its dicts."""
     if isinstance(batch, BatchLayout):
         return _batch_targets(batch)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         if "segments" in batch:
             fields = batch_tensors(batch)
             return _row_targets("the tensors() dict", fields["shift_labels"].long(), fields["positions"].long(),

@@ -11,6 +11,7 @@ never sees ``PAD_CELL``) and ``shift_labels`` (int64, each supervised cell's tar
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -100,7 +101,7 @@ def batch_tensors(batch) -> dict[str, torch.Tensor]:
     """:func:`tensors` of a batch, or a dict :func:`tensors` made (an item of
     ``seqpack.torch.BatchDataset`` or ``IterableBatchDataset``) as it is, once its keys,
     dtypes, shapes and device (the CPU) are checked: what takes either reads only these."""
-    if not isinstance(batch, dict):
+    if not isinstance(batch, Mapping):
         return tensors(check_batch(batch))
     missing, extra = TENSOR_DTYPES.keys() - batch.keys(), batch.keys() - TENSOR_DTYPES.keys()
     if missing or extra:
@@ -173,7 +174,7 @@ def eligible_targets(batch_or_targets) -> torch.Tensor:
     if isinstance(batch_or_targets, BatchLayout):
         batch = batch_or_targets
         return torch.where(shared_tensor(batch.loss_mask), shared_tensor(batch.targets), IGNORE_INDEX)
-    if isinstance(batch_or_targets, dict):
+    if isinstance(batch_or_targets, Mapping):
         labels = batch_or_targets.get("shift_labels")
         if not is_integer_tensor(labels):
             found = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
