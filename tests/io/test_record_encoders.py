@@ -189,6 +189,27 @@ def test_conversational_prompt_completion_equals_trl(bound, tmp_path, assistant_
         assert not first[1][: int(np.flatnonzero(first[1])[0])].any() and first[1].sum() < first[0].size // 2
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+def test_a_records_template_options_override_as_in_trl(bound, tmp_path):
+    # TRL merges chat_template_kwargs into its call, so a record's add_generation_prompt renders a
+    # conversation's generation prompt; seqpack failed with "the chat template failed: ..." (review).
+    template = TEMPLATES["zephyr"]
+    options = [{"add_generation_prompt": True}, {}]
+    records = [{"messages": c, "chat_template_kwargs": o} for c, o in zip(CONVERSATIONS, options)]
+    rows = trl_rows(bound, tmp_path, records, template=template)
+    result = encode_conversations(bound, CONVERSATIONS[:2], chat_template=template, template_kwargs=options,
+                                  assistant_only_loss=False)
+    assert_equals_trl(result, rows)
+    plain = encode_conversations(bound, CONVERSATIONS[:1], chat_template=template, assistant_only_loss=False)
+    assert documents(result)[0][0].size > documents(plain)[0][0].size   # the generation prompt is there
+    # A prompt's own call sets add_generation_prompt: twice is TRL's TypeError, and seqpack's refusal.
+    with pytest.raises(sp.InvalidInputError, match=r"^conversation 0: the chat template failed: chat_template_kwargs "
+                                                   r"sets add_generation_prompt, which TRL's own call sets too"):
+        encode_conversational_prompt_completion(bound, [CONVERSATIONS[0][:-1]], [CONVERSATIONS[0][-1:]],
+                                                chat_template=template, template_kwargs=options[:1])
+
+
 def test_conversation_refusals_and_limits(bound):
     template = TEMPLATES["zephyr"]
     no_marker = "{% for message in messages %}{{ message['content'] }}{% endfor %}"

@@ -327,9 +327,17 @@ def render_conversations(tokenizer: TokenizerFile, conversations: list, chat_tem
                                  eos_token=tokenizer.token_text(tokenizer.eos_id))
 
     def render(batch, tools_of, options_of, **rendering):
+        # TRL's call: a record's chat_template_kwargs override chat_template and tools; what the
+        # call sets itself (a prompt's generation prompt, tokenizing) fails in TRL when set twice.
+        arguments = {"chat_template": chat_template, "tools": tools_of, **(options_of or {})}
+        if generation_prompt:
+            rendering["add_generation_prompt"] = True
+        twice = sorted(rendering.keys() & arguments.keys())
+        if twice:
+            raise ValueError(f"chat_template_kwargs sets {', '.join(twice)}, which TRL's own call sets too (TRL "
+                             f"fails on this record)")
         with bounded_rendering(chat_template, seconds=limits.seconds, characters=limits.characters):
-            return hf.apply_chat_template(batch, chat_template=chat_template, tools=tools_of,
-                                          add_generation_prompt=generation_prompt, **rendering, **(options_of or {}))
+            return hf.apply_chat_template(batch, **arguments, **rendering)
 
     full = {"tokenize": True, "return_dict": True, "return_assistant_tokens_mask": assistant_masks}
     if all(t is None for t in tools) and not any(options):
