@@ -154,6 +154,15 @@ def test_masks_are_carried_exactly_and_per_record(tmp_path):
     assert chunk.masked.tolist() == [False, True, True]
     assert chunk.masks["completion_mask"].tolist() == [1, 1, 1, 0, 0, 0, 1, 1, 1]
     assert chunk.masks["labels"].tolist() == [-101] * 7 + [-100, 7]
+    # Boolean masks are 0/1 masks, as TRL reads them (they were refused; review).
+    flags = write_jsonl(tmp_path / "flags.jsonl", [{"input_ids": [5, 6, 7], "completion_mask": [False, True, True]}])
+    (chunk,) = io.JsonLines(flags).chunks(0)
+    assert chunk.masks["completion_mask"].tolist() == [0, 1, 1]
+    table = pa.table({"input_ids": [[5, 6], [7, 8, 9]], "assistant_masks": [[False, True], [True, False, True]]})
+    (chunk,) = io.ArrowBatches(table).chunks(0)
+    assert chunk.masks["assistant_masks"].tolist() == [0, 1, 1, 0, 1]
+    with pytest.raises(sp.InvalidInputError, match=r"column 'labels' of type list<item: bool> is not a list of integers"):
+        list(io.ArrowBatches(pa.table({"input_ids": [[5, 6]], "labels": [[True, False]]})).chunks(0))
     # Narrow Arrow types stay as they are (a flat view, no Python object per value).
     table = pa.table({"input_ids": pa.array([[5, 6]], pa.list_(pa.int32())),
                       "assistant_masks": pa.array([[0, 1]], pa.list_(pa.int8()))})
@@ -245,8 +254,10 @@ IDS = '{"input_ids": [5, 6, 7], "completion_mask": [0, 1, 1]}\n'
      r":2: messages\[1\]\['content'\] holds '\\udc00' \(a lone surrogate\) at character 2"),
     (IDS + '{"input_ids": [5, 6, 7], "completion_mask": [0, 1]}\n', "input_ids",
      r":2: field 'completion_mask' has 2 values; field 'input_ids' has 3 IDs$"),
-    (IDS + '{"input_ids": [5], "completion_mask": [true]}\n', "input_ids",
+    (IDS + '{"input_ids": [5], "completion_mask": [1.0]}\n', "input_ids",
      r":2: field 'completion_mask' is not a list of ints$"),
+    (IDS + '{"input_ids": [5, 6], "labels": [true, 6]}\n', "input_ids",   # a mask may be booleans, labels not
+     r":2: field 'labels' is not a list of ints$"),
     ('{"input_ids": [5], "labels": [-100]}\n{"input_ids": [5], "labels": [-18446744073709551616]}\n', "input_ids",
      r":2: field 'labels' value -18446744073709551616 does not fit int64$"),
     # A repeated key kept only its last value (review).

@@ -116,17 +116,21 @@ def _offsets(pa, array) -> np.ndarray:
     return offsets
 
 
-def _integer_lists(pa, array, column: str, what: str, first_row: int, where: Input) -> tuple[np.ndarray, np.ndarray]:
+def _integer_lists(pa, array, column: str, what: str, first_row: int, where: Input,
+                   bools: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """A list-of-integers column's flat values (its own dtype) and int64 offsets; a null
-    value is named by its row (as ``what``: a token ID, a mask's value)."""
+    value is named by its row (as ``what``: a token ID, a mask's value). With ``bools`` (a
+    0/1 mask, which TRL reads either way) a list of booleans gives int8 values."""
     kind = array.type
-    if not _is_list(pa, kind) or not pa.types.is_integer(kind.value_type):
+    boolean = bools and _is_list(pa, kind) and pa.types.is_boolean(kind.value_type)
+    if not _is_list(pa, kind) or not (pa.types.is_integer(kind.value_type) or boolean):
         raise InvalidInputError(f"{where.name}: column {column!r} of type {kind} is not a list of integers")
     offsets = _offsets(pa, array)
     values = array.flatten()
     if values.null_count:
         raise InvalidInputError(f"{where.where(first_row + _row_of(offsets, _first_null(values)))}: {what} is null")
-    return values.to_numpy(zero_copy_only=False), offsets
+    flat = values.to_numpy(zero_copy_only=False)
+    return (flat.astype(np.int8) if boolean else flat), offsets
 
 
 def _python_strings(array, column: str, first_row: int, where: Input, offsets: np.ndarray | None = None) -> list:
@@ -246,7 +250,8 @@ def arrow_chunk(batch, fields: RecordFields, input_index: int, first_row: int, w
 
 def _mask(pa, array, mask: str, ids: str, offsets: np.ndarray, first_row: int, where: Input) -> np.ndarray:
     """A mask column's flat values, each row as long as its IDs row (``offsets``)."""
-    values, mask_offsets = _integer_lists(pa, array, mask, f"a {mask!r} value", first_row, where)
+    values, mask_offsets = _integer_lists(pa, array, mask, f"a {mask!r} value", first_row, where,
+                                          bools=mask != "labels")
     differ = np.flatnonzero(np.diff(mask_offsets) != np.diff(offsets))
     if differ.size:
         row = int(differ[0])

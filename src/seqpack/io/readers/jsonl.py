@@ -84,11 +84,14 @@ def _string(record: dict, field: str, where: Input, number: int) -> str:
     return _utf8(value, f"field {field!r}", where, number)
 
 
-def _integers(record: dict, field: str, where: Input, number: int) -> list:
+def _integers(record: dict, field: str, where: Input, number: int, *, bools: bool = False) -> list:
+    """The field's list of ints; with ``bools`` (a 0/1 mask, which TRL reads either way) true
+    and false count as 1 and 0."""
     value = record[field]
-    if not isinstance(value, list) or not all(type(v) is int for v in value):
+    kinds = (int, bool) if bools else (int,)
+    if not isinstance(value, list) or not all(type(v) in kinds for v in value):
         raise InvalidInputError(f"{where.where(number)}: field {field!r} is not a list of ints")
-    return value
+    return [int(v) for v in value] if bools else value
 
 
 def _text(record: dict, fields: RecordFields, where: Input, number: int) -> str:
@@ -98,7 +101,7 @@ def _text(record: dict, fields: RecordFields, where: Input, number: int) -> str:
 def _ids(record: dict, fields: RecordFields, where: Input, number: int) -> tuple[list, dict]:
     """The IDs and each mask the record has, every mask as long as the IDs."""
     ids = _integers(record, fields.fields[0], where, number)
-    masks = {mask: _integers(record, mask, where, number) for mask in fields.masks}
+    masks = {mask: _integers(record, mask, where, number, bools=mask != "labels") for mask in fields.masks}
     for mask, values in masks.items():
         if len(values) != len(ids):
             raise InvalidInputError(f"{where.where(number)}: field {mask!r} has {len(values)} values; field "
