@@ -140,6 +140,37 @@ def test_a_control_token_inside_a_text_names_the_line(tmp_path, tokenizer_file):
     assert not (tmp_path / "packed").exists()
 
 
+def test_a_text_ending_with_the_eos_text_gets_no_second_eos(tmp_path, tokenizer_file):
+    # TRL's add_eos appends EOS only to a text that does not end with it; such texts were refused (review).
+    bound = io.TokenizerFile(tokenizer_file, bos="<|bos|>", eos="<|eos|>")
+    binding = sp.BatchBinding.for_tokenizer(bound.identity, split="tests")
+    texts = ["fine<|eos|>", "<|eos|>", "fine", "a<|eos|>"]
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text("\n".join(json.dumps({"text": t}) for t in texts) + "\n")
+    io.pack_corpus([io.JsonLines(lines)], tmp_path / "packed", binding=binding, tokenizer=bound,
+                   config=sp.PackConfig(64), policy="next-fit")
+    dataset = io.open_dataset(tmp_path / "packed")
+    kept = [t for t in texts if t != "<|eos|>"]   # nothing but the EOS text: an empty document, skipped as "" is
+    assert dataset.occurrence_count == len(kept)
+    for ordinal, text in enumerate(kept):   # TRL: BOS, then the IDs of the text with the EOS text at its end once
+        ending = text if text.endswith("<|eos|>") else text + "<|eos|>"
+        expected = [bound.bos_id] + bound.tokenizer.encode(ending, add_special_tokens=False).ids
+        assert dataset.example(ordinal).document.token_ids.tolist() == expected, text
+    twice = tmp_path / "twice.jsonl"   # an EOS text before the last stays inside the content: refused
+    twice.write_text(json.dumps({"text": "fine<|eos|><|eos|>"}) + "\n")
+    with pytest.raises(sp.TokenizerError, match=r"twice\.jsonl:1: control token 2 \(EOS\) at position \d+ is inside"):
+        io.pack_corpus([io.JsonLines(twice)], tmp_path / "refused", binding=binding, tokenizer=bound,
+                       config=sp.PackConfig(64))
+
+
+def test_without_final_drops_each_documents_last_token_when_it_is_the_one_given():
+    content = np.array([5, 2, 7, 2, 2, 9], dtype=np.int32)
+    kept, offsets = io.tokenizer_file.without_final(content, np.array([0, 2, 2, 3, 5, 6]), 2)
+    assert kept.tolist() == [5, 7, 2, 9] and offsets.tolist() == [0, 1, 1, 2, 3, 4]
+    kept, offsets = io.tokenizer_file.without_final(np.zeros(0, np.int32), np.array([0, 0]), 2)
+    assert kept.size == 0 and offsets.tolist() == [0, 0]
+
+
 def test_the_binding_must_be_the_tokenizers(tmp_path, tokenizer_file):
     bound = io.TokenizerFile(tokenizer_file, bos="<|bos|>", eos="<|eos|>")
     lines = tmp_path / "docs.jsonl"

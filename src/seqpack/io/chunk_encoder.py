@@ -23,7 +23,7 @@ from ..data import _validate
 from ..data.binding import BatchBinding
 from ..data.supervision import target_counts, trl_fault, trl_supervised
 from ..errors import InvalidInputError, SeqpackError, TokenizerError
-from .tokenizer_file import TokenizerFailure, TokenizerFile, frame, frame_where
+from .tokenizer_file import TokenizerFailure, TokenizerFile, frame, frame_where, without_final
 from .readers import PREFERENCE_IDS, DocumentChunk, Input
 from .preference_encoders import encode_conversational_preference, encode_preference, encode_preference_ids
 from .record_encoders import (
@@ -159,6 +159,7 @@ class ChunkEncoder:
                 every = f"{self.where(chunk, 0)} to {self.where(chunk, len(texts) - 1)}"
                 error = InvalidInputError(str(failure)).within(every, path=self.inputs[int(chunk.inputs[0])].name)
                 raise error from None
+            content, offsets = without_final(content, offsets, binding.eos_id)
             tokens, offsets = frame(content, offsets, binding.bos_id, binding.eos_id)
         elif not self.tokenizer.merges:  # bytes: ID = byte + 2, no merges to apply
             self._check_text_sizes(chunk)

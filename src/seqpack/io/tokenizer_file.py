@@ -229,6 +229,21 @@ def frame(content: np.ndarray, offsets: np.ndarray, bos: int | None, eos: int) -
     return tokens, framed
 
 
+def without_final(content: np.ndarray, offsets: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(content, offsets)`` with each document's last ID dropped where it is ``token``:
+    a text that already ends with the EOS text gets no second one (TRL's ``add_eos`` rule),
+    so framing it gives TRL's IDs."""
+    starts, ends = offsets[:-1], offsets[1:]
+    ending = (ends > starts) & (content[np.maximum(ends - 1, 0)] == token) if content.size else ends < starts
+    if not ending.any():
+        return content, offsets
+    keep = np.ones(content.shape[0], dtype=bool)
+    keep[ends[ending] - 1] = False
+    dropped = np.zeros(offsets.shape[0], dtype=np.int64)
+    np.cumsum(ending, out=dropped[1:])
+    return content[keep], offsets - dropped
+
+
 def frame_where(content: np.ndarray, offsets: np.ndarray, bos: int | None, eos: int, where: np.ndarray):
     """:func:`frame` for the documents ``where`` is True, the others as they are:
     ``(tokens, offsets, placed)``, ``placed[j]`` being where content ID ``j`` went."""
