@@ -102,7 +102,8 @@ def _add_pack(commands) -> None:
     pack.add_argument("--policy", choices=POLICY_CHOICES, default="next-fit", help="placement policy (default next-fit)")
     pack.add_argument("--partition", choices=PARTITION_CHOICES, default="train", help="the data split (default train)")
     pack.add_argument("--split", default="corpus", metavar="NAME_OR_RECEIPT",
-                      help="the split's name, or a split receipt .json file (default: the name 'corpus')")
+                      help="the split's name, or a split receipt file (a path ending in .json or with a "
+                           "directory part; default: the name 'corpus')")
     pack.add_argument("--cut-long", action="store_true",
                       help="cut documents longer than a row into overlapping windows (default: refuse them; "
                            "a preference pair longer than a row is refused either way)")
@@ -248,7 +249,9 @@ def _pack(args) -> int:
         os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # tokenizers' pool, read when it starts
     if not args.split.strip():
         raise UsageError("--split needs the split's name or a split receipt .json file")
-    split = Path(args.split) if args.split.endswith(".json") else args.split
+    # A path (it has a directory part or ends in .json, in any case) is a receipt, read or refused; else a name.
+    receipt = args.split.lower().endswith(".json") or any(sep and sep in args.split for sep in (os.sep, os.altsep))
+    split = Path(args.split) if receipt else args.split
     # The byte guard scales with the token guard, in the defaults' ratio.
     from .data.binding import DEFAULT_LIMITS
 
@@ -759,11 +762,12 @@ class _Signals:
     EXCEPTIONS = {signal.SIGINT: KeyboardInterrupt, signal.SIGTERM: Terminated}
     RAISED = tuple(EXCEPTIONS.values())
 
-    def __init__(self):
+    def __init__(self, after_exit=None):
         self.noted = None
         self._armed = False
         self._kept = {}
         self._hook = None
+        self._after_exit = after_exit   # the handlers from then on (None: the ones replaced)
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -776,7 +780,7 @@ class _Signals:
     def __exit__(self, *exception):
         sys.unraisablehook = self._hook
         for number, handler in self._kept.items():
-            signal.signal(number, handler)
+            signal.signal(number, handler if self._after_exit is None else self._after_exit)
 
     def _handle(self, number, frame):
         self.noted = self.noted or number
@@ -802,14 +806,18 @@ class _Signals:
         self.noted = None
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
     """The ``seqpack`` command: its exit status (0 done, 1 bad input or a failed check, 2
-    usage, 130 interrupted, 143 terminated); errors are one line on stderr."""
+    usage, 130 interrupted, 143 terminated); errors are one line on stderr.
+
+    ``exiting``: the process ends with this status (the console script): SIGINT and SIGTERM
+    are ignored once the command is over, so one that arrives while Python shuts down does
+    not turn a finished command into an interrupted one."""
     if sys.stdout is None:  # (started with stdout closed: nothing could be reported)
         if sys.stderr is not None:
             print("seqpack: error: cannot write the output: stdout is closed", file=sys.stderr)
         return 1
-    with _Signals() as signals:
+    with _Signals(signal.SIG_IGN if exiting else None) as signals:
         try:
             try:
                 status = _run(argv, signals)
@@ -822,6 +830,11 @@ def main(argv: list[str] | None = None) -> int:
             if signals.noted is not None and not isinstance(error, signals.RAISED):
                 error = signals.EXCEPTIONS[signals.noted]()  # the signal's error, in another form
             return _failed(error)
+
+
+def console() -> int:
+    """The ``seqpack`` console script: :func:`main` of the process's arguments, exiting."""
+    return main(exiting=True)
 
 
 def _failed(error: BaseException) -> int:

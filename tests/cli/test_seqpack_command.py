@@ -761,6 +761,34 @@ def test_an_empty_split_name_is_a_usage_error(tmp_path, split):
     assert line == "seqpack: error: --split needs the split's name or a split receipt .json file"
 
 
+def test_a_split_path_in_any_case_or_with_a_directory_is_a_receipt(tmp_path):
+    # "./receipt.JSON" was bound as a split *named* "./receipt.JSON", exit 0 (review).
+    (tmp_path / "a.txt").write_text("hello")
+    receipt = Path(__file__).resolve().parents[2] / "fixtures" / "split_receipt.json"
+    shutil.copy(receipt, tmp_path / "receipt.JSON")
+    digests = []
+    for number, split in enumerate((receipt, "./receipt.JSON")):
+        result = run("pack", "a.txt", "--out", f"out{number}", "--split", split, "--quiet", "--json", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        digests.append(json.loads(result.stdout)["binding"]["split_receipt_digest"])
+    assert digests[0] == digests[1]
+    line = one_error_line(run("pack", "a.txt", "--out", "out2", "--split", "splits/train", cwd=tmp_path))
+    assert line.startswith("seqpack: error: split receipt splits/train: cannot read")
+    result = run("pack", "a.txt", "--out", "out3", "--split", "train-2024", "--quiet", "--json", cwd=tmp_path)
+    assert json.loads(result.stdout)["binding"]["split_receipt_digest"] != digests[0]   # a name stays a name
+
+
+def test_a_signal_after_the_command_leaves_its_status(tmp_path):
+    # A SIGINT while Python shut down after a finished pack killed the process: 130, the dataset complete (review).
+    script = ("import os, signal, sys\nfrom seqpack.cli import main\nstatus = main(['--version'], exiting=True)\n"
+              "os.kill(os.getpid(), signal.SIGINT)\nos.kill(os.getpid(), signal.SIGTERM)\nsys.exit(status)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith("seqpack "), result.stderr
+    inside = ("import os, signal\nfrom seqpack.cli import main\nmain(['--version'])\n"
+              "os.kill(os.getpid(), signal.SIGINT)\n")   # main() in a program: the program's handlers come back
+    assert subprocess.run([sys.executable, "-c", inside], capture_output=True, timeout=120).returncode != 0
+
+
 # --- show and stats on a dataset: names, column windows, figures, the median -------------
 
 
