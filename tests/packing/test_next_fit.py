@@ -396,6 +396,12 @@ def test_epoch_index_rejects_bool(table, binding, policy):
                 epoch[index]  # before: True was batch 1, False batch 0
     with pytest.raises(InvalidInputError, match="bool"):
         packed.batches[True]
+    # A bad slice of a padded epoch: Python's ValueError and TypeError, no SeqpackError (review).
+    for epoch in (packed, padded):
+        assert [b.target_count for b in epoch[::-1]] == [b.target_count for b in reversed(list(epoch))]
+        for bad, message in ((slice(None, None, 0), "slice step cannot be zero"), (slice(0.5, None), "slice indices")):
+            with pytest.raises(sp.BatchIndexError, match=rf"of this epoch's batches \[0, {len(epoch)}\): {message}"):
+                epoch[bad]
 
 
 def test_gather_ranges_place_past_int64_is_an_error():

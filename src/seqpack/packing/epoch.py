@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._arguments import batch_index
+from .._arguments import batch_index, batch_range
 
 
 class Epoch:
@@ -25,6 +25,7 @@ class Epoch:
     def __getitem__(self, index):
         """``epoch[i]``: batch ``i`` (negative counts from the end); a slice gives a list."""
         if isinstance(index, slice):
+            batch_range(index, len(self.batches), "this epoch")   # a zero step or bounds no integers: refused
             return self.batches[index]
         return self.batches[batch_index(index, len(self.batches), "this epoch")]
 
