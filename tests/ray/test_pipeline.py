@@ -549,6 +549,30 @@ def test_a_quiet_ray_run_prints_nothing_and_leaves_no_process(signal_corpus, tmp
     assert _marked_processes(mark) == []
 
 
+def test_a_program_calling_the_command_line_keeps_its_own_children(signal_corpus, tmp_path):
+    """The supervisor SIGKILLed every child of a program calling main(["pack", ..., "--engine", "ray"]) and
+    reaped their exit statuses (review): only the driver's processes are the supervisor's to kill."""
+    program = f"""
+import os, subprocess, sys, time
+sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+time.sleep(0.5)
+from seqpack.cli import main
+assert "ray" not in sys.modules   # else the pack runs here, unsupervised
+status = main(["pack", {str(signal_corpus[0])!r}, "--out", {str(tmp_path / "out")!r}, "--engine", "ray",
+               "--address", "127.0.0.1:9", "--quiet"])
+alive = sleeper.poll() is None
+sleeper.kill()
+print(status, alive, failing.wait())
+"""
+    environment = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
+    environment.pop("RAY_ADDRESS", None)
+    result = subprocess.run([sys.executable, "-c", program], env=environment, capture_output=True, text=True,
+                            timeout=300)
+    assert result.stdout.split() == ["1", "True", "3"], result.stderr
+    assert "cannot reach a Ray cluster at 127.0.0.1:9" in result.stderr
+
+
 def test_supervision_on_ray_is_byte_identical_to_serial_shards(cluster, tmp_path):
     # Pre-tokenized records with TRL's completion_mask, prompts long enough that some --cut-long
     # windows hold no supervised target: Ray leaves out the windows the serial path leaves out.

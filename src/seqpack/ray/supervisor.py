@@ -88,9 +88,10 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def descendants(root: int) -> list[int]:
-    """The processes below ``root`` (children, theirs, and so on)."""
-    tree, found, todo = _children(), [], [root]
+def descendants(root: int, tree: dict[int, list[int]] | None = None) -> list[int]:
+    """The processes below ``root`` (children, theirs, and so on), in ``tree`` (default:
+    read from ``/proc`` now)."""
+    tree, found, todo = _children() if tree is None else tree, [], [root]
     while todo:
         for child in tree.get(todo.pop(), ()):
             found.append(child)
@@ -98,11 +99,16 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def kill_descendants(rounds: int = 20) -> None:
-    """SIGKILL every process below this one and reap it, until none is left (a process
-    may start another while the first round kills), at most ``rounds`` rounds."""
+def kill_descendants(spared: frozenset[int] = frozenset(), rounds: int = 20) -> None:
+    """SIGKILL every process below this one but the ``spared`` children and what runs below
+    them (the caller's own, when a program calls the command line), and reap what it killed,
+    until none is left (a process may start another while the first round kills), at most
+    ``rounds`` rounds. Only the killed processes are reaped: the caller's children keep
+    their exit statuses."""
     for _ in range(rounds):
-        below = descendants(os.getpid())
+        tree = _children()
+        kept = set(spared) | {pid for child in spared for pid in descendants(child, tree)}
+        below = [pid for pid in descendants(os.getpid(), tree) if pid not in kept]
         if not below:
             return
         for pid in below:
@@ -110,19 +116,12 @@ def kill_descendants(rounds: int = 20) -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        _reap()
+        for pid in below:   # a killed child of ours is reaped here; others by their parents
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
         time.sleep(0.02)
-
-
-def _reap() -> None:
-    """Collect the exit status of every finished child (orphans adopted as a subreaper too)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def run_supervised(argv: list[str], out: Path) -> int:
@@ -130,16 +129,17 @@ def run_supervised(argv: list[str], out: Path) -> int:
     ``out``; return its exit status. SIGINT and SIGTERM (raised here as their exceptions)
     kill the child's whole tree and clear up what it left beside ``out`` before they go
     on (the command line then tells whether ``out`` had been published)."""
+    spared = frozenset(_children().get(os.getpid(), ()))   # the caller's own children, if any
     subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
     environment = {**os.environ, DRIVER_VARIABLE: "1", PARENT_VARIABLE: str(os.getpid())}
     child = subprocess.Popen([sys.executable, "-m", "seqpack", *argv], env=environment, start_new_session=True)
     try:
         status = child.wait()
         with publish.signals_deferred():
-            kill_descendants()  # what a finished child left running (Ray's agents, idle workers)
+            kill_descendants(spared)  # what a finished child left running (Ray's agents, idle workers)
     except BaseException:
         with publish.signals_deferred():  # a second signal waits for the clean-up
-            _stop(child)
+            _stop(child, spared)
             publish.remove_leftovers(out.parent)
         raise
     finally:
@@ -152,12 +152,13 @@ def run_supervised(argv: list[str], out: Path) -> int:
     return status
 
 
-def _stop(child: subprocess.Popen) -> None:
-    """SIGKILL the child, its process group and everything below this process; reap them."""
+def _stop(child: subprocess.Popen, spared: frozenset[int]) -> None:
+    """SIGKILL the child, its process group and everything below this process but the
+    ``spared`` children's trees; reap them."""
     for kill in (lambda: os.killpg(child.pid, signal.SIGKILL), child.kill):
         try:
             kill()
         except OSError:
             pass
     child.wait()
-    kill_descendants()
+    kill_descendants(spared)
