@@ -127,9 +127,11 @@ def test_megatron(tmp_path):
 def test_jsonl_errors_name_file_and_line(tmp_path, content, field, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
-    with pytest.raises(sp.InvalidInputError, match=message):
+    with pytest.raises(sp.InvalidInputError, match=message) as raised:
         pack(tmp_path, io.JsonLines(path, ids_field=field))
     assert not (tmp_path / "out").exists()
+    # ... in the error's fields too, which callers read (they were None; review)
+    assert (raised.value.path, raised.value.line) == (str(path), int(re.search(r"jsonl:(\d+)", message)[1]))
 
 
 def test_framed_ids_are_named_by_their_own_positions(tmp_path):
@@ -184,8 +186,10 @@ def test_a_bad_line_in_a_line_range_names_its_line_in_the_file(tmp_path):
 def test_long_documents_error_names_the_line_unless_cut(tmp_path):
     path = tmp_path / "long.jsonl"
     path.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"text": "b" * 40}) + "\n")
-    with pytest.raises(sp.CapacityError, match=r"long\.jsonl:2: the document has 41 predictions; capacity is 32"):
+    long = r"long\.jsonl:2: the document has 41 predictions; capacity is 32"
+    with pytest.raises(sp.CapacityError, match=long) as raised:
         pack(tmp_path, io.JsonLines(path), long="error")
+    assert (raised.value.path, raised.value.line) == (str(path), 2)
     packed = pack(tmp_path, io.JsonLines(path), long="cut")
     assert packed.occurrence_count == 3 and int(packed.report().valid_targets) == 2 + 41
     assert packed.example_id(2) == f"{path}:2[32:42]"
@@ -202,8 +206,9 @@ def test_empty_documents_are_skipped_and_counted(tmp_path):
 
 def test_arrow_errors_name_the_row(tmp_path):
     pa = pytest.importorskip("pyarrow", reason="the corpus extra reads Parquet and Arrow")
-    with pytest.raises(sp.InvalidInputError, match=r"Table row 2: the document is null"):
+    with pytest.raises(sp.InvalidInputError, match=r"Table row 2: the document is null") as raised:
         pack(tmp_path, io.ArrowBatches(pa.table({"text": ["a", "b", None]})))
+    assert raised.value.path.startswith("Table") and raised.value.line == 2
     with pytest.raises(sp.InvalidInputError, match=r"Table row 1: token 400 at position 2"):
         pack(tmp_path, io.ArrowBatches(pa.table({"input_ids": [[5, 6], [7, 400]]})))
     for rows, message in (([[3, 4], [None], [5]], "Table row 1"), ([[3], [4, 5], [6, None]], "Table row 2")):

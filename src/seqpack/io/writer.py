@@ -28,7 +28,7 @@ from ..data.binding import BatchBinding, Partition
 from ..data.supervision import flips_of, placed_flips, range_target_counts
 from ..data.tokenizer import ByteTokenizer
 from ..data.windows import document_examples, refuse_long
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, SeqpackError
 from ..layout.sources import check_example_count
 from ..packing import budget
 from ..packing.config import PackConfig
@@ -185,8 +185,8 @@ def check_lengths(encoder: ChunkEncoder, encoded: Encoded, document_lengths: np.
     def document(index: int) -> str:
         return f"{encoder.inputs[int(encoded.inputs[index])].where(int(encoded.locations[index]))}: the document"
 
-    refuse_long(document_lengths - 1, capacity, document,
-                hint=" (--cut-long cuts long documents into overlapping windows)")
+    _refuse_located(encoder, encoded, document_lengths - 1, capacity, document, lambda index: index,
+                    hint=" (--cut-long cuts long documents into overlapping windows)")
 
 
 def check_pairs(encoder: ChunkEncoder, encoded: Encoded, document_lengths: np.ndarray, capacity: int) -> None:
@@ -199,9 +199,22 @@ def check_pairs(encoder: ChunkEncoder, encoded: Encoded, document_lengths: np.nd
         where = encoder.inputs[int(encoded.inputs[2 * index])].where(int(encoded.locations[2 * index]))
         return f"{where}: the preference pair (chosen {int(chosen[index])} + rejected {int(rejected[index])})"
 
-    refuse_long(chosen + rejected, capacity, pair,
-                hint="; its chosen and rejected sequences share one row, and a pair is never cut (not even by "
-                     "--cut-long)")
+    _refuse_located(encoder, encoded, chosen + rejected, capacity, pair, lambda index: 2 * index,
+                    hint="; its chosen and rejected sequences share one row, and a pair is never cut (not even "
+                         "by --cut-long)")
+
+
+def _refuse_located(encoder: ChunkEncoder, encoded: Encoded, predictions: np.ndarray, capacity: int, name,
+                    document_of, hint: str) -> None:
+    """:func:`refuse_long`, its error's ``path`` and ``line`` those of the first document
+    (``document_of(index)``) of the item it names."""
+    named = []
+    try:
+        refuse_long(predictions, capacity, lambda index: named.append(index) or name(index), hint=hint)
+    except SeqpackError as error:
+        first = document_of(named[0])
+        encoder.inputs[int(encoded.inputs[first])].located(error, int(encoded.locations[first]))
+        raise
 
 
 def mixed_kinds(paired: bool, first: str) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ...data.supervision import NO_LABEL, first_reserved_label
-from ...errors import InvalidInputError
+from ...errors import InvalidInputError, SeqpackError
 from .base import DocumentChunk, Input, RecordReader, cannot_read, check_fields, missing_extra, not_a_file
 from .records import RecordFields, check_messages, find_record_fields, template_fields
 
@@ -128,7 +128,7 @@ def _integer_lists(pa, array, column: str, what: str, first_row: int, where: Inp
     offsets = _offsets(pa, array)
     values = array.flatten()
     if values.null_count:
-        raise InvalidInputError(f"{where.where(first_row + _row_of(offsets, _first_null(values)))}: {what} is null")
+        raise where.error(first_row + _row_of(offsets, _first_null(values)), f"{what} is null")
     flat = values.to_numpy(zero_copy_only=False)
     return (flat.astype(np.int8) if boolean else flat), offsets
 
@@ -141,7 +141,7 @@ def _python_strings(array, column: str, first_row: int, where: Input, offsets: n
     except UnicodeDecodeError:  # only on this error path: find the value
         index = next(i for i in range(len(array)) if not _decodes(array[i]))
         row = index if offsets is None else _row_of(offsets, index)
-        raise InvalidInputError(f"{where.where(first_row + row)}: column {column!r} is not valid UTF-8") from None
+        raise where.error(first_row + row, f"column {column!r} is not valid UTF-8") from None
 
 
 def _decodes(scalar) -> bool:
@@ -164,7 +164,11 @@ def _conversations(pa, array, column: str, first_row: int, where: Input) -> list
                                 f"(structs with a string 'role')")
     conversations = _python_strings(array, column, first_row, where)
     for row, conversation in enumerate(conversations):
-        check_messages(conversation, column, where.where(first_row + row))
+        try:
+            check_messages(conversation, column, where.where(first_row + row))
+        except SeqpackError as error:
+            where.located(error, first_row + row)   # its message names the row; now its fields too
+            raise
     return conversations
 
 
@@ -174,7 +178,13 @@ def _template_fields(pa, columns: dict, fields: RecordFields, first_row: int, wh
     for extra in fields.extras:
         for record, value in zip(rows, _python_strings(columns[extra], extra, first_row, where)):
             record[extra] = value
-    pairs = [template_fields(record, where.where(first_row + row)) for row, record in enumerate(rows)]
+    pairs = []
+    for row, record in enumerate(rows):
+        try:
+            pairs.append(template_fields(record, where.where(first_row + row)))
+        except SeqpackError as error:
+            where.located(error, first_row + row)
+            raise
     tools = [tools for tools, _ in pairs]
     options = [options for _, options in pairs]
     return {"tools": tools if any(t is not None for t in tools) else None,
@@ -215,7 +225,7 @@ def arrow_chunk(batch, fields: RecordFields, input_index: int, first_row: int, w
         if columns[column].null_count and column not in fields.extras:
             what = "the document" if fields.kind in ("text", "ids") and column == fields.fields[0] \
                 else f"column {column!r}"
-            raise InvalidInputError(f"{where.where(first_row + _first_null(columns[column]))}: {what} is null")
+            raise where.error(first_row + _first_null(columns[column]), f"{what} is null")
     count = batch.num_rows
     inputs = np.full(count, input_index, dtype=np.int64)
     locations = np.arange(first_row, first_row + count, dtype=np.int64)
@@ -255,9 +265,8 @@ def _mask(pa, array, mask: str, ids: str, offsets: np.ndarray, first_row: int, w
     differ = np.flatnonzero(np.diff(mask_offsets) != np.diff(offsets))
     if differ.size:
         row = int(differ[0])
-        raise InvalidInputError(f"{where.where(first_row + row)}: column {mask!r} has "
-                                f"{int(mask_offsets[row + 1] - mask_offsets[row])} values; column {ids!r} has "
-                                f"{int(offsets[row + 1] - offsets[row])} IDs")
+        raise where.error(first_row + row, f"column {mask!r} has {int(mask_offsets[row + 1] - mask_offsets[row])} "
+                                           f"values; column {ids!r} has {int(offsets[row + 1] - offsets[row])} IDs")
     return values
 
 
@@ -268,9 +277,9 @@ def _check_reserved(labels: np.ndarray, ids: np.ndarray, offsets: np.ndarray, fi
     at = first_reserved_label(labels, offsets)
     if at is not None:
         row = _row_of(offsets, at)
-        raise InvalidInputError(f"{where.where(first_row + row)}: labels[{at - int(offsets[row])}] is {NO_LABEL}, "
-                                f"neither -100 nor its input_ids token {int(ids[at])}: a packed document's targets "
-                                f"are its own tokens")
+        raise where.error(first_row + row, f"labels[{at - int(offsets[row])}] is {NO_LABEL}, neither -100 nor "
+                                           f"its input_ids token {int(ids[at])}: a packed document's targets are its "
+                                           f"own tokens")
 
 
 class ArrowBatches(RecordReader):
@@ -369,4 +378,4 @@ def record_chunks(batches, fields: RecordFields, first_input: int, first_row: in
                 yield arrow_chunk(batch, fields, first_input, row, where)
             row += batch.num_rows
     except (pa.ArrowInvalid, OSError) as error:
-        raise InvalidInputError(f"{where.where(row)}: cannot read as {where.kind}: {error}") from None
+        raise where.error(row, f"cannot read as {where.kind}: {error}") from None

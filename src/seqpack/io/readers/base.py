@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ...errors import InvalidInputError
+from ...errors import InvalidInputError, SeqpackError
 
 #: Input bytes a chunk holds (about; one document may exceed it).
 CHUNK_BYTES = 8 << 20
@@ -105,6 +105,18 @@ class Input:
         if self.unit == "line":
             return f"{self.name}:{location}"
         return f"{self.name} {self.unit} {location}"
+
+    def error(self, location: int, message: str) -> InvalidInputError:
+        """An :class:`InvalidInputError` of ``message`` at ``location``: named by :meth:`where`
+        before the message, with this input as its ``path`` and ``location`` as its ``line``."""
+        return self.located(InvalidInputError(message).within(self.where(location)), location)
+
+    def located(self, error: SeqpackError, location: int) -> SeqpackError:
+        """``error`` (whose message names :meth:`where`) with this input as its ``path`` and
+        ``location`` as its ``line``, unless it names a path already."""
+        if error.path is None:
+            error.path, error.line = self.name, int(location) if self.unit is not None else None
+        return error
 
 
 #: The :class:`DocumentChunk` field holding each record field's values, by the record field's name.

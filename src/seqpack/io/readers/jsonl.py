@@ -20,7 +20,7 @@ import numpy as np
 
 from ..._arguments import check_int, check_optional_int
 from ...data.supervision import NO_LABEL, first_reserved_label
-from ...errors import InvalidInputError
+from ...errors import InvalidInputError, SeqpackError
 from .base import (
     CHUNK_BYTES,
     CHUNK_DOCUMENTS,
@@ -72,15 +72,15 @@ def _utf8(value: str, what: str, where: Input, number: int) -> str:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as error:
-            raise InvalidInputError(f"{where.where(number)}: {what} holds {value[error.start]!r} (a lone surrogate) "
-                                    f"at character {error.start}: it has no UTF-8 encoding") from None
+            raise where.error(number, f"{what} holds {value[error.start]!r} (a lone surrogate) "
+                                      f"at character {error.start}: it has no UTF-8 encoding") from None
     return value
 
 
 def _string(record: dict, field: str, where: Input, number: int) -> str:
     value = record[field]
     if not isinstance(value, str):
-        raise InvalidInputError(f"{where.where(number)}: field {field!r} is not a string")
+        raise where.error(number, f"field {field!r} is not a string")
     return _utf8(value, f"field {field!r}", where, number)
 
 
@@ -90,7 +90,7 @@ def _integers(record: dict, field: str, where: Input, number: int, *, bools: boo
     value = record[field]
     kinds = (int, bool) if bools else (int,)
     if not isinstance(value, list) or not all(type(v) in kinds for v in value):
-        raise InvalidInputError(f"{where.where(number)}: field {field!r} is not a list of ints")
+        raise where.error(number, f"field {field!r} is not a list of ints")
     return [int(v) for v in value] if bools else value
 
 
@@ -104,8 +104,8 @@ def _ids(record: dict, fields: RecordFields, where: Input, number: int) -> tuple
     masks = {mask: _integers(record, mask, where, number, bools=mask != "labels") for mask in fields.masks}
     for mask, values in masks.items():
         if len(values) != len(ids):
-            raise InvalidInputError(f"{where.where(number)}: field {mask!r} has {len(values)} values; field "
-                                    f"{fields.fields[0]!r} has {len(ids)} IDs")
+            raise where.error(number, f"field {mask!r} has {len(values)} values; field "
+                                      f"{fields.fields[0]!r} has {len(ids)} IDs")
     return ids, masks
 
 
@@ -301,14 +301,11 @@ class JsonLines(RecordReader):
                     remaining -= len(line)
                 if _blank(line):
                     continue
-                record = self._parse(line, number)
-                if not isinstance(record, dict):
-                    raise InvalidInputError(f"{where.where(number)}: a JSON {json_kind(record)}, not an object "
-                                            f"with {self.record_fields.described()}")
-                # Records of one shape share their fields: checked once per shape, not per record.
-                shape = (*record, isinstance(record.get("prompt"), list), isinstance(record.get("chosen"), list))
-                fields = known.get(shape) or known.setdefault(shape, self._checked_fields(record, number))
-                values.append(_take(fields)(record, fields, where, number))
+                try:
+                    values.append(self._record(line, number, known))
+                except SeqpackError as error:
+                    where.located(error, number)   # its message names the line; now its fields too
+                    raise
                 lines.append(number)
                 size += len(line)
                 if size >= CHUNK_BYTES or len(values) >= CHUNK_DOCUMENTS:
@@ -316,6 +313,18 @@ class JsonLines(RecordReader):
                     values, lines, size = [], [], 0
         if values:
             yield self._chunk(first_input, values, lines, size)
+
+    def _record(self, line: bytes, number: int, known: dict):
+        """The values of line ``number``'s record (``known``: the fields of each record shape met)."""
+        record = self._parse(line, number)
+        where = self.inputs[0]
+        if not isinstance(record, dict):
+            raise where.error(number, f"a JSON {json_kind(record)}, not an object with "
+                                      f"{self.record_fields.described()}")
+        # Records of one shape share their fields: checked once per shape, not per record.
+        shape = (*record, isinstance(record.get("prompt"), list), isinstance(record.get("chosen"), list))
+        fields = known.get(shape) or known.setdefault(shape, self._checked_fields(record, number))
+        return _take(fields)(record, fields, where, number)
 
     def _chunk(self, first_input: int, values: list, lines: list, size: int) -> DocumentChunk:
         locations = np.array(lines, dtype=np.int64)
@@ -370,9 +379,9 @@ class JsonLines(RecordReader):
         at = first_reserved_label(labels, offsets)
         if at is not None:
             record = int(np.searchsorted(offsets, at, side="right")) - 1
-            raise InvalidInputError(f"{self.inputs[0].where(lines[record])}: labels[{at - int(offsets[record])}] is "
-                                    f"{NO_LABEL}, neither -100 nor its input_ids token {int(ids[at])}: a packed "
-                                    f"document's targets are its own tokens")
+            raise self.inputs[0].error(
+                lines[record], f"labels[{at - int(offsets[record])}] is {NO_LABEL}, neither -100 nor its input_ids "
+                               f"token {int(ids[at])}: a packed document's targets are its own tokens")
 
     def _flat(self, rows: list, lines: list, field: str, offsets: np.ndarray, present=None) -> np.ndarray:
         """The rows' integers back to back (int64; an absent row, per ``present``, takes
@@ -390,4 +399,4 @@ class JsonLines(RecordReader):
             line, value = next((line, v) for line, row in zip(lines, rows) for v in row if not low <= v <= high)
             what = "token ID" if field == self.record_fields.fields[0] and self.record_fields.kind == "ids" \
                 else f"field {field!r} value"
-            raise InvalidInputError(f"{self.inputs[0].where(line)}: {what} {value} does not fit int64") from None
+            raise self.inputs[0].error(line, f"{what} {value} does not fit int64") from None

@@ -80,7 +80,7 @@ class Megatron:
                 problem = f"lies outside {self.data_path} ({size} bytes)"
             else:
                 problem = f"byte pointer {int(pointers[index])} is not a multiple of the {self.dtype} token size"
-            raise InvalidInputError(f"{where.where(index)}: {problem}")
+            raise where.error(index, problem)
         if size % itemsize:
             raise InvalidInputError(f"{self.data_path}: {size} bytes is not a whole number of {self.dtype} tokens")
 
