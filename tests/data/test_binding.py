@@ -1,9 +1,11 @@
 """Partitions, split receipts, BatchBinding (fixture and external) and BatchDocument."""
 
+import copy
 import dataclasses
 import hashlib
 import importlib.resources
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -73,6 +75,12 @@ def test_receipt_load_from_path_and_digest_ignores_formatting(tmp_path):
          r"got \[\"<Partition.TEST: 'test'>\", .*\(keys are the partitions' names as strings\)"),
         ({"partitions": {"train": [], "validation": [], "test": [], 1: []}}, r"got \[\"'test'\", .*'1'\]"),
         ({"partitions": {"train": [], "validation": [], "test": []}, "x": float("nan")}, "plain JSON"),
+        # A key JSON makes a string merged two pieces of evidence into one digest; a lone surrogate
+        # was a UnicodeEncodeError (review).
+        ({"partitions": {"train": [], "validation": [], "test": []}, "x": {1: "alice", "1": "bob"}},
+         "keys must be strings"),
+        ({"partitions": {"train": ["doc-\ud800"], "validation": [], "test": []}}, "plain JSON data: .*surrogates not allowed"),
+        ({"partitions": {"train": [], "validation": [], "test": []}, "note": "\udcff"}, "plain JSON"),
     ],
 )
 def test_bad_receipts(payload, match):
@@ -91,6 +99,17 @@ def test_receipt_rejects_invalid_json(tmp_path):
                             (tmp_path, ": cannot read: Is a directory")):
         with pytest.raises(InvalidInputError, match=f"split receipt {source}{message}"):
             SplitReceipt.load(source)
+
+
+def test_a_receipt_file_s_errors_name_it_and_receipts_pickle(tmp_path):
+    path = tmp_path / "odd.json"
+    path.write_text('{"partitions": {"train": ["doc-\\ud800"], "validation": [], "test": []}}')
+    with pytest.raises(InvalidInputError, match=f"^split receipt {path}: a split receipt must be plain JSON") as raised:
+        SplitReceipt.load(path)
+    assert raised.value.path == str(path)
+    receipt = SplitReceipt.fixture()
+    assert pickle.loads(pickle.dumps(receipt)) == copy.deepcopy(receipt) == receipt   # TypeError before (review)
+    assert pickle.loads(pickle.dumps(receipt)).partitions == receipt.partitions
 
 
 def test_fixture_binding():

@@ -84,11 +84,17 @@ class SplitReceipt:
             partitions[partition] = tuple(ids)
         try:
             self._payload = json.loads(json.dumps(payload, allow_nan=False))
-        except (TypeError, ValueError) as error:
-            raise InvalidInputError(f"a split receipt must be plain JSON data: {error}") from error
+            self._digest = sha256_hex(self._payload)
+        except (TypeError, ValueError, RecursionError) as error:   # UnicodeEncodeError: a lone surrogate
+            raise InvalidInputError(f"a split receipt must be plain JSON data: {error}") from None
+        if self._payload != payload:   # JSON made its keys strings (merging 1 and "1") or its tuples lists
+            raise InvalidInputError("a split receipt must be plain JSON data: its objects' keys must be strings "
+                                    "and its arrays lists (JSON would change them)")
         self._partitions = MappingProxyType(partitions)
         self._owner = MappingProxyType(owner)
-        self._digest = sha256_hex(self._payload)
+
+    def __reduce__(self):
+        return SplitReceipt, (self._payload,)
 
     @classmethod
     def load(cls, source: str | os.PathLike | Traversable) -> SplitReceipt:
@@ -102,7 +108,10 @@ class SplitReceipt:
             raise InvalidInputError(f"split receipt {source} is not UTF-8: {error}") from None
         except OSError as error:
             raise InvalidInputError(f"split receipt {source}: cannot read: {error.strerror or error}") from None
-        return cls(payload)
+        try:
+            return cls(payload)
+        except InvalidInputError as error:
+            raise error.within(f"split receipt {source}", path=str(source)) from None
 
     @classmethod
     def fixture(cls) -> SplitReceipt:
