@@ -331,6 +331,14 @@ def test_a_single_string_is_not_a_list_of_ids(binding):
         sp.ExampleTable.from_texts(["x", "y"], binding, capacity=4, ids="ab")
 
 
+def test_from_texts_names_the_text_the_tokenizer_refuses(binding):
+    # The tokenizer's error named no text (review).
+    with pytest.raises(sp.TokenizerError, match=r"^text 'c' \(index 2\): text holds '\\ud800' \(a lone surrogate\)"):
+        sp.ExampleTable.from_texts(["a", "b", "x\ud800"], binding, capacity=8, ids=["a", "b", "c"])
+    with pytest.raises(sp.InvalidInputError, match=r"^text '#1' \(index 1\): encode_document takes str or bytes"):
+        sp.ExampleTable.from_texts(["a", 5], binding, capacity=8)
+
+
 def test_from_texts_refuses_a_text_past_the_byte_limit_before_encoding_it():
     # A 20 MB text was encoded whole (260 MB held) before the limit refused it (review).
     import tracemalloc

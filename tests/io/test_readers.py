@@ -562,6 +562,11 @@ def test_datasets_that_are_not_one_table_are_named():
     if unknown.column_names is None:
         with pytest.raises(sp.InvalidInputError, match="with unknown columns"):
             list(io.ArrowBatches(unknown).chunks(0))
+    # With its features known, a stream of rows raised AttributeError (review).
+    streamed = datasets.Dataset.from_dict({"text": ["a"]}).to_iterable_dataset()
+    with pytest.raises(sp.InvalidInputError, match=r"IterableDataset: give a datasets.Dataset \(a table\), not a "
+                                                   r"stream of rows$"):
+        list(io.ArrowBatches(streamed).chunks(0))
 
 
 def test_a_tokenizer_whose_ids_have_gaps_reads_its_highest_ids(tmp_path):

@@ -183,7 +183,13 @@ class ExampleTable:
         texts = list(texts)
         names = None if ids is None else _check_ids(ids, len(texts))
         _check_text_bytes(texts, binding.limits.max_bytes, names)
-        documents = [binding.tokenizer.encode_document(text) for text in texts]
+        documents = []
+        for index, text in enumerate(texts):
+            try:
+                documents.append(binding.tokenizer.encode_document(text))
+            except SeqpackError as error:
+                name = names[index] if names is not None else f"#{index}"
+                raise error.within(f"text {name!r} (index {index})") from None
         if not documents:
             raise InvalidInputError("an example table needs at least one example")
         lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))

@@ -352,9 +352,9 @@ class ArrowBatches(RecordReader):
             if isinstance(names, dict):
                 raise InvalidInputError(f"{type(source).__name__} of splits {sorted(names)}: give one split, "
                                         f"such as dataset[{next(iter(names))!r}]")
-            if names is None:
-                raise InvalidInputError(f"{type(source).__name__} with unknown columns (no features): "
-                                        f"give it features, or a Dataset")
+            if names is None or not hasattr(source, "data"):   # a datasets.IterableDataset: no Arrow table
+                raise InvalidInputError(f"{type(source).__name__}: give a datasets.Dataset (a table), not a stream "
+                                        f"of rows" + (" with unknown columns (no features)" if names is None else ""))
             return self._fields(source.data.schema), source.with_format("arrow").iter(batch_size=self.BATCH_ROWS)
         raise InvalidInputError(
             f"expected a path, a pyarrow.Table or a datasets.Dataset, not {type(source).__name__}"
