@@ -72,9 +72,13 @@ def test_the_loss_reads_only_eligible_cells():
 def test_low_precision_logits_are_read_in_float32():
     batch = padded_epoch([3, 5])[0]
     logits = torch.randn(batch.shape + (VOCABULARY,), generator=torch.Generator().manual_seed(1))
-    loss = st.token_weighted_loss(logits.bfloat16(), batch)
-    assert loss.dtype == torch.float32
-    assert loss.item() == st.token_weighted_loss(logits.bfloat16().float(), batch).item()
+    # float8 too: torch's log_softmax has no float8 kernel (a NotImplementedError before; review)
+    for narrow in (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2):
+        loss = st.token_weighted_loss(logits.to(narrow), batch)
+        assert loss.dtype == torch.float32
+        assert loss.item() == st.token_weighted_loss(logits.to(narrow).float(), batch).item()
+        accumulator = st.LossAccumulator([batch])
+        assert accumulator(logits.to(narrow), batch).item() == loss.item()
 
 
 def test_unsigned_targets_are_all_targets():

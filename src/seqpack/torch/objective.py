@@ -31,11 +31,11 @@ from .tensors import eligible_logits
 def loss_sum(logits: torch.Tensor, batch_or_targets) -> tuple[torch.Tensor, int]:
     """``(sum of -log p(target) over eligible cells, their count)``.
 
-    ``logits`` ``[..., V]`` with leading dimensions those of the targets; bfloat16 and
-    float16 logits are read in float32.
+    ``logits`` ``[..., V]`` with leading dimensions those of the targets; logits narrower
+    than float32 (bfloat16, float16, float8) are read in float32.
     """
     rows, gold = eligible_logits(logits, batch_or_targets)
-    if rows.dtype in (torch.bfloat16, torch.float16):
+    if rows.element_size() < 4:
         rows = rows.float()
     return F.cross_entropy(rows, gold, reduction="sum"), int(gold.numel())
 
