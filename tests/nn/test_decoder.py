@@ -225,6 +225,31 @@ def test_decoder_positions_must_be_integers_of_the_cells_shape():
             decoder.forward_arrays(inputs, bad, lengths, starts)
 
 
+# Regression (review): malformed inputs gave numpy's broadcast, unpacking and ragged-array errors, an
+# AttributeError or an IndexError; the two attention modes disagreed on empty and broken layouts.
+def test_decoder_entry_points_name_malformed_inputs_and_the_modes_agree_on_layouts():
+    decoder = Decoder(DecoderConfig.small(10), seed=0)
+    width = decoder.config.width
+    layout = (np.array([3]), np.zeros((1, 3), int), np.zeros((1, 3), int))   # positions, lengths, starts
+    for x, message in [(F.Tensor(np.zeros((1, 3, width + 1))), rf"x must be \[rows, T, {width}\]"),
+                       (F.Tensor(np.zeros((1, 3))), r"got shape \(1, 3\)"),
+                       (np.zeros((1, 3, width)), "x must be a seqpack.nn Tensor, not ndarray")]:
+        with pytest.raises(InvalidInputError, match=message):
+            decoder.forward_embedded(x, layout[0], *layout[1:])
+    for inputs, message in [(5, r"inputs must be 2-dimensional, got shape \(\)"),
+                            ([[1, 2], [3]], "inputs is not a regular array")]:
+        with pytest.raises(InvalidInputError, match=message):
+            decoder.forward_arrays(inputs, np.zeros((1, 2), int), np.array([2]), np.zeros((1, 2), int))
+    modes = [Decoder(DecoderConfig.small(10), seed=0, attention=mode) for mode in ("fused", "reference")]
+    empty = [m.forward_arrays(np.zeros((2, 0), int), np.zeros((2, 0), int), np.zeros(2, int), np.zeros((2, 0), int))
+             for m in modes]
+    assert [e.logits.shape for e in empty] == [(2, 0, 10)] * 2
+    broken = (np.array([[1, 2, 3, 4]]), np.array([[0, 1, 0, 3]]), np.array([4]), np.array([[0, 0, 2, 0]]))
+    for mode in modes:   # query 3 reached back across the segment that starts at column 2 (reference mode)
+        with pytest.raises(InvalidInputError, match=r"segment_starts\[0, 3\] = 0 .* segments must be contiguous"):
+            mode.forward_arrays(*broken)
+
+
 # Regression: a bool seed was taken as a number.
 @pytest.mark.parametrize("seed, message", [(True, "seed must be an int"), (1.0, "seed must be an int"),
                                            (-1, "seed must be at least 0")])

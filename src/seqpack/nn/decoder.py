@@ -38,7 +38,7 @@ from ..packing.config import DEFAULT_MEMORY_BYTES
 from ..packing.packed import PackedBatch
 from ..packing.padding import PaddedBatch
 from . import ops as F
-from .attention import causal_attention_with_ranges, fused_range_attention
+from .attention import causal_attention_with_ranges, fused_range_attention, segment_spans
 from .autograd import Tensor
 from .loss import MaskedLoss, masked_nll
 from .softmax import causal_layout
@@ -149,8 +149,15 @@ class Decoder:
         Cells at or past a row's valid length are excluded first: whatever they hold
         (NaN included) becomes exact zeros, and their gradient is exactly zero.
         """
+        if not isinstance(x, Tensor):
+            raise InvalidInputError(f"x must be a seqpack.nn Tensor, not {type(x).__name__}")
+        if len(x.shape) != 3 or x.shape[2] != self.config.width:
+            raise InvalidInputError(f"x must be [rows, T, {self.config.width}] (the model's width), got shape "
+                                    f"{tuple(x.shape)}")
         rows, width = x.shape[:2]
         lengths, starts = causal_layout(rows, width, valid_lengths, segment_starts)
+        if self.attention == "reference":
+            segment_spans(lengths, starts)   # the fused kernels' rule too: contiguous segments
         active = np.arange(width) < lengths[:, None]  # [rows, T]
         positions = self._check_positions(positions, active)
         p = self._parameters
@@ -176,7 +183,7 @@ class Decoder:
         q = F.rotary(F.split_heads(F.matmul(x, p[f"blocks.{i}.wq"]), heads), positions, active)
         k = F.rotary(F.split_heads(F.matmul(x, p[f"blocks.{i}.wk"]), heads), positions, active)
         v = F.split_heads(F.matmul(x, p[f"blocks.{i}.wv"]), heads)
-        if self.attention == "fused":
+        if self.attention == "fused" or not active.shape[1]:   # (no query: nothing for the dense grids)
             mixed = fused_range_attention(q, k, v, lengths, starts)
         else:
             mixed = causal_attention_with_ranges(q, k, v, lengths, starts)
@@ -193,10 +200,12 @@ class Decoder:
         Every ID must be PAD_CELL (a zero row, never looked up) or in ``[0, V)``; the
         check runs before any lookup.
         """
-        ids = np.asarray(inputs)
-        if ids.ndim != 2:
-            raise InvalidInputError(f"inputs must be [rows, T], got shape {ids.shape}")
-        return F.embedding(self._parameters["embedding"], ids)
+        return F.embedding(self._parameters["embedding"], self._inputs(inputs))
+
+    @staticmethod
+    def _inputs(inputs) -> np.ndarray:
+        """``inputs`` as an integer array ``[rows, T]`` (its IDs checked by the lookup)."""
+        return integer_array("inputs", inputs, np.int64, ndim=2)
 
     def masked_loss(self, logits: Tensor, targets, loss_mask) -> MaskedLoss:
         """The token-weighted loss of ``logits``; ``backward()`` gives every parameter's gradient."""
@@ -208,7 +217,8 @@ class Decoder:
         Checks the width against ``max_positions`` and every token ID before any lookup;
         the valid cells of a row are its prefix.
         """
-        self._check_width(np.shape(inputs)[-1])
+        inputs = self._inputs(inputs)
+        self._check_width(inputs.shape[1])
         logits = self.forward_embedded(self.embed(inputs), positions, valid_lengths, segment_starts)
         return DecoderForward(logits=logits.value, tensor=logits)
 
