@@ -8,6 +8,7 @@ of ``"sdpa"`` on the same packed rows. No ``[T, T]`` tensor is ever made, stride
 are read in place, and what seqpack attention cannot compute is an error.
 """
 
+import copy
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -638,3 +639,48 @@ def test_a_model_that_reads_the_mask_before_attention_is_refused():
         doge(**sph.rows(batch))
     with pytest.raises(InvalidInputError, match=message):
         sph.evaluate(doge, [batch])
+    # DeepSeek-V3.2's indexer subscripts the mask (a TypeError from the model and from evaluate; review)
+    from transformers import DeepseekV32Config
+
+    v32 = AutoModelForCausalLM.from_config(
+        DeepseekV32Config(vocab_size=300, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                          num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32,
+                          kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, n_routed_experts=4,
+                          num_experts_per_tok=2, first_k_dense_replace=1, use_cache=False),
+        attn_implementation="seqpack")
+    for call in (lambda: v32(**sph.rows(batch)), lambda: sph.evaluate(v32, [batch]),
+                 lambda: v32(**sph.rows(packed(lengths=(40,))[0]))):
+        with pytest.raises(InvalidInputError, match=r"this model's indexer \(sparse attention, as in DeepSeek-V3.2\)"):
+            call()
+    with pytest.raises(InvalidInputError, match="reads the attention mask's cells in its own code"):
+        attention_module.LayerMask(None)[:, 0]
+
+
+def test_a_model_that_drops_the_rows_positions_is_refused_on_packed_rows():
+    # Qwen2-VL turns 2-D position_ids into multimodal rotary positions and hands None to its mask and
+    # attention: the examples of a rows() batch attended to each other, silently (review). flat() is right.
+    from transformers import AutoModelForImageTextToText, Qwen2VLConfig
+
+    sph.register()
+    batch, documents = packed(lengths=(6, 9, 4, 12))
+    text = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, use_cache=False,
+                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
+    vision = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, in_channels=3, patch_size=2,
+                  spatial_merge_size=1, temporal_patch_size=1)
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=298, video_token_id=299,
+                           vision_start_token_id=297)
+    torch.manual_seed(0)
+    ours = AutoModelForImageTextToText.from_config(config, attn_implementation="seqpack").double().eval()
+    with pytest.raises(InvalidInputError, match=r"hands neither its attention nor its mask the batch's position_ids"):
+        ours(**sph.rows(batch))
+    fields = sph.flat(batch)
+    alone = copy.deepcopy(ours)
+    alone.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        logits = ours(**fields).logits[0]
+        offsets = fields["cu_seq_lens_q"].tolist()
+        order = sorted(batch.occurrences, key=lambda o: (o.row, o.columns.start))
+        for start, stop, occurrence in zip(offsets, offsets[1:], order):
+            expected = alone(input_ids=torch.from_numpy(documents[occurrence.ordinal][None])).logits[0]
+            assert close(logits[start:stop], expected)

@@ -17,7 +17,10 @@ computed.
   ``position_ids`` by that rule, read when transformers built the mask (some models,
   GPTBigCode and Persimmon among them, do not hand ``position_ids`` to their attention;
   the rule holds with a 2-D ``attention_mask`` too, where transformers does not look for
-  packed sequences), else one segment per row.
+  packed sequences), else one segment per row. A :func:`seqpack.hf.rows` batch
+  (``valid_lengths``) whose positions reached neither the attention call nor the mask
+  (Qwen2-VL and its kin derive rotary positions of their own and drop them) is refused:
+  its examples could not be told apart.
 * Valid cells: the ``valid_lengths`` keyword (``[B]``, as :func:`seqpack.hf.rows` gives
   it), else a right-padded 2-D ``attention_mask``, else the end of ``cu_seq_lens_q``,
   else every cell. Cells past a row's valid length are skipped: zero output, zero
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -100,6 +104,13 @@ def register(name: str = NAME) -> str:
     return name
 
 
+#: Whether the mask of the model's forward now running saw its ``position_ids`` (set by
+#: :func:`seqpack_mask`, read by :func:`seqpack_attention`; None: no mask built yet).
+_MASK_SAW_POSITIONS: ContextVar[bool | None] = ContextVar("seqpack_mask_saw_positions", default=None)
+#: The keywords that carry a batch's segments to an attention call.
+SEGMENT_KEYWORDS = ("cu_seq_lens_q", "seq_idx", "position_ids")
+
+
 @dataclass(frozen=True)
 class LayerMask:
     """What :func:`seqpack_mask` hands a layer beyond its 2-D padding mask (or ``None``):
@@ -118,13 +129,20 @@ class LayerMask:
 
     def __getattr__(self, name: str):
         # A model that reads the mask as a tensor in its own code before attention (Doge's
-        # dynamic mask, DeepSeek-V3.2's indexer) would compute on it past seqpack's reach.
+        # dynamic mask) would compute on it past seqpack's reach.
         if name.startswith("__"):
             raise AttributeError(name)
-        raise InvalidInputError(
-            f"this model reads the attention mask's {name!r} in its own code before attention, so it needs a "
-            f"dense mask that seqpack attention never builds: use attn_implementation='sdpa' or 'eager' for it"
-        )
+        raise _reads_mask(repr(name))
+
+    def __getitem__(self, index):
+        raise _reads_mask("cells")
+
+
+def _reads_mask(what: str) -> InvalidInputError:
+    return InvalidInputError(
+        f"this model reads the attention mask's {what} in its own code before attention, so it needs a dense mask "
+        f"that seqpack attention never builds: use attn_implementation='sdpa' or 'eager' for it"
+    )
 
 
 def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
@@ -140,6 +158,10 @@ def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
     if getattr(config, "alibi", False):
         raise InvalidInputError("seqpack attention does not compute an additive position bias (this model's config "
                                 "has alibi=True)")
+    if getattr(config, "index_topk", None) is not None:
+        raise InvalidInputError("this model's indexer (sparse attention, as in DeepSeek-V3.2) picks each query's keys "
+                                "from a dense mask in its own code, which seqpack attention never builds: use "
+                                "attn_implementation='sdpa' or 'eager' for it")
     builder = _mask_builder_locals(sys._getframe(1))
     if builder.get("cache") is not None:
         raise _cache_error("the model built a cache for this call")
@@ -163,6 +185,7 @@ def seqpack_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
         from transformers.masking_utils import find_packed_sequence_indices
 
         sequences = find_packed_sequence_indices(builder["position_ids"].expand(batch_size, -1))
+    _MASK_SAW_POSITIONS.set(builder.get("position_ids") is not None or sequences is not None)
     if local_size is None and sequences is None:
         return padding
     return LayerMask(padding, None if local_size is None else int(local_size), sequences)
@@ -370,11 +393,17 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
             f"narrower value heads): use attn_implementation='sdpa' or 'eager' for it"
         )
     layer = attention_mask if isinstance(attention_mask, LayerMask) else None
+    segmented = any(kwargs.get(k) is not None for k in SEGMENT_KEYWORDS)
     if layer is not None:
         attention_mask = layer.padding
-        if layer.sequences is not None and not any(
-                kwargs.get(k) is not None for k in ("cu_seq_lens_q", "seq_idx", "position_ids")):
-            kwargs = {**kwargs, "seq_idx": layer.sequences}
+        if layer.sequences is not None and not segmented:
+            kwargs, segmented = {**kwargs, "seq_idx": layer.sequences}, True
+    if kwargs.get("valid_lengths") is not None and not segmented and _MASK_SAW_POSITIONS.get() is False:
+        raise InvalidInputError(
+            "this model hands neither its attention nor its mask the batch's position_ids (it derives rotary "
+            "positions of its own, as Qwen2-VL does), so the examples packed in a seqpack.hf.rows() batch cannot "
+            "be told apart: give it seqpack.hf.flat(batch), whose cu_seq_lens_q reaches attention"
+        )
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         check_kernel_tensor(name, tensor, "seqpack attention")
     lengths, starts = layout(query.shape[0], query.shape[2], attention_mask, kwargs)
