@@ -498,3 +498,38 @@ def test_sft_trainer_with_packing_collator_trains_on_conversations_and_counts_to
     assert [e["num_input_tokens_seen"] for e in ours] == [e["num_input_tokens_seen"] for e in theirs]
     assert ours[-1]["loss"] < ours[0]["loss"]
     assert all(np.isfinite(entry["loss"]) for entry in ours)
+
+
+@pytest.mark.slow
+def test_sft_token_count_refuses_what_shifts_the_rows_labels_itself(tmp_path):
+    """A compute_loss_func (or label smoothing) shifts ``labels`` itself: on rows() batches it
+    dropped each full row's last target, silently (review)."""
+    pytest.importorskip("tokenizers", reason="the test trains a tokenizer: pip install 'seqpack[hf]'")
+    trl_modules()
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerFast
+    from trl import SFTConfig, SFTTrainer
+
+    texts = [f"row {i} keeps its own context" for i in range(8)]
+    tokenizer = train_tokenizer(texts, tmp_path)
+    ids, offsets = tokenizer.encode(texts)
+    records = [{"input_ids": [tokenizer.bos_id, *ids[a:b].tolist(), tokenizer.eos_id]}
+               for a, b in pairwise(offsets)]
+    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"), bos_token="<s>",
+                                           eos_token="</s>", pad_token="</s>", unk_token="<unk>")
+    collator = sph.PackingCollator(sp.PackConfig(capacity=64, rows_per_batch=8), tokenizer_identity=tokenizer.identity)
+
+    class Trainer(sph.SFTTokenCount, SFTTrainer):
+        pass
+
+    for options, extra, what in (({"label_smoothing_factor": 0.1}, {}, "label smoothing"),
+                                 ({}, {"compute_loss_func": lambda outputs, labels, num_items_in_batch=None: 0},
+                                  "a compute_loss_func")):
+        args = SFTConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, max_steps=1, report_to=[],
+                         use_cpu=True, bf16=False, save_strategy="no", dataloader_num_workers=0, **options)
+        trainer = Trainer(model=model("llama", vocab_size=tokenizer.vocabulary_size), args=args,
+                          train_dataset=Dataset.from_list(records), processing_class=hf_tokenizer,
+                          data_collator=collator, **extra)
+        batch = trainer._prepare_inputs(collator([trainer.train_dataset[i] for i in range(8)]))
+        with pytest.raises(InvalidInputError, match=f"^{what} shifts the labels of seqpack.hf.rows"):
+            trainer.compute_loss(trainer.model, batch)

@@ -221,8 +221,9 @@ class PackingCollator:
     ``policy`` into rows of ``config.capacity``
     predictions and returns :func:`rows` of that batch. More rows than
     ``config.rows_per_batch`` is a :class:`~seqpack.CapacityError` (lower
-    ``per_device_train_batch_size``). Trainer's label smoothing shifts ``labels`` itself and
-    would drop each full row's last target: leave it off.
+    ``per_device_train_batch_size``). Trainer's label smoothing and a ``compute_loss_func``
+    shift ``labels`` themselves and would drop each full row's last target: leave them off
+    (:class:`~seqpack.hf.SFTTokenCount` refuses them).
 
     Supervision is TRL's (``SFTTrainer`` turns the masks into -100 labels, its collator
     reads them): entry ``j`` of ``labels``, ``completion_mask`` and ``assistant_masks`` is

@@ -48,9 +48,17 @@ class SFTTokenCount:
     ``class Trainer(seqpack.hf.SFTTokenCount, trl.SFTTrainer): pass``; batches without
     ``valid_lengths`` (not from :func:`~seqpack.hf.rows`) keep TRL's count. It reads TRL
     1.16's ``_total_train_tokens``, ``_tp_size`` and ``_metrics``.
+
+    On such batches a ``compute_loss_func`` or label smoothing is refused with an
+    :class:`~seqpack.InvalidInputError`: they shift ``labels`` themselves, and a full row's
+    last target lies past the end of its ``labels`` (the model reads ``shift_labels``).
     """
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if "valid_lengths" in inputs and (self.compute_loss_func is not None or self.label_smoother is not None):
+            what = "a compute_loss_func" if self.compute_loss_func is not None else "label smoothing"
+            raise InvalidInputError(f"{what} shifts the labels of seqpack.hf.rows() batches itself, and would drop "
+                                    f"each full row's last target (the model reads shift_labels): leave it off")
         before = self._total_train_tokens
         result = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                       num_items_in_batch=num_items_in_batch)
