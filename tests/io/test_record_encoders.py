@@ -140,6 +140,10 @@ def test_prompt_completion_refusals(bound):
         encode_prompt_completion(bound, ["a"], ["b"], completion_only_loss=1)
     one = encode_prompt_completion(bound, ("a",), ("b",), completion_only_loss=np.True_)
     assert one.offsets.tolist() == [0, 2 + (bound.bos_id is not None)]
+    # numpy's str_ is a str: a StopIteration escaped (review)
+    numpy_texts = encode_prompt_completion(bound, np.array(["a", "hello "]), np.array(["b", "world"]))
+    plain = encode_prompt_completion(bound, ["a", "hello "], ["b", "world"])
+    assert numpy_texts.tokens.tolist() == plain.tokens.tolist() and numpy_texts.offsets.tolist() == plain.offsets.tolist()
     empty = encode_prompt_completion(bound, [], [])
     assert (empty.tokens.size, empty.offsets.tolist(), empty.supervised.size, empty.mismatched.size) == (0, [0], 0, 0)
 

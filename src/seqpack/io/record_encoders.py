@@ -179,15 +179,17 @@ def check_template(tokenizer, chat_template, assistant_only_loss) -> None:
 def check_texts(tokenizer, columns: dict) -> list[list[str]]:
     """``columns`` (``{plural name: one str per record}``, such as ``prompts`` and
     ``completions``) as lists of equal length, for a :class:`TokenizerFile`; a value that
-    is not a ``str`` is named by record."""
+    is not a ``str`` (a subclass is read as one) is named by record."""
     check_tokenizer(tokenizer)
     texts = {name: _sequence(name, values, "str") for name, values in columns.items()}
     check_counts(texts)
     for name, values in texts.items():
         if not set(map(type, values)) <= {str}:
-            index = next(i for i, text in enumerate(values) if not isinstance(text, str))
-            raise RecordError("record", index, f"the {name.removesuffix('s')} must be a str, not "
-                                               f"{type(values[index]).__name__}")
+            index = next((i for i, text in enumerate(values) if not isinstance(text, str)), None)
+            if index is not None:
+                raise RecordError("record", index, f"the {name.removesuffix('s')} must be a str, not "
+                                                   f"{type(values[index]).__name__}")
+            texts[name] = [str(text) for text in values]   # a str subclass (numpy's str_) as a plain str
     return list(texts.values())
 
 

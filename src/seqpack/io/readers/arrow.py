@@ -123,9 +123,13 @@ def _integer_lists(pa, array, column: str, what: str, first_row: int, where: Inp
     0/1 mask, which TRL reads either way) a list of booleans gives int8 values."""
     kind = array.type
     boolean = bools and _is_list(pa, kind) and pa.types.is_boolean(kind.value_type)
-    if not _is_list(pa, kind) or not (pa.types.is_integer(kind.value_type) or boolean):
+    # Every list empty: pyarrow and datasets type the column list<null>, which holds no value.
+    empty = _is_list(pa, kind) and pa.types.is_null(kind.value_type) and len(array.flatten()) == 0
+    if not _is_list(pa, kind) or not (pa.types.is_integer(kind.value_type) or boolean or empty):
         raise InvalidInputError(f"{where.name}: column {column!r} of type {kind} is not a list of integers")
     offsets = _offsets(pa, array)
+    if empty:
+        return np.zeros(0, dtype=np.int64), offsets
     values = array.flatten()
     if values.null_count:
         raise where.error(first_row + _row_of(offsets, _first_null(values)), f"{what} is null")
