@@ -143,7 +143,8 @@ def test_prompt_completion_refusals(bound):
     # numpy's str_ is a str: a StopIteration escaped (review)
     numpy_texts = encode_prompt_completion(bound, np.array(["a", "hello "]), np.array(["b", "world"]))
     plain = encode_prompt_completion(bound, ["a", "hello "], ["b", "world"])
-    assert numpy_texts.tokens.tolist() == plain.tokens.tolist() and numpy_texts.offsets.tolist() == plain.offsets.tolist()
+    assert numpy_texts.tokens.tolist() == plain.tokens.tolist()
+    assert numpy_texts.offsets.tolist() == plain.offsets.tolist()
     empty = encode_prompt_completion(bound, [], [])
     assert (empty.tokens.size, empty.offsets.tolist(), empty.supervised.size, empty.mismatched.size) == (0, [0], 0, 0)
 
