@@ -1,6 +1,7 @@
 """A packed dataset on disk: its batches equal seqpack.pack's, under every policy, in one part or several."""
 
 import json
+import os
 import pickle
 
 import numpy as np
@@ -85,6 +86,18 @@ def test_the_plan_interface_and_pickling(tmp_path):
     clone = pickle.loads(pickle.dumps(dataset))
     assert len(pickle.dumps(dataset)) < 1000  # the path, not the memory maps
     assert_same_batches(plan, clone)
+    # A dataset opened by a relative path reopens after a chdir (a spawned worker's directory differs; review).
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        state = pickle.dumps(io.open_dataset("packed"))
+    finally:
+        os.chdir(here)
+    assert_same_batches(plan, pickle.loads(state))
+    # A batch's fields stay read-only through a pickle (a DataLoader worker's batches were writable; review).
+    shipped = pickle.loads(pickle.dumps(dataset.batch(0)))
+    assert not any(getattr(shipped, name).flags.writeable for name in ("inputs", "loss_mask", "valid_lengths"))
+    assert not shipped.segment_starts.flags.writeable and not shipped.occurrence_records.flags.writeable
     for bad in (-1, len(dataset), True, 1.0):
         with pytest.raises(sp.InvalidInputError,
                            match=rf"^batch {bad!r} (is outside this dataset's batches|is a \w+, not an int: this "

@@ -28,6 +28,7 @@ occurrences come pair by pair, chosen then rejected: what a preference objective
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 from collections.abc import Iterator
 from functools import cached_property
@@ -278,7 +279,8 @@ class PackedDataset:
                                         f"the manifest's {len(self.inputs)} inputs")
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "threads": self.threads, "manifest_sha256": self.manifest_sha256}
+        # absolute: a process that unpickles it (a spawned loader worker) may have another directory
+        return {"path": os.path.abspath(self.path), "threads": self.threads, "manifest_sha256": self.manifest_sha256}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["path"], threads=state["threads"])

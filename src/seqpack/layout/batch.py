@@ -120,6 +120,14 @@ class BatchLayout:
         for name, array in fields.named().items():
             setattr(self, name, array)
 
+    def __setstate__(self, state: dict) -> None:
+        # numpy unpickles arrays writable: the fields (and the placements' arrays) are read-only again
+        self.__dict__.update(state)
+        for value in state.values():
+            for array in value if isinstance(value, tuple) else (value,):
+                if isinstance(array, np.ndarray):
+                    array.flags.writeable = False
+
     @classmethod
     def filled(cls, partition, binding, source, placements: Placements, shape: tuple[int, int],
                buffers: FieldArrays | None = None, pairs: bool = False, threads: int | None = None):
