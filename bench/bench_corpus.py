@@ -72,7 +72,7 @@ def median_time(call, repeats: int, before=None) -> float:
 
 
 def disk_write_speed(directory: Path, megabytes: int = 256) -> float:
-    """Sequential write + fsync of ``megabytes`` into ``directory``, MB/s (the in-run disk peak)."""
+    """Sequential write + fsync of ``megabytes`` MiB into ``directory``, MiB/s (the in-run disk peak)."""
     block = np.random.default_rng(1).integers(0, 255, size=1 << 20, dtype=np.uint8).tobytes()
     path = directory / "disk-probe.bin"
     start = time.perf_counter()
@@ -293,7 +293,7 @@ def main() -> None:
         return
     before, after = (" ".join(f"{v:.2f}" for v in conditions[k]) for k in ("load_average_before", "load_average_after"))
     print(f"CPU {conditions['cpu']}, {conditions['cores']} cores, {conditions['threads']} threads; "
-          f"load average before {before}, after {after}; in-run disk write+fsync {disk:.0f} MB/s; "
+          f"load average before {before}, after {after}; in-run disk write+fsync {disk:.0f} MiB/s; "
           f"peak RSS {conditions['peak_rss_mib']:.0f} MiB; medians of {args.repeats} (after one untimed call)")
     reference = {r["workload"]: r["seconds"] for r in records if r["method"].startswith("seqpack pack_corpus")}
     print("| workload | method | median s | vs seqpack pack_corpus |")

@@ -20,10 +20,11 @@ the call to the published manifest:
 Ratios: (a) scaling, Ray 1 worker / Ray 2 workers (the issue asks 1.7x or more); (b)
 overhead, serial best / the faster of the two Ray runs that use both CPUs (the issue
 asks 0.85x or more). With ``--repeats N`` the four runs take turns, N rounds of all
-four, and each figure is a median over the rounds: on a shared machine whose speed
-drifts by tens of percent within minutes, runs measured side by side compare like with
-like. Ray's start-up (``ray.init(num_cpus=2)``) is timed separately and not in any
-ratio; the serial runs take their turns with Ray started (idle) beside them. The in-run
+four, and each figure is a median over the rounds (a ratio: the median of each round's
+ratio): on a shared machine whose speed drifts by tens of percent within minutes, runs
+measured side by side compare like with like. Ray's start-up (``ray.init(num_cpus=2)``)
+is timed separately and not in any ratio; the serial runs take their turns with Ray
+started (idle) beside them. The in-run
 peak is the tokenizer's own speed on one and on all threads over 4 MB of the corpus in
 memory. The CPU, the load average before and after, the driver's peak RSS, the share of
 the machine Ray's own processes keep busy while idle, and per run the machine's busy
@@ -185,12 +186,15 @@ def main() -> None:
         binding = sp.BatchBinding.for_tokenizer(tokenizer.identity, split="corpus")
         config = sp.PackConfig(CAPACITY, 8)
         sample, size = [], 0
-        with open(paths[0], encoding="utf-8") as handle:
-            for line in handle:
-                sample.append(json.loads(line)["text"])
-                size += len(sample[-1])
-                if size >= 4e6:
-                    break
+        for path in paths:   # 4 MB of the corpus, file after file
+            with open(path, encoding="utf-8") as handle:
+                for line in handle:
+                    sample.append(json.loads(line)["text"])
+                    size += len(sample[-1])
+                    if size >= 4e6:
+                        break
+            if size >= 4e6:
+                break
         peak_one, peak_all = tokenizer_speed(tokenizer, sample, False), tokenizer_speed(tokenizer, sample, True)
         readers = lambda: [io.JsonLines(path) for path in paths]  # noqa: E731
         start = time.perf_counter()
@@ -218,14 +222,20 @@ def main() -> None:
         for (name, result), manifest in zip(results.items(), manifests):
             records.append({"run": name, **result, "parts": len(manifest["parts"]),
                             "MB/s": megabytes / result["seconds"], "M tokens/s": tokens / result["seconds"] / 1e6})
-        serial, one, two, pooled = (record["seconds"] for record in records)
+        serial, one, two, pooled = (record["rounds"] for record in records)
+
+        def ratio(over):   # the median over the rounds of each round's ratio
+            return statistics.median(over(*round_seconds) for round_seconds in zip(serial, one, two, pooled))
+
         summary = {
             "conditions": head, "load_after": os.getloadavg(), "megabytes": megabytes, "tokens": tokens,
             "shards": args.shards, "repeats": args.repeats, "ray_startup_seconds": startup,
             "ray_idle_machine_share": idle_share,
             "tokenizer_peak_MB_per_s": {"one thread": peak_one, "all threads": peak_all},
-            "scaling_ray_2_over_1": one / two, "ray_2_workers_vs_serial_best": serial / two,
-            "ray_2_threads_per_task_vs_serial_best": serial / pooled, "ray_best_vs_serial_best": serial / min(two, pooled),
+            "scaling_ray_2_over_1": ratio(lambda s, o, t, p: o / t),
+            "ray_2_workers_vs_serial_best": ratio(lambda s, o, t, p: s / t),
+            "ray_2_threads_per_task_vs_serial_best": ratio(lambda s, o, t, p: s / p),
+            "ray_best_vs_serial_best": ratio(lambda s, o, t, p: s / min(t, p)),
             "driver_peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "runs": records,
         }
     finally:

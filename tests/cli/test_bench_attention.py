@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from seqpack.bench.attention import check_agreement, fused_method, numpy_dense_method, torch_is_causal_method
+from seqpack.bench.attention import (
+    GQA,
+    check_agreement,
+    fused_method,
+    gqa_kv_heads,
+    numpy_dense_method,
+    torch_is_causal_method,
+)
 from seqpack.bench.workloads import workload
 from seqpack.errors import SeqpackError
 
@@ -49,6 +56,22 @@ def test_the_fused_paths_must_give_the_same_bits():
     with pytest.raises(SeqpackError, match=r"seqpack fused \[avx2\] gives other bits than seqpack fused in out"):
         check_agreement(w, "float64", timed(w, "float64", ("seqpack fused", fused_method),
                                             ("seqpack fused [avx2]", nudged)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_grouped_query_row_is_checked_against_repeated_heads(dtype):
+    # The only GQA row was compared with itself: a NaN output passed (review).
+    w = workload("b")
+
+    def grouped(w, dtype, threads):
+        return fused_method(w, dtype, threads, gqa_kv_heads(w))
+
+    methods = (("seqpack fused", fused_method), (f"{GQA} 4:1", grouped))
+    assert check_agreement(w, dtype, timed(w, dtype, *methods)) <= {"float32": 1e-6, "float64": 1e-14}[dtype]
+    broken = altered(grouped, lambda out: out.__setitem__((0, 0, 0), np.nan))
+    with pytest.raises(SeqpackError, match=rf"{GQA} 4:1 computes another out than seqpack fused on key/value heads "
+                                           rf"repeated to every query head \({dtype}\): nan apart"):
+        check_agreement(w, dtype, timed(w, dtype, ("seqpack fused", fused_method), (f"{GQA} 4:1", broken)))
 
 
 def test_is_causal_is_timed_but_not_compared():

@@ -414,12 +414,12 @@ WRONG = "torch SDPA is_causal"  # attends across examples on purpose: timed, not
 
 def check_agreement(w: Workload, dtype: str, timed) -> float:
     """Run every method once more and compare its output and gradients with the first
-    fused row's (the first GQA row's for the grouped-query rows): the fused rows on other
-    CPU paths must give the same bits, the peers agree up to :data:`PEER_TOLERANCE`
-    (the output and dq at active queries), else an error, since timing methods that
-    compute different things would measure nothing. Returns the peers' largest
-    relative difference."""
-    active = (np.arange(w.shape[2])[None, :] < w.valid_lengths[:, None])[:, None, :, None]
+    fused row's (the grouped-query rows: the first GQA row's, and that row with the fused
+    kernels' on key/value heads repeated to every query head): the fused rows on other CPU
+    paths must give the same bits, the peers agree up to :data:`PEER_TOLERANCE` (the
+    output and dq at active queries), else an error, since timing methods that compute
+    different things would measure nothing. Returns the peers' largest relative
+    difference."""
     first, largest = {}, 0.0
     for record, _, _, results in timed:
         method = record["method"]
@@ -428,22 +428,50 @@ def check_agreement(w: Workload, dtype: str, timed) -> float:
         arrays, group = results(), method.startswith(GQA)
         if group not in first:
             first[group] = method, arrays
+            if group:
+                repeated = "seqpack fused on key/value heads repeated to every query head"
+                largest = max(largest, _peer_apart(w, dtype, method, arrays, repeated, gqa_reference(w, dtype)))
             continue
         name, expected = first[group]
-        for label, got, want in zip(("out", "dq", "dk", "dv"), arrays, expected):
-            if got is None:
-                continue
-            if method.startswith("seqpack fused"):
+        if method.startswith("seqpack fused"):
+            for label, got, want in zip(("out", "dq", "dk", "dv"), arrays, expected):
                 if not np.array_equal(got, want):
                     raise SeqpackError(f"{method} gives other bits than {name} in {label} ({dtype})")
-                continue
-            where = active if label in ("out", "dq") else True
-            apart = float(np.max(np.abs(np.where(where, got - want, 0)))) / max(float(np.max(np.abs(want))), 1e-300)
-            if not apart <= PEER_TOLERANCE[dtype]:
-                raise SeqpackError(f"{method} computes another {label} than {name} ({dtype}): "
-                                   f"{apart:.1e} apart relative to its largest value")
-            largest = max(largest, apart)
+            continue
+        largest = max(largest, _peer_apart(w, dtype, method, arrays, name, expected))
     return largest
+
+
+def _peer_apart(w: Workload, dtype: str, method: str, arrays, name: str, expected) -> float:
+    """The largest difference of ``method``'s results from ``name``'s, relative to the
+    largest value (the output and dq at active queries only); past :data:`PEER_TOLERANCE`
+    an error."""
+    active = (np.arange(w.shape[2])[None, :] < w.valid_lengths[:, None])[:, None, :, None]
+    largest = 0.0
+    for label, got, want in zip(("out", "dq", "dk", "dv"), arrays, expected):
+        if got is None:
+            continue
+        where = active if label in ("out", "dq") else True
+        apart = float(np.max(np.abs(np.where(where, got - want, 0)))) / max(float(np.max(np.abs(want))), 1e-300)
+        if not apart <= PEER_TOLERANCE[dtype]:
+            raise SeqpackError(f"{method} computes another {label} than {name} ({dtype}): "
+                               f"{apart:.1e} apart relative to its largest value")
+        largest = max(largest, apart)
+    return largest
+
+
+def gqa_reference(w: Workload, dtype: str) -> list:
+    """What the grouped-query row must give: the fused kernels on its key/value heads
+    repeated to every query head (query head ``h`` reads head ``h // group``), the key and
+    value gradients summed over each group."""
+    q, k, v, dout = w.tensors(dtype)
+    kv = gqa_kv_heads(w)
+    group = w.heads // kv
+    k, v = (np.repeat(x[:, :kv], group, axis=1) for x in (k, v))
+    out, lse = range_attention_forward(q, k, v, w.valid_lengths, w.segment_starts)
+    dq, dk, dv = range_attention_backward(q, k, v, out, lse, dout, w.valid_lengths, w.segment_starts)
+    rows, _, width, head_dim = dk.shape
+    return [out, dq, *(x.reshape(rows, kv, group, width, head_dim).sum(axis=2) for x in (dk, dv))]
 
 
 def profile(forward_backward, calls: int) -> dict:
@@ -502,8 +530,8 @@ def print_table(records, out=sys.stdout):
             file=out,
         )
         print(f"results checked in the run: the fused rows give the same bits on every path; every "
-              f"other method but is_causal agrees with seqpack fused to {first['peers_apart']:.1e} "
-              f"(largest difference relative to the largest value)", file=out)
+              f"other method but is_causal agrees with seqpack fused (grouped-query: on repeated key/value "
+              f"heads) to {first['peers_apart']:.1e} (largest difference relative to the largest value)", file=out)
         fused = group[0]  # seqpack fused, on the best path or the first one named
         print(
             "| method | fwd ms (min-max) | fwd+bwd ms (min-max) | fwd / fused | fwd+bwd / fused "
