@@ -144,6 +144,20 @@ SETUP = {
         call = lambda: [_validate.first_bad_document(tokens, offsets, pieces, 266, 0, 1, np.zeros(0, np.uint8), 10, 10, copy, 2)
                         for _ in range(20)]
     """,
+    "table validation, a run of long documents": """
+        # The kernel looked at signals once per 4096 documents of a run, whatever their size: a
+        # run of long documents went unlooked for seconds (review). 63 runs' worth of short
+        # documents, then 125 of 2M tokens.
+        import numpy as np
+        from seqpack.data import _validate
+        sizes = np.concatenate((np.full(63 * 125, 3), np.full(125, 2_000_000)))
+        offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        tokens = np.full(offsets[-1], 5, np.int32)
+        tokens[offsets[:-1]], tokens[offsets[1:] - 1] = 0, 1
+        pieces, copy = np.ones(266, np.int64), np.empty_like(tokens)
+        call = lambda: [_validate.first_bad_document(tokens, offsets, pieces, 266, 0, 1, np.zeros(0, np.uint8),
+                                                     2_000_000, 2_000_000, copy, 2) for _ in range(4)]
+    """,
 }
 
 

@@ -21,16 +21,31 @@ cpdef enum DocumentFault:
 
 # Documents are scanned in this many runs, split between the threads; the first
 # faulty run names the first faulty document. Pending signals are looked at once per
-# CHECK_EVERY documents or ranges.
+# CHECK_EVERY documents or ranges (a document counts one more for each TOKENS_PER_UNIT
+# of its tokens, so a run of long documents is looked into as often).
 cdef enum:
     RUNS = 64
     CHECK_EVERY = 1 << 12
+    TOKENS_PER_UNIT = 256
 
 
 @cython.cdivision(True)
-cdef inline Py_ssize_t run_start(Py_ssize_t run, Py_ssize_t documents, Py_ssize_t runs) noexcept nogil:
-    """First document of ``run`` when ``documents`` are cut into ``runs`` near-equal runs."""
-    return run * documents // runs
+cdef Py_ssize_t token_run_start(Py_ssize_t run, Py_ssize_t runs, const int64_t[::1] offsets) noexcept nogil:
+    """First document of ``run`` when the documents are cut into ``runs`` runs of near-equal
+    tokens: the first whose start lies at or past ``run / runs`` of them (all for the last)."""
+    cdef Py_ssize_t documents = offsets.shape[0] - 1
+    cdef int64_t total = offsets[documents] - offsets[0]
+    cdef int64_t goal = offsets[0] + total // runs * run + total % runs * run // runs   # (no overflow)
+    cdef Py_ssize_t low = 0, high = documents, middle
+    if run >= runs:
+        return documents
+    while low < high:
+        middle = low + (high - low) // 2
+        if offsets[middle] < goal:
+            low = middle + 1
+        else:
+            high = middle
+    return low
 
 
 cdef DocumentFault document_fault(
@@ -93,7 +108,7 @@ def first_bad_document(
     """
     cdef Py_ssize_t documents = offsets.shape[0] - 1
     cdef Py_ssize_t runs = documents if documents < RUNS else RUNS
-    cdef Py_ssize_t run, d, first, end, begin
+    cdef Py_ssize_t run, d, first, end, work
     cdef Py_ssize_t found[RUNS]
     cdef DocumentFault faults[RUNS]
     cdef DocumentFault fault
@@ -118,15 +133,19 @@ def first_bad_document(
         for run in prange(runs, schedule="dynamic", num_threads=threads, use_threads_if=threads > 1):
             found[run] = -1
             faults[run] = DOCUMENT_OK
-            begin = run_start(run, documents, runs)
-            d = begin
-            end = run_start(run + 1, documents, runs)
+            # Runs of near-equal tokens: a thread that runs out of runs waits for the others
+            # (without looking at signals) at most about one run.
+            d = token_run_start(run, runs, offsets)
+            end = token_run_start(run + 1, runs, offsets)
+            work = CHECK_EVERY
             while d < end:
-                if ((d - begin) & (CHECK_EVERY - 1)) == 0:
+                if work >= CHECK_EVERY:
+                    work = 0
                     if threadid() == 0:
                         interrupted(state)
                     if interrupt_requested(state):
                         break
+                work = work + 1 + (offsets[d + 1] - offsets[d]) // TOKENS_PER_UNIT
                 first = offsets[d]
                 fault = document_fault(source + first, offsets[d + 1] - first, pieces, vocabulary_size,
                                        longest_piece, bos, eos, given != NULL and given[d],

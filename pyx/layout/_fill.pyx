@@ -103,9 +103,10 @@ def fill_rows(
     cdef Interrupt* state = &interrupt
     with nogil:
         interrupt_start(state)
-        # Dynamic chunks keep the calling thread (the one that looks at signals) busy until
-        # the last rows, so Ctrl-C is seen even when another thread is slowed down.
-        for r in prange(row_count, schedule="dynamic", chunksize=512, num_threads=threads,
+        # Small dynamic chunks keep the calling thread (the one that looks at signals) busy
+        # until the last rows, and once it has none it waits for at most one chunk of
+        # another thread's rows, so Ctrl-C is seen even when another thread is slowed down.
+        for r in prange(row_count, schedule="dynamic", chunksize=16, num_threads=threads,
                         use_threads_if=threads > 1):
             if threadid() == 0:
                 interrupted(state)
