@@ -79,6 +79,20 @@ def test_the_default_binding_is_the_tokenizers_for_the_corpus_split(tmp_path, te
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["counts"] == manifest["counts"]
 
 
+def test_a_byte_tokenizer_bound_by_its_bare_identity_keeps_the_byte_limit(tmp_path):
+    # The binding of the identity alone counted no bytes: a dataset its own binding refuses was written
+    # and verified (review).
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "é" * 8}) + "\n")   # 16 bytes
+    limits = sp.DecodeLimits(max_tokens=100, max_bytes=10)
+    for binding in (sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="s", limits=limits),
+                    sp.BatchBinding.for_tokenizer(sp.ByteTokenizer().identity, split="s", limits=limits)):
+        with pytest.raises(sp.DecodeLimitError, match=r"in\.jsonl:1: document decodes to 16 bytes; the limit is 10"):
+            io.pack_corpus([io.JsonLines(source)], tmp_path / "out", binding=binding, tokenizer=sp.ByteTokenizer(),
+                           config=CONFIG)
+    assert not (tmp_path / "out").exists()
+
+
 def test_help_and_docstring_show_the_one_table_of_refused_inputs():
     pack = next(action for action in build_parser()._subparsers._group_actions[0].choices.items()
                 if action[0] == "pack")[1]

@@ -122,6 +122,9 @@ class PackJob:
                 tokenizer if isinstance(tokenizer, ByteTokenizer) else tokenizer.identity, split="corpus")
         if tokenizer is not binding.tokenizer and tokenizer.identity != binding.tokenizer_identity:
             raise InvalidInputError("the tokenizer's identity differs from the binding's")
+        if isinstance(tokenizer, ByteTokenizer) and binding.tokenizer is None:
+            # a binding of the byte tokenizer's bare identity: its byte limit applies as the dataset's will
+            binding = dataclasses.replace(binding, tokenizer=tokenizer)
         if not isinstance(config, PackConfig):
             raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
         check_policy(policy, config.capacity)
