@@ -159,7 +159,9 @@ class ChunkEncoder:
                 every = f"{self.where(chunk, 0)} to {self.where(chunk, len(texts) - 1)}"
                 error = InvalidInputError(str(failure)).within(every, path=self.inputs[int(chunk.inputs[0])].name)
                 raise error from None
-            content, offsets = without_final(content, offsets, binding.eos_id)
+            eos_text = self.tokenizer.token_text(binding.eos_id)
+            ending = np.fromiter((text.endswith(eos_text) for text in texts), dtype=bool, count=len(texts))
+            content, offsets = without_final(content, offsets, binding.eos_id, ending)
             tokens, offsets = frame(content, offsets, binding.bos_id, binding.eos_id)
         elif not self.tokenizer.merges:  # bytes: ID = byte + 2, no merges to apply
             self._check_text_sizes(chunk)

@@ -117,8 +117,9 @@ class TokenizerFile:
             raise _refused(path, f"token ID {max(ids)} does not fit int32 (a vocabulary holds at most 2**31 IDs)")
         self.vocabulary_size = max(ids) + 1
         #: The IDs that name a token, sorted, when some below the highest name none (else None).
-        self.known_ids = np.sort(np.fromiter(ids, dtype=np.int64)) if len(ids) < self.vocabulary_size else None
-        self.bos_id = self._post_processor_bos() if bos is None else self._token_id("bos", bos)
+        named = np.unique(np.fromiter(ids, dtype=np.int64))   # (two tokens may share an ID)
+        self.known_ids = named if named.size < self.vocabulary_size else None
+        self.bos_id = self._template_bos() if bos is None else self._token_id("bos", bos)
         self.eos_id = self._token_id("eos", eos)
         self.identity = TokenizerIdentity(self.vocabulary_size, self.bos_id, self.eos_id, file_sha256(self.path))
 
@@ -138,6 +139,18 @@ class TokenizerFile:
             raise _refused(self.path, f"--{name} {int(value)} is not the ID of any token in the vocabulary")
         return int(value)
 
+    def _template_bos(self) -> int | None:
+        """:meth:`_post_processor_bos`, which must name a token of the vocabulary."""
+        try:
+            bos = self._post_processor_bos()
+        except (KeyError, IndexError, TypeError, ValueError) as error:
+            raise _refused(self.path, f"its post-processor's first special token cannot be read ({error!r}): "
+                                      f"give --bos") from None
+        if bos is not None and not (0 <= bos < self.vocabulary_size and self.tokenizer.id_to_token(bos) is not None):
+            raise _refused(self.path, f"its post-processor puts ID {bos} first, which names no token of the "
+                                      f"vocabulary: give --bos")
+        return bos
+
     def _post_processor_bos(self) -> int | None:
         """The ID the post-processor puts before a text's tokens, if any: the leading
         special token of a ``TemplateProcessing`` (Llama's ``<s>``), the ``cls`` of a
@@ -152,7 +165,7 @@ class TokenizerFile:
                 first = (processor.get("single") or [{}])[0]
                 if "SpecialToken" in first:
                     token = processor["special_tokens"][first["SpecialToken"]["id"]]
-                    return int(token["ids"][0])
+                    return int(token["ids"][0]) if token["ids"] else None   # (no ID: it puts nothing first)
             elif kind in ("BertProcessing", "RobertaProcessing"):
                 return int(processor["cls"][1])
         return None
@@ -229,12 +242,13 @@ def frame(content: np.ndarray, offsets: np.ndarray, bos: int | None, eos: int) -
     return tokens, framed
 
 
-def without_final(content: np.ndarray, offsets: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(content, offsets)`` with each document's last ID dropped where it is ``token``:
-    a text that already ends with the EOS text gets no second one (TRL's ``add_eos`` rule),
-    so framing it gives TRL's IDs."""
+def without_final(content: np.ndarray, offsets: np.ndarray, token: int,
+                  where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(content, offsets)`` with the last ID of each document ``where`` says dropped when
+    it is ``token``: a text that ends with the EOS text gets no second one (TRL's
+    ``add_eos`` rule, which compares the text), so framing it gives TRL's IDs."""
     starts, ends = offsets[:-1], offsets[1:]
-    ending = (ends > starts) & (content[np.maximum(ends - 1, 0)] == token) if content.size else ends < starts
+    ending = where & (ends > starts) & (content[np.maximum(ends - 1, 0)] == token) if content.size else ends < starts
     if not ending.any():
         return content, offsets
     keep = np.ones(content.shape[0], dtype=bool)
