@@ -259,3 +259,31 @@ def test_double_backward_is_an_error_not_a_silent_zero():
         torch.autograd.grad(out.square().sum(), q, create_graph=True)
     with pytest.raises(sp.InvalidInputError, match="differentiable once"):
         torch.autograd.grad(out.sum(), q, create_graph=True)  # an incoming gradient needing no graph
+
+
+def test_the_backward_reads_the_layout_of_the_forward():
+    # The forward kept the caller's int64 layout arrays: writing into them before the backward changed
+    # the gradients, silently (review).
+    q, k, v = (x.requires_grad_() for x in inputs(4, 2))
+    starts, lengths = torch.from_numpy(layout()[0]), torch.from_numpy(LENGTHS.copy())
+    out = st.range_attention(q, k, v, segment_starts=starts, valid_lengths=lengths)
+    gradient = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(3))
+    expected = torch.autograd.grad(ours(q, k, v), (q, k, v), gradient)
+    starts.zero_()
+    lengths.fill_(2)
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(out, (q, k, v), gradient), expected))
+
+
+def test_layout_tensors_that_hold_no_dense_values_are_named():
+    # A sparse or meta layout raised torch's TypeError or NotImplementedError (review).
+    q, k, v = inputs(4, 2)
+    starts, positions = (torch.from_numpy(a) for a in layout())
+    for name, bad, message in (("segment_starts", starts.to_sparse(), "a sparse_coo tensor; the layout takes dense"),
+                               ("segment_starts", starts.to("meta"), "on meta, which holds no values"),
+                               ("position_ids", positions.to("meta"), "on meta, which holds no values"),
+                               ("valid_lengths", torch.from_numpy(LENGTHS).to_sparse(), "a sparse_coo tensor")):
+        other = {"segment_starts": starts} if name == "valid_lengths" else {}
+        with pytest.raises(sp.InvalidInputError, match=f"{name} is {message}"):
+            st.range_attention(q, k, v, **{name: bad}, **other)
+    negated = torch._neg_view(-torch.from_numpy(layout()[1]))   # a lazily negated view of the positions
+    assert torch.equal(st.range_attention(q, k, v, position_ids=negated, valid_lengths=LENGTHS), ours(q, k, v))

@@ -442,3 +442,15 @@ def test_the_refusals_twins_are_accepted():
             "seq_idx": torch.tensor([[0, 0, 0, 1, 1]]).int()}
     result = st.sequence_logprobs(torch.zeros(1, 5, 4, dtype=torch.float64), flat)
     assert result.counts.tolist() == [2, 1] and close(result.sums, [-2 * math.log(4), -math.log(4)])
+
+
+def test_a_gradient_penalty_is_an_error_not_a_silent_zero():
+    # create_graph=True went through once_differentiable with the second-order terms zero (review).
+    batch = {"shift_labels": torch.tensor([[1, 2, -100]]), "position_ids": torch.tensor([[0, 1, 2]]),
+             "valid_lengths": torch.tensor([3])}
+    logits = torch.randn(1, 3, 5, dtype=torch.float64, requires_grad=True)
+    sums = st.sequence_logprobs(logits, batch).sums
+    first, = torch.autograd.grad(sums.sum(), logits, retain_graph=True)
+    assert torch.isfinite(first).all()
+    with pytest.raises(sp.InvalidInputError, match="sequence_logprobs is differentiable once"):
+        torch.autograd.grad(sums.sum(), logits, create_graph=True)

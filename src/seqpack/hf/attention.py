@@ -439,7 +439,7 @@ class AttentionIntoCells(torch.autograd.Function):
                                          out=out.numpy(), scale=scale)
         lse = torch.from_numpy(lse)                                # [B, H, T]
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.layout = (lengths, starts, scale)
+        ctx.layout = (lengths.copy(), starts.copy(), scale)   # (the caller's may change before the backward)
         cells = out.transpose(1, 2)                                # [B, T, H, D], contiguous
         return cells if cells.dtype == q.dtype else cells.to(q.dtype)
 

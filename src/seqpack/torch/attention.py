@@ -36,7 +36,12 @@ def integer_values(name: str, values, shape: tuple | None = None) -> np.ndarray:
     if isinstance(values, torch.Tensor):
         if not is_integer_tensor(values):
             raise InvalidInputError(f"{name} must hold integers, got {values.dtype}")
-        values = values.detach().cpu().numpy()
+        if values.layout != torch.strided:
+            raise InvalidInputError(f"{name} is a {str(values.layout).removeprefix('torch.')} tensor; the layout "
+                                    f"takes dense integers")
+        if values.device.type == "meta":
+            raise InvalidInputError(f"{name} is on meta, which holds no values")
+        values = values.detach().resolve_neg().cpu().numpy()
     array = regular_array(name, values)
     if array.size and array.dtype.kind not in "iu":
         raise InvalidInputError(f"{name} must hold integers, got dtype {array.dtype}")
@@ -110,15 +115,15 @@ def kernel_view(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
-def check_first_order() -> None:
+def check_first_order(what: str = "seqpack attention") -> None:
     """Refuse a backward asked to build a graph (``create_graph=True``: a gradient penalty,
     double backward): the kernels' gradients are not differentiable, and torch's
     ``once_differentiable`` lets such a graph through with the second-order terms
     silently zero when the incoming gradient needs none."""
     if torch.is_grad_enabled():
         raise InvalidInputError(
-            "seqpack attention is differentiable once: its gradients cannot be differentiated again "
-            "(create_graph=True, double backward, gradient penalties)"
+            f"{what} is differentiable once: its gradients cannot be differentiated again "
+            f"(create_graph=True, double backward, gradient penalties)"
         )
 
 
@@ -140,7 +145,8 @@ class RangeAttention(torch.autograd.Function):
                                            lengths, starts, scale=scale)
         out, lse = torch.from_numpy(out), torch.from_numpy(lse)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.layout = (lengths, starts, scale)
+        # copies: the caller may write into its layout before the backward, which reads it again
+        ctx.layout = (lengths.copy(), starts.copy(), scale)
         return out.to(q.dtype)
 
     @staticmethod

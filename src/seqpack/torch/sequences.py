@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..errors import InvalidInputError
 from ..layout.batch import BatchLayout
+from .attention import check_first_order
 from .tensors import IGNORE_INDEX, _described, _signed, batch_tensors, is_integer_tensor, shared_tensor
 
 #: Elements of one block of eligible logit rows (16 MiB in float32): rows are read a block at a time.
@@ -223,8 +223,14 @@ class _GoldLogprobs(torch.autograd.Function):
         return values
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad):
+        # (once_differentiable would let create_graph=True through with the second-order terms zero)
+        check_first_order("sequence_logprobs")
+        with torch.no_grad():
+            return _GoldLogprobs.gradient(ctx, grad)
+
+    @staticmethod
+    def gradient(ctx, grad):
         # d log p(gold) / d z = onehot(gold) - softmax(z), for each eligible row z.
         logits, rows, columns, gold = ctx.saved_tensors
         batch_rows, width, classes = logits.shape
