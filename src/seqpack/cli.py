@@ -242,6 +242,8 @@ def _pack(args) -> int:
         raise UsageError("--address goes with --engine ray")
     if args.workers is not None and args.engine != "ray":
         raise UsageError("--workers goes with --engine ray")
+    if args.glob == "":
+        raise UsageError("--glob needs a file name pattern such as '*.py' (it was given an empty one)")
     if args.glob is not None and ("/" in args.glob or os.sep in args.glob):
         raise UsageError(f"--glob matches file names in every subdirectory, not paths: {args.glob!r} has a "
                          f"'/' (try {Path(args.glob).name!r})")
@@ -354,13 +356,16 @@ def _check_input_flags(args, readers) -> None:
         "--text-field": (bool(structured), "no INPUT is JSONL, Parquet or Arrow"),
         "--ids-field": (bool(structured), "no INPUT is JSONL, Parquet or Arrow"),
         "--framed": (args.ids_field is not None or any(isinstance(r, kinds.Megatron) for r in readers)
-                     or any(r.record_kind == "ids" for r in structured),
-                     "it applies to pre-tokenized inputs (--ids-field, an 'input_ids' field or Megatron)"),
+                     or any(r.record_kind == "ids" and not _table_masks(r) for r in structured),
+                     "it applies to pre-tokenized inputs (--ids-field, an 'input_ids' field or Megatron) without "
+                     "TRL's mask columns (IDs with masks are taken as they are)"),
         "--chat-template": (any(r.record_fields.conversational for r in structured),
                             "no INPUT holds conversations (a 'messages' field, or prompt-completion or preference "
                             "records of lists of messages)"),
-        "--no-completion-only-loss": (any(r.record_kind in ("prompt-completion", "conversational prompt-completion",
-                                                            "ids") for r in structured),
+        "--no-completion-only-loss": (any(r.record_kind in ("prompt-completion", "conversational prompt-completion")
+                                          or r.record_kind == "ids" and (isinstance(r, kinds.JsonLines)
+                                                                         or "completion_mask" in _table_masks(r))
+                                          for r in structured),
                                       "no INPUT holds prompt-completion records or token IDs (whose records may "
                                       "carry a 'completion_mask')"),
         "--assistant-only-loss": (any(r.record_fields.conversational and not r.record_fields.preference
@@ -374,6 +379,14 @@ def _check_input_flags(args, readers) -> None:
         given = getattr(args, flag[2:].replace("-", "_"))
         if given not in (None, False) and not used:
             raise UsageError(f"{flag} has no effect here: {reason}")
+
+
+def _table_masks(reader) -> tuple:
+    """The mask columns of a Parquet or Arrow input of token IDs (its schema names them); ()
+    for JSONL, whose records may each carry their own."""
+    from .io import readers as kinds
+
+    return tuple(reader.record_fields.masks) if isinstance(reader, kinds.ArrowBatches) else ()
 
 
 # Errors that only writing raises.

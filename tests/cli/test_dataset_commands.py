@@ -151,6 +151,31 @@ def test_glob_has_no_effect_on_a_datasets_directory(tmp_path):
     assert run("pack", "saved", "--out", "x", cwd=tmp_path).returncode == 0  # the twin without --glob
 
 
+def test_flags_a_tables_schema_makes_void_and_an_empty_glob_are_refused(tmp_path, docs):
+    # --framed on IDs with TRL's masks, --no-completion-only-loss on IDs without a completion_mask column and
+    # --glob '' were accepted and ignored (the whole directory was packed for --glob "$UNSET") (review).
+    pq = pytest.importorskip("pyarrow.parquet", reason="writing Parquet needs the corpus extra: pip install "
+                                                       "'seqpack[corpus]'")
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"input_ids": [[5, 6, 7]], "completion_mask": [[0, 1, 1]]}), tmp_path / "masked.parquet")
+    pq.write_table(pa.table({"input_ids": [[0, 6, 7, 1]]}), tmp_path / "plain.parquet")
+    for args, message in ((("masked.parquet", "--framed"), "--framed has no effect here: .* without TRL's mask "
+                                                           "columns"),
+                          (("plain.parquet", "--no-completion-only-loss"), "--no-completion-only-loss has no effect"),
+                          (("docs", "--glob", ""), "--glob needs a file name pattern such as '\\*.py' \\(it was "
+                                                   "given an empty one\\)")):
+        result = run("pack", *args, "--out", "x", cwd=tmp_path)
+        assert result.returncode == 2 and re.search(message, result.stderr), result.stderr
+    for args in (("masked.parquet", "--no-completion-only-loss"), ("plain.parquet", "--framed")):   # the twins
+        assert run("pack", *args, "--out", "x", "--force", cwd=tmp_path).returncode == 0
+    import seqpack as sp
+    from seqpack import io
+
+    with pytest.raises(sp.InvalidInputError, match="must be a file name pattern"):
+        io.TextFiles([tmp_path / "docs"], pattern="")
+
+
 def test_pre_tokenized_jsonl_needs_no_ids_field_and_takes_framed(tmp_path):
     # TRL's pre-tokenized JSONL ({"input_ids", "completion_mask"}) is found by name, as in Parquet: no --ids-field.
     records = [{"input_ids": [0, 70, 71, 72, 1], "completion_mask": [0, 0, 1, 1, 1]},

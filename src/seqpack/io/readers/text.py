@@ -38,7 +38,7 @@ class TextFiles:
     def __init__(self, paths, pattern: str | None = None):
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
-        if pattern is not None and (not isinstance(pattern, str) or "/" in pattern or os.sep in pattern):
+        if pattern is not None and (not isinstance(pattern, str) or not pattern or "/" in pattern or os.sep in pattern):
             raise InvalidInputError(f"the pattern {pattern!r} must be a file name pattern such as '*.py' (it "
                                     f"matches names in every subdirectory, not paths)")
         self.paths, self.inputs, self.skipped = [], [], []
