@@ -156,9 +156,10 @@ def _wrap(model, max_length: int | None) -> None:
     """
     if getattr(model.forward, "runs_packed_rows", False):
         return
-    replaced = f"_seqpack_unpacked_forward_{getattr(model, '_seqpack_wraps', 0)}"
+    wraps = getattr(model, "_seqpack_wraps", 0)
+    replaced = f"_seqpack_unpacked_forward_{wraps}"
     setattr(model, replaced, model.forward)
-    model._seqpack_wraps = getattr(model, "_seqpack_wraps", 0) + 1
+    model._seqpack_wraps = wraps + 1
 
     @functools.wraps(type(model).forward)  # its signature, as TRL keeps it for generate
     def forward(self, *args, packed_rows=None, fused_lm_head=False, **kwargs):
