@@ -285,6 +285,60 @@ def test_a_task_failure_is_one_line_or_the_error_itself(cluster, corpus, tmp_pat
     assert sorted(os.listdir(tmp_path)) == []
 
 
+class LongJsonLines(io.JsonLines):
+    """A JSONL reader that yields its file's chunks 600 times, 0.05 s apart: a shard
+    that runs for more than 30 s unless it is stopped."""
+
+    def chunks(self, first_input):
+        for _ in range(600):
+            time.sleep(0.05)
+            yield from super().chunks(first_input)
+
+
+def test_a_failed_shard_stops_the_running_ones_without_ray_cancel(cluster, corpus, tmp_path, monkeypatch):
+    """The driver cancelled the running tasks with ray.cancel(force=True); when a task's
+    reply was in flight, Ray's core failed a check ('Tried to complete task that was not
+    pending') and ended the whole process (this suite, in CI). The tasks now stop at the
+    driver's stop file, and the driver waits for them."""
+    cancels = []
+    monkeypatch.setattr(ray, "cancel", lambda *args, **kwargs: cancels.append(args))
+    began = time.monotonic()
+    with pytest.raises(sp.SeqpackError, match="the Ray task failed: RuntimeError: broken reader"):
+        on_ray([LongJsonLines(corpus[0]), failing(corpus[1], RuntimeError("broken reader"))], tmp_path / "out", 2)
+    assert time.monotonic() - began < 20 and cancels == [] and os.listdir(tmp_path) == []
+
+
+def test_a_task_stops_at_its_next_chunk_once_the_stop_file_exists(tmp_path, monkeypatch):
+    """In the worker: a task started after the stop reads nothing; a running one stops at
+    its next chunk and leaves nothing but the stop file."""
+    lines = "".join(json.dumps({"text": f"line {n}"}) + "\n" for n in range(10_000))  # three chunks of 4096 lines
+    (tmp_path / "in.jsonl").write_text(lines, encoding="utf-8")
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    stop_file = staging / pipeline.STOP_FILE
+    yielded = []
+
+    class StoppedAtItsSecondChunk(io.JsonLines):  # on its first reading only
+        def chunks(self, first_input):
+            for number, chunk in enumerate(super().chunks(first_input)):
+                if len(yielded) == 1:
+                    stop_file.touch()
+                yielded.append(number)
+                yield chunk
+
+    reader = StoppedAtItsSecondChunk(tmp_path / "in.jsonl")
+    job = PackJob.of([reader], tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, long="cut")
+    _, (shard,) = io.shards.plan_shards([reader], 1)
+    monkeypatch.chdir(tmp_path)
+    assert pipeline.pack_shard_task(job.for_workers(), shard, str(staging), str(tmp_path)) == (None, None)
+    assert yielded == [0, 1] and os.listdir(staging) == [pipeline.STOP_FILE]
+    assert pipeline.pack_shard_task(job.for_workers(), shard, str(staging), str(tmp_path)) == (None, None)
+    assert yielded == [0, 1]
+    stop_file.unlink()  # without it, the same task packs its part
+    result, failure = pipeline.pack_shard_task(job.for_workers(), shard, str(staging), str(tmp_path))
+    assert failure is None and result[0]["documents"] == 10_000 and yielded[2:] == [0, 1, 2]
+
+
 def test_more_threads_than_a_node_has_is_an_error_not_a_wait(cluster, corpus, tmp_path):
     """threads=4 on a cluster of 2-CPU nodes waited for ever for a node Ray could not find."""
     began = time.monotonic()
@@ -408,9 +462,6 @@ class InProcessRay:
 
     def get(self, ref):
         return ref.value
-
-    def cancel(self, ref, force):
-        pass
 
     def shutdown(self):
         self.calls.append("shutdown")

@@ -8,7 +8,12 @@ collects the records as tasks finish, drawing a bar over shards and tokens, and 
 the manifest only after every part is complete.
 A task whose worker dies is retried by Ray (``max_retries``) and rewrites its part from
 the start; a task that fails on its input fails the run with the shard, file and line
-named, after the other tasks are cancelled and the temporary directory removed.
+named, after the other tasks have stopped and the temporary directory is removed.
+The driver stops them with a file, not ``ray.cancel``: it creates ``STOP_FILE`` in the
+temporary directory, each running task sees it at its next chunk read or block written and
+returns, and the driver waits for every one. (In Ray 2.60 a cancel that meets a task's
+reply in flight fails a check in Ray's C++ core, which ends the driver's process: a
+failed shard could kill the program that asked for the pack.)
 Every task unpickles the settings, tokenizer included; the copies of a
 :class:`~seqpack.io.TokenizerFile` in one worker share one ``tokenizers.Tokenizer``, so
 a worker builds it once, not once per shard (which cost about 1.5x the CPU time).
@@ -29,12 +34,13 @@ import re
 import signal
 import socket
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .._arguments import INT32_MAX, check_int
 from ..errors import InvalidInputError, SeqpackError
 from ..io.job import PackJob, run_job
+from ..io.progress import Progress
 from ..io.readers import missing_extra
 from ..io.shards import pack_shard
 
@@ -43,6 +49,9 @@ MAX_RETRIES = 3
 
 #: Seconds to wait for a TCP connection to an explicit cluster address.
 CONNECT_TIMEOUT = 5.0
+
+#: Created in the temporary directory when a run ends early: each running task stops.
+STOP_FILE = ".stop"
 
 
 def import_ray():
@@ -106,16 +115,45 @@ def _first_frame(connection: socket.socket) -> bytes:
     return answer
 
 
+class _Stopped(Exception):
+    """The driver asked the task to stop (``STOP_FILE`` exists)."""
+
+
+class _StopWatch(Progress):
+    """No bars: raises ``_Stopped`` at the next chunk read or block written once the
+    driver's ``STOP_FILE`` exists (a stat per chunk of up to 8 MiB)."""
+
+    def __init__(self, stop_file: Path):
+        super().__init__(enabled=False)
+        self.stop_file = stop_file
+
+    def reading(self, documents: int, tokens: int, nbytes: int) -> None:
+        if self.stop_file.exists():
+            raise _Stopped
+        super().reading(documents, tokens, nbytes)
+
+    def advance(self, amount: int) -> None:
+        if self.stop_file.exists():
+            raise _Stopped
+        super().advance(amount)
+
+
 def pack_shard_task(job: PackJob, shard, staging: str, directory: str):
     """A Ray task: pack one shard, in the driver's working ``directory`` (so that relative
     paths name the same files, and the manifest and errors name them as the user did).
     Returns ``(result, None)``, or ``(None, failure)`` for a seqpack error (its class,
     message and attributes: not every error class pickles) or an OSError or MemoryError
     (the error itself: a file that vanished or could not be read is named as the serial
-    engine names it)."""
+    engine names it), or ``(None, None)`` once the driver has asked the run to stop
+    (``STOP_FILE``): then the task leaves nothing in ``staging``."""
+    stop_file = Path(staging) / STOP_FILE
+    if stop_file.exists():
+        return None, None
     os.chdir(directory)
     try:
-        return pack_shard(job, shard, Path(staging)), None
+        return pack_shard(job, shard, Path(staging), _StopWatch(stop_file)), None
+    except _Stopped:
+        return None, None
     except SeqpackError as error:
         return None, (type(error), str(error), vars(error))
     except (OSError, MemoryError) as error:
@@ -204,13 +242,14 @@ class RayRunner:
                 with _signal_handlers_kept():
                     ray.shutdown()
         finally:
-            for ref in pending:  # nothing may still write into the directory the driver removes
-                ray.cancel(ref, force=True)
-            for ref in pending:
-                try:
-                    ray.get(ref)
-                except ray.exceptions.RayError:
-                    pass
+            if pending:  # nothing may still write into the directory the driver removes
+                with suppress(OSError):  # unwritable: the tasks run to their end instead
+                    (Path(staging) / STOP_FILE).touch()
+                for ref in pending:
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayError:
+                        pass
 
 
 def pack_corpus(inputs, out, *, address: str | None = None, workers: int | None = None,
