@@ -1,6 +1,8 @@
 """The reference decoder: definition, entry-point checks, poison and finite differences."""
 
 
+import time
+
 import numpy as np
 import pytest
 
@@ -87,6 +89,20 @@ def test_token_ids_are_checked_before_lookup():
         decoder.forward_arrays(np.array([[0, 266, -1]]), *args)
     with pytest.raises(InvalidInputError, match=r"token ID -2 at cell \(0, 0\)"):
         decoder.forward_arrays(np.array([[-2, 0, -1]]), *args)
+
+
+def test_raw_arrays_keep_padding_out_of_the_inputs_and_the_targets():
+    """forward_arrays embedded a PAD_CELL inside a row's valid length as a zero row that
+    later queries attended, and loss_arrays scored a loss cell past the valid length (a
+    padding cell) as a target: 3 targets for a row of 2."""
+    decoder = Decoder(DecoderConfig.small(), seed=0)
+    starts = np.zeros((1, 4), np.int32)
+    with pytest.raises(InvalidInputError, match=r"row 0 cell 1 holds PAD_CELL inside the row's valid length 3"):
+        decoder.forward_arrays(np.array([[0, -1, 99, -1]]), np.array([[0, 1, 2, 0]]), np.array([3]), starts)
+    arrays = (np.array([[0, 99, -1, -1]]), np.array([[0, 1, 0, 0]]), np.array([2]), starts, np.array([[99, 1, 5, 5]]))
+    with pytest.raises(InvalidInputError, match=r"row 0 cell 2 is a loss cell past the row's valid length 2"):
+        decoder.loss_arrays(*arrays, np.array([[True, True, True, False]]))
+    assert decoder.loss_arrays(*arrays, np.array([[True, True, False, False]])).count == 2
 
 
 def test_batch_wider_than_max_positions_is_rejected():
@@ -209,6 +225,10 @@ def test_parameters_over_the_memory_budget_are_refused_before_allocation():
     Decoder(small, 0, max_memory_bytes=8 * 266 * 4 + 10_000)
     with pytest.raises(MemoryBudgetError, match="max_memory_bytes is 1000"):
         Decoder(small, 0, max_memory_bytes=1000)
+    began = time.perf_counter()  # a million layers: refused from the config, before any per-layer list
+    with pytest.raises(MemoryBudgetError, match="needs 768008544 bytes; max_memory_bytes is 1024"):
+        Decoder(DecoderConfig(266, 4, 2, 2, 1_000_000, 4), 0, max_memory_bytes=1024)
+    assert time.perf_counter() - began < 0.5
 
 
 # Regression: float or broadcast decoder positions were used silently.

@@ -26,13 +26,13 @@ same :meth:`Decoder.forward_arrays`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .._arguments import INT32_MAX, check_int, integer_array
 from ..errors import CapacityError, InvalidInputError
+from ..layout.fields import PAD_CELL
 from ..packing import budget
 from ..packing.config import DEFAULT_MEMORY_BYTES
 from ..packing.packed import PackedBatch
@@ -109,8 +109,8 @@ class Decoder:
         seed = check_int("seed", seed, minimum=0)
         self.config = config
         self.attention = attention
-        required = 8 * sum(math.prod(shape) for shape in self.parameter_shapes().values())
-        budget.require(required, check_int("max_memory_bytes", max_memory_bytes), "the decoder's float64 parameters")
+        budget.require(8 * self.parameter_count(), check_int("max_memory_bytes", max_memory_bytes),
+                       "the decoder's float64 parameters")
         rng = np.random.default_rng(seed)
         self._parameters: dict[str, Tensor] = {}
         for name, shape in self.parameter_shapes().items():
@@ -134,7 +134,10 @@ class Decoder:
         return shapes
 
     def parameter_count(self) -> int:
-        return sum(int(np.prod(shape)) for shape in self.parameter_shapes().values())
+        """``V*D + D + layers * (2*D + 4*D*D + 3*D*F)``, from the config alone (the budget
+        check runs on it before any parameter, or any per-layer list, exists)."""
+        c = self.config
+        return c.vocabulary_size * c.width + c.width + c.layers * (2 * c.width + 4 * c.width**2 + 3 * c.width * c.ffn_width)
 
     def named_parameters(self) -> dict[str, np.ndarray]:
         """Name to the live parameter array (writing into it changes the model)."""
@@ -154,11 +157,13 @@ class Decoder:
         if len(x.shape) != 3 or x.shape[2] != self.config.width:
             raise InvalidInputError(f"x must be [rows, T, {self.config.width}] (the model's width), got shape "
                                     f"{tuple(x.shape)}")
-        rows, width = x.shape[:2]
-        lengths, starts = causal_layout(rows, width, valid_lengths, segment_starts)
+        return self._decode(x, positions, *causal_layout(*x.shape[:2], valid_lengths, segment_starts))
+
+    def _decode(self, x: Tensor, positions, lengths: np.ndarray, starts: np.ndarray) -> Tensor:
+        """:meth:`forward_embedded` on a checked layout."""
         if self.attention == "reference":
             segment_spans(lengths, starts)   # the fused kernels' rule too: contiguous segments
-        active = np.arange(width) < lengths[:, None]  # [rows, T]
+        active = np.arange(x.shape[1]) < lengths[:, None]  # [rows, T]
         positions = self._check_positions(positions, active)
         p = self._parameters
         x = F.select_cells(x, active)
@@ -217,15 +222,33 @@ class Decoder:
         Checks the width against ``max_positions`` and every token ID before any lookup;
         the valid cells of a row are its prefix.
         """
+        return self._forward_arrays(inputs, positions, valid_lengths, segment_starts)[0]
+
+    def _forward_arrays(self, inputs, positions, valid_lengths, segment_starts) -> tuple[DecoderForward, np.ndarray]:
+        """:meth:`forward_arrays` and the rows' checked valid lengths."""
         inputs = self._inputs(inputs)
         self._check_width(inputs.shape[1])
-        logits = self.forward_embedded(self.embed(inputs), positions, valid_lengths, segment_starts)
-        return DecoderForward(logits=logits.value, tensor=logits)
+        lengths, starts = causal_layout(*inputs.shape, valid_lengths, segment_starts)
+        padded = (inputs == PAD_CELL) & (np.arange(inputs.shape[1]) < lengths[:, None])
+        if padded.any():
+            row, column = (int(i) for i in np.argwhere(padded)[0])
+            raise InvalidInputError(f"row {row} cell {column} holds PAD_CELL inside the row's valid length "
+                                    f"{int(lengths[row])}: padding is never an input")
+        logits = self._decode(self.embed(inputs), positions, lengths, starts)
+        return DecoderForward(logits=logits.value, tensor=logits), lengths
 
     def loss_arrays(self, inputs, positions, valid_lengths, segment_starts, targets, loss_mask) -> MaskedLoss:
-        """The masked loss of :meth:`forward_arrays` over cells where ``loss_mask`` is true."""
-        forward = self.forward_arrays(inputs, positions, valid_lengths, segment_starts)
-        return self.masked_loss(forward.tensor, targets, loss_mask)
+        """The masked loss of :meth:`forward_arrays` over cells where ``loss_mask`` is true;
+        a true cell at or past its row's valid length (padding) is refused."""
+        forward, lengths = self._forward_arrays(inputs, positions, valid_lengths, segment_starts)
+        loss = self.masked_loss(forward.tensor, targets, loss_mask)
+        rows, columns = np.divmod(loss.cells, forward.logits.shape[1])
+        outside = columns >= lengths[rows]
+        if outside.any():
+            first = int(np.argmax(outside))
+            raise InvalidInputError(f"row {int(rows[first])} cell {int(columns[first])} is a loss cell past the "
+                                    f"row's valid length {int(lengths[rows[first]])}: padding is never a target")
+        return loss
 
     def _check_width(self, width: int) -> None:
         if width > self.config.max_positions:
