@@ -212,9 +212,15 @@ def test_bad_merges(merges, match):
 def test_merges_whose_pieces_double_are_refused_before_they_are_built():
     # 48 integers asked for 2**24-byte pieces, and 34 merges would have asked 64 GB (review).
     doubling = [(2, 2)] + [(258 + i, 258 + i) for i in range(27)]
-    with pytest.raises(InvalidInputError, match=r"the merges' pieces hold \d+ bytes in all; at most 268435456"):
+    with pytest.raises(InvalidInputError, match=r"the merges' pieces hold more than 268435456 bytes in all from "
+                                                 r"merge 26 on; at most 268435456"):
         ByteTokenizer(doubling)
     ByteTokenizer(doubling[:20])
+    # 80,000 doubling merges: the count stops at merge 26, where it had held every length as
+    # an exact int of up to 80,000 bits (462 MiB), then failed to print their sum (a ValueError).
+    doubling = [(2, 2)] + [(258 + i, 258 + i) for i in range(79_999)]
+    with pytest.raises(InvalidInputError, match="from merge 26 on"):
+        ByteTokenizer(doubling)
 
 
 def test_merges_may_build_on_earlier_merges():

@@ -245,13 +245,14 @@ class ByteTokenizer:
             checked.append((int(left), int(right)))
             seen.add(checked[-1])
         self._merges = tuple(checked)
-        lengths = [0, 0] + [1] * 256  # each piece's bytes, counted before any is built
-        for left, right in self._merges:
+        lengths, total = [0, 0] + [1] * 256, 256  # each piece's bytes, counted before any is built
+        for rank, (left, right) in enumerate(self._merges):
             lengths.append(lengths[left] + lengths[right])
-        if sum(lengths) > MAX_PIECE_BYTES:
-            raise InvalidInputError(f"the merges' pieces hold {sum(lengths)} bytes in all; at most "
-                                    f"{MAX_PIECE_BYTES} are supported (a merge of pieces that double each other grows "
-                                    f"as 2**merges)")
+            total += lengths[-1]
+            if total > MAX_PIECE_BYTES:  # (stopped here: the lengths of doubling pieces grow as 2**merges)
+                raise InvalidInputError(f"the merges' pieces hold more than {MAX_PIECE_BYTES} bytes in all from "
+                                        f"merge {rank} on; at most {MAX_PIECE_BYTES} are supported (a merge of "
+                                        f"pieces that double each other grows as 2**merges)")
         pieces = [b"", b""] + [bytes([b]) for b in range(256)]
         for left, right in self._merges:
             pieces.append(pieces[left] + pieces[right])
