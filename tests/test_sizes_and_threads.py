@@ -81,6 +81,26 @@ def test_uint64_values_are_named_not_wrapped(binding):
         sp.nn.range_softmax_forward(np.zeros((1, 2, 2)), lengths=np.array([2**64 - 1], np.uint64))
 
 
+def test_ints_too_long_to_print_are_named_by_their_size(binding):
+    """An int past 4300 digits made every limit's message raise Python's own ValueError
+    ('Exceeds the limit ... for integer string conversion') instead of the seqpack error."""
+    big = 10**5000
+    table = sp.ExampleTable.from_texts(["hello world", "abc"], binding, capacity=16)
+    epoch = sp.pack(table, sp.PackConfig(16, 1), partition=TRAIN, binding=binding)
+    calls = [
+        (sp.InvalidInputError, "capacity is an int of 16610 bits; the maximum is 2147483647", lambda: sp.PackConfig(big)),
+        (sp.InvalidInputError, "max_cells must be at least 1, got a negative int of 16610 bits",
+         lambda: sp.PackConfig(8, max_cells=-big)),
+        (sp.InvalidInputError, "capacity must be in .*, got an int of 16610 bits", lambda: sp.place([1], big)),
+        (sp.BatchIndexError, "batch an int of 16610 bits is outside this epoch's batches", lambda: epoch[big]),
+        (sp.InvalidInputError, "example an int of 16610 bits is outside", lambda: table.example(big)),
+        (sp.InvalidInputError, "row an int of 16610 bits is outside", lambda: epoch.batches[0].allowed_keys(big)),
+    ]
+    for error, message, call in calls:
+        with pytest.raises(error, match=message):
+            call()
+
+
 # --- threads -------------------------------------------------------------------------------
 
 

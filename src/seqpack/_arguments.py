@@ -24,15 +24,23 @@ def is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
+def shown(value: object) -> str:
+    """``value`` for an error message: its repr, but an int too long for Python to print
+    (past 4300 digits ``str`` raises a ValueError) named by its size."""
+    if is_int(value) and abs(int(value)).bit_length() > 10_000:
+        return f"{'a negative' if value < 0 else 'an'} int of {abs(int(value)).bit_length()} bits"
+    return repr(value)
+
+
 def check_int(name: str, value: object, minimum: int = 1, maximum: int | None = None) -> int:
     """``value`` as a Python int in ``[minimum, maximum]``, else :class:`InvalidInputError`."""
     if not is_int(value):
         raise InvalidInputError(f"{name} must be an int, got {type(value).__name__}")
     value = operator.index(value)
     if value < minimum:
-        raise InvalidInputError(f"{name} must be at least {minimum}, got {value}")
+        raise InvalidInputError(f"{name} must be at least {minimum}, got {shown(value)}")
     if maximum is not None and value > maximum:
-        raise InvalidInputError(f"{name} is {value}; the maximum is {maximum}")
+        raise InvalidInputError(f"{name} is {shown(value)}; the maximum is {maximum}")
     return value
 
 
@@ -43,7 +51,7 @@ def batch_number(number: object, count: int, owner: str) -> int:
         raise BatchIndexError(f"batch {number!r} is a {type(number).__name__}, not an int: {owner}'s batches "
                               f"are numbered [0, {count})")
     if not 0 <= number < count:
-        raise BatchIndexError(f"batch {number!r} is outside {owner}'s batches [0, {count})")
+        raise BatchIndexError(f"batch {shown(number)} is outside {owner}'s batches [0, {count})")
     return operator.index(number)
 
 

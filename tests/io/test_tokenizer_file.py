@@ -57,6 +57,11 @@ def test_identity_is_the_file(tokenizer_file):
         io.TokenizerFile(tokenizer_file, bos="٣", eos=2)  # a digit to str.isdigit, not an ID
     with pytest.raises(sp.InvalidInputError, match=r"--bos True is not an ID"):
         io.TokenizerFile(tokenizer_file, bos=True, eos=2)
+    # IDs too long for Python to print or parse raised its own ValueError (a traceback from the CLI)
+    with pytest.raises(sp.InvalidInputError, match=r"--eos is a number of 5000 digits, not an ID in \[0, "):
+        io.TokenizerFile(tokenizer_file, bos=1, eos="1" * 5000)
+    with pytest.raises(sp.InvalidInputError, match=r"--eos an int of 16610 bits is not an ID in \[0, "):
+        io.TokenizerFile(tokenizer_file, bos=1, eos=10**5000)
 
 
 def test_unpickled_copies_share_one_tokenizer_and_encode_the_same(tmp_path, tokenizer_file):

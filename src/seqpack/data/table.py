@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .._arguments import INT32_MAX, check_bool, check_int, integer_array
+from .._arguments import INT32_MAX, check_bool, check_int, integer_array, shown
 from .._threads import check_threads, kernel_threads
 from ..errors import DecodeLimitError, InvalidInputError, SeqpackError
 from . import _validate
@@ -252,7 +252,7 @@ class ExampleTable:
         index = int(ordinal) - self.first_ordinal
         if not 0 <= index < len(self):
             raise InvalidInputError(
-                f"example {int(ordinal)} is outside this table's examples "
+                f"example {shown(int(ordinal))} is outside this table's examples "
                 f"[{self.first_ordinal}, {self.first_ordinal + len(self)})"
             )
         return index

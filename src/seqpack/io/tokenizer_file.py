@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._arguments import INT32_MAX
+from .._arguments import INT32_MAX, shown
 from ..data.tokenizer import TokenizerIdentity
 from ..errors import InvalidInputError
 from .publish import file_sha256
@@ -126,6 +126,9 @@ class TokenizerFile:
     def _token_id(self, name: str, value) -> int:
         """``value`` as an ID: an integer (numpy's too), a string of ASCII digits, or a token."""
         if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value):
+            if len(value) > 20:  # (past 4300 digits, int() itself raises a ValueError)
+                raise _refused(self.path, f"--{name} is a number of {len(value)} digits, not an ID in "
+                                          f"[0, {self.vocabulary_size})")
             value = int(value)
         if isinstance(value, str):
             token = self.tokenizer.token_to_id(value)
@@ -134,7 +137,7 @@ class TokenizerFile:
             return token
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) \
                 or not 0 <= int(value) < self.vocabulary_size:
-            raise _refused(self.path, f"--{name} {value!r} is not an ID in [0, {self.vocabulary_size})")
+            raise _refused(self.path, f"--{name} {shown(value)} is not an ID in [0, {self.vocabulary_size})")
         if self.tokenizer.id_to_token(int(value)) is None:  # a gap in the file's IDs
             raise _refused(self.path, f"--{name} {int(value)} is not the ID of any token in the vocabulary")
         return int(value)

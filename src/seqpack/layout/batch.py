@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._arguments import shown
 from .counts import permitted_edges
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
@@ -219,7 +220,7 @@ class BatchLayout:
 
     def _check_cell(self, name: str, value, limit: int) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < limit:
-            raise InvalidInputError(f"{name} {value!r} is outside this batch's range [0, {limit})")
+            raise InvalidInputError(f"{name} {shown(value)} is outside this batch's range [0, {limit})")
         return int(value)
 
     def allowed_key(self, row: int, query: int, key: int) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._arguments import INT64_MAX, check_bool
+from .._arguments import INT64_MAX, check_bool, shown
 from ..data.windows import refuse_long
 from ..errors import InvalidInputError
 from . import _placement
@@ -182,7 +182,7 @@ def checked_capacity(capacity) -> int:
     except TypeError:
         raise InvalidInputError(f"capacity must be a positive integer, got {capacity!r}") from None
     if not 1 <= capacity <= INT64_MAX:
-        raise InvalidInputError(f"capacity must be in [1, {INT64_MAX}], got {capacity}")
+        raise InvalidInputError(f"capacity must be in [1, {INT64_MAX}], got {shown(capacity)}")
     return capacity
 
 
