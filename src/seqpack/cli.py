@@ -733,7 +733,8 @@ def _check_flag_ranges(args) -> None:
 
     ranges = {"capacity": (1, INT32_MAX), "rows_per_batch": (1, INT32_MAX), "threads": (1, MAX_THREADS),
               "shards": (1, None), "workers": (1, None), "batch": (0, None), "row": (0, None),
-              "batches": (1, None), "repeats": (1, 1000), "layers": (1, 256), "max_document_tokens": (3, 1 << 40)}
+              "batches": (1, None), "repeats": (1, 1000), "layers": (1, 256), "max_document_tokens": (3, 1 << 40),
+              "template_characters": (1, None)}
     for name, (minimum, maximum) in ranges.items():
         value = getattr(args, name, None)
         if value is None:
@@ -743,6 +744,10 @@ def _check_flag_ranges(args) -> None:
             raise UsageError(f"{flag} must be at least {minimum}")
         if maximum is not None and value > maximum:
             raise UsageError(f"{flag} is {value}; the maximum is {maximum}")
+    seconds = getattr(args, "template_seconds", None)
+    if seconds is not None and not 0 < seconds <= threading.TIMEOUT_MAX:   # (NaN too)
+        raise UsageError(f"--template-seconds must be a positive number of seconds, at most "
+                         f"{threading.TIMEOUT_MAX:g}; got {seconds:g}")
 
 
 def _first_line(error: BaseException) -> str:
