@@ -79,3 +79,22 @@ def test_exports_rebuild_allowed_key_exactly(seed):
         np.testing.assert_array_equal(allowed_from_document_ids(batch), truth)
         np.testing.assert_array_equal(allowed_from_cu_seqlens(batch), truth)
         assert sp.seq_lens(batch).tolist() == [len(o.columns) for o in batch.occurrences]
+
+
+def test_the_dense_mask_is_refused_past_its_memory_budget_before_any_allocation():
+    """A (1, 131072) batch, which pack builds in a few MiB, asked numpy for 16 GiB at once:
+    a raw MemoryError, or several 16 GiB temporaries on a machine that has them."""
+    import resource
+
+    binding = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="tests")
+    table = sp.ExampleTable.from_texts(["x" * 131_070], binding, capacity=131_072)
+    batch = sp.pack(table, sp.PackConfig(131_072, 1), partition=sp.Partition.TRAIN, binding=binding).batches[0]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(sp.MemoryBudgetError, match=r"the dense mask of a batch of 1 x 131072 cells needs "
+                                                   r"68719476736 bytes; max_memory_bytes is 8589934592"):
+        batch.dense_mask()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KiB: nothing was allocated
+    small = chapter_batch("packed", sp.BatchBinding.fixture())   # 2 x 6 cells: 288 bytes
+    assert small.dense_mask(max_memory_bytes=288).shape == (2, 6, 6)
+    with pytest.raises(sp.MemoryBudgetError, match="needs 288 bytes; max_memory_bytes is 287"):
+        small.dense_mask(max_memory_bytes=287)

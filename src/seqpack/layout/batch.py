@@ -14,14 +14,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._arguments import shown
+from .._arguments import check_int, shown
 from .counts import permitted_edges
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
-from ..errors import BindingError, InvalidInputError, VerificationError
+from ..errors import BindingError, InvalidInputError, MemoryBudgetError, VerificationError
 from .counts import LayoutCounts
 from .fields import FieldArrays, Placements, fill_fields, supervision_bytes
 from . import _fill
+
+#: ``dense_mask``'s default budget: 8 GiB, as the packing configs'.
+DENSE_MASK_BYTES = 8 * 2**30
 
 
 class Occurrence(NamedTuple):
@@ -247,8 +250,17 @@ class BatchLayout:
         starts = self.segment_starts[row].tolist()
         return [list(range(starts[q], q + 1)) if q < valid else [] for q in range(self.shape[1])]
 
-    def dense_mask(self) -> np.ndarray:
-        """The permission relation as a bool ``[rows, T, T]`` array (inspection and interop only)."""
+    def dense_mask(self, max_memory_bytes: int = DENSE_MASK_BYTES) -> np.ndarray:
+        """The permission relation as a bool ``[rows, T, T]`` array (inspection and interop only).
+
+        Building it takes about ``4 * rows * T * T`` bytes (the mask and three temporaries);
+        more than ``max_memory_bytes`` (default 8 GiB) is a ``MemoryBudgetError``, raised
+        before any is allocated."""
+        rows, width = self.shape
+        required, maximum = 4 * rows * width * width, check_int("max_memory_bytes", max_memory_bytes)
+        if required > maximum:
+            raise MemoryBudgetError(f"the dense mask of a batch of {rows} x {width} cells needs {required} bytes; "
+                                    f"max_memory_bytes is {maximum}", required=required, maximum=maximum)
         valid = self.token_valid
         same = self.segments[:, :, None] == self.segments[:, None, :]
         causal = self.positions[:, None, :] <= self.positions[:, :, None]
