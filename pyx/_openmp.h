@@ -22,4 +22,21 @@ static inline int seqpack_omp_team_size(void) { return 1; }
 #define seqpack_fetch_add(p, v) _InterlockedExchangeAdd64((volatile long long *)(p), (long long)(v))
 #endif
 
+
+/* A thread's floating-point mode (on x86 the MXCSR register: rounding, flush-to-zero,
+   denormals-are-zero). A pool thread keeps the mode it started with, so a parallel region
+   hands the caller's to each of its threads: every thread then rounds as the caller does
+   (torch.set_flush_denormal, say, changes only the calling thread's). */
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
+#include <xmmintrin.h>
+typedef struct { unsigned int csr; } seqpack_fpmode;
+static inline seqpack_fpmode seqpack_get_fpmode(void) { seqpack_fpmode m; m.csr = _mm_getcsr(); return m; }
+static inline void seqpack_set_fpmode(seqpack_fpmode m) { _mm_setcsr(m.csr); }
+#else
+#include <fenv.h>
+typedef struct { fenv_t env; } seqpack_fpmode;
+static inline seqpack_fpmode seqpack_get_fpmode(void) { seqpack_fpmode m; fegetenv(&m.env); return m; }
+static inline void seqpack_set_fpmode(seqpack_fpmode m) { fesetenv(&m.env); }
+#endif
+
 #endif

@@ -77,8 +77,12 @@ from _tile_products cimport (
 )
 
 cdef extern from "_openmp.h":
+    ctypedef struct seqpack_fpmode:
+        pass
     int seqpack_omp_team_size() noexcept nogil
     Py_ssize_t seqpack_fetch_add(Py_ssize_t *counter, Py_ssize_t value) noexcept nogil
+    seqpack_fpmode seqpack_get_fpmode() noexcept nogil
+    void seqpack_set_fpmode(seqpack_fpmode mode) noexcept nogil
 
 cdef extern from "_attention.h":
     void seqpack_exp_shift_f(float *row, Py_ssize_t n, float shift, float *ds,
@@ -769,14 +773,19 @@ cdef struct Queue:
 cdef void run_items(int thread, int team, Queue *queue, bint backward, const Plan *plan,
                     Py_ssize_t kv_heads, Py_ssize_t group, const Operands *operands,
                     Py_ssize_t d, Py_ssize_t tile, real scale, real *scratch,
-                    Interrupt *state, double *seconds) noexcept nogil:
+                    Interrupt *state, double *seconds, const seqpack_fpmode *mode) noexcept nogil:
     """One thread's share: work items taken one at a time from ``queue`` until none is
     left or an interrupt is requested. The calling thread (``thread`` 0) then keeps
     looking for signals until the others are done, so a Ctrl-C during another thread's
-    long item stops it at its next query tile. Each item writes outputs of its own:
-    which thread ran it never changes a bit."""
+    long item stops it at its next query tile. Each item writes outputs of its own, and
+    every other thread works in the caller's floating-point ``mode`` (flush-to-zero
+    included): which thread ran an item never changes a bit."""
     cdef Py_ssize_t item
     cdef bint caller = thread == 0
+    cdef seqpack_fpmode own
+    if not caller:
+        own = seqpack_get_fpmode()
+        seqpack_set_fpmode(mode[0])
     while not ((caller and interrupted(state)) or interrupt_requested(state)):
         item = seqpack_fetch_add(&queue.next, 1)
         if item >= queue.items:
@@ -784,6 +793,7 @@ cdef void run_items(int thread, int team, Queue *queue, bint backward, const Pla
         run_item(item, backward, plan, kv_heads, group, operands, d, tile, scale, scratch,
                  state, caller, seconds)
     if not caller:
+        seqpack_set_fpmode(own)
         seqpack_fetch_add(&queue.idle, 1)
         return
     while seqpack_fetch_add(&queue.idle, 0) < team - 1 and not interrupted(state):
@@ -836,15 +846,16 @@ cdef int run(bint backward, const Operands *operands, Py_ssize_t kv_heads, Py_ss
             seqpack_monotonic_seconds() - began)
     interrupt_start(state)
     cdef Queue queue
+    cdef seqpack_fpmode mode = seqpack_get_fpmode()
     queue.next, queue.idle, queue.items = 0, 0, items
     if threads == 1:
         run_items(0, 1, &queue, backward, plan, kv_heads, group, operands, d, tile, scale,
-                  scratch, state, seconds)
+                  scratch, state, seconds, &mode)
     else:
         with parallel(num_threads=threads):
             run_items(threadid(), seqpack_omp_team_size(), &queue, backward, plan, kv_heads,
                       group, operands, d, tile, scale, scratch + threadid() * size, state,
-                      NULL if seconds == NULL else seconds + threadid() * BUCKETS)
+                      NULL if seconds == NULL else seconds + threadid() * BUCKETS, &mode)
     if seconds != NULL:
         for o in range(threads):
             for b in range(BUCKETS):
