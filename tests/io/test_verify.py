@@ -130,6 +130,55 @@ def test_tokens_out_of_vocabulary_are_refused(packed, tmp_path):
         io.verify_dataset(target)
 
 
+def test_a_manifest_nested_too_deep_is_one_clear_error(packed, tmp_path):
+    """JSON nested 100,000 deep raised a RecursionError traceback from every command."""
+    target = copy_of(packed, tmp_path)
+    (target / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    for call in (io.open_dataset, io.verify_dataset):
+        with pytest.raises(sp.InvalidInputError, match=r"manifest\.json: not a seqpack packed-dataset manifest: its "
+                                                       r"JSON is nested too deep to read"):
+            call(target)
+    assert not fmt.is_packed_dataset(target)
+
+
+def test_a_token_file_of_a_partial_token_is_refused(packed, tmp_path):
+    """One byte appended to a uint16 tokens.bin (its size and checksum recorded, the
+    manifest sealed again) verified ok: 30 tokens in 61 bytes."""
+    target = copy_of(packed, tmp_path)
+    path = target / "part-00000" / "tokens.bin"
+    path.write_bytes(path.read_bytes() + b"\0")
+    manifest = json.loads((target / "manifest.json").read_text())
+    manifest["parts"][0]["files"]["tokens.bin"] = {"bytes": path.stat().st_size, "sha256": publish.file_sha256(path)}
+    reseal(target, manifest)
+    with pytest.raises(sp.VerificationError, match=r"tokens\.bin: \d+ bytes, not a whole number of 2-byte tokens"):
+        io.verify_dataset(target)
+
+
+def test_document_lengths_no_pack_writes_name_their_file(packed, tmp_path):
+    """A flipped byte in documents.npy (long documents cut) reached the cutting of the
+    documents into windows, whose error named no file."""
+    target = copy_of(packed, tmp_path)
+    documents = np.load(target / "part-00000" / "documents.npy")
+    documents[0, 2] = -(2**56)
+    rewrite(target, "documents.npy", documents)
+    with pytest.raises(sp.InvalidInputError, match=r"documents\.npy: lengths must not be negative"):
+        io.open_dataset(target)
+
+
+def test_an_example_whose_tokens_break_the_binding_is_named(packed, tmp_path):
+    """A token file changed past its checksum (verify names it) made example(0) fail
+    with 'document must start with BOS', naming neither the example nor the file."""
+    target = copy_of(packed, tmp_path)
+    path = target / "part-00000" / "tokens.bin"
+    data = bytearray(path.read_bytes())
+    data[0] = 0xFF
+    path.write_bytes(bytes(data))
+    dataset = io.open_dataset(target)
+    with pytest.raises(sp.TokenizerError, match=rf"^example {re.escape(repr(dataset.example_id(0)))}: document must "
+                                                r"start with BOS 0; position 0 holds 255$"):
+        dataset.example(0)
+
+
 @pytest.mark.parametrize("damage, message", [
     ("no parts", r"manifest\.json: lists no part$"),
     ("part without files", r"manifest\.json: malformed manifest \(no 'files' key\)$"),
@@ -256,7 +305,12 @@ def test_two_parts_verify(two_parts):
     ("parts.1.first_batch", 4, "part part-00001 records first_batch 4; the parts before it hold 2 batches"),
     ("parts.1.first_document", 0, "part part-00001 records first_document 0"),
     ("parts.1.first_row", 0, "part part-00001 records first_row 0"),
-    ("config.rows_per_batch", 3, "part part-00000 records batches 2; its files hold 5"),
+    ("config.rows_per_batch", 3, r"part part-00000 records batches 2; its \d+ rows make 5"),
+    # An index of 2**40 entries was allocated before the count was checked: 'not enough memory'.
+    ("parts.0.batches", 2**40, r"part part-00000 records batches 1099511627776; its \d+ rows make 2"),
+    ("parts.0.rows", 10**9, r"part part-00000 records 1000000000 rows of its \d+ examples; a row holds at least one"),
+    # A cap no pack could have written under: verify said ok, and every batch was served over it.
+    ("config.max_cells", 64, "a batch of 8 rows x 32 columns has 256 cells; its config's max_cells is 64"),
     ("parts.0.tokens", 1, "part part-00000 records tokens 1; its files hold"),
     ("parts.1.document_tokens", 1, "part part-00001 records document_tokens 1; its files hold"),
     ("parts.1.permitted_edges", 1, "part part-00001 records permitted_edges 1; its files hold"),

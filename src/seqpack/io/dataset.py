@@ -204,6 +204,11 @@ class PackedDataset:
         self.pair_count = sum(part.pair_count for part in self.parts)
         per_batch = self.config.rows_per_batch
         self.largest_batch_rows = min(per_batch, max(part.row_count for part in self.parts))
+        cells = self.largest_batch_rows * self.config.capacity
+        if cells > self.config.max_cells:   # (no pack writes one: the config was changed)
+            raise InvalidInputError(f"{self.path / fmt.MANIFEST}: a batch of {self.largest_batch_rows} rows x "
+                                    f"{self.config.capacity} columns has {cells} cells; its config's max_cells is "
+                                    f"{self.config.max_cells}")
         largest = max(int(np.diff(part.bounds).max()) for part in self.parts)
         tokens = max(int(np.diff(part.token_offsets[part.bounds]).max()) for part in self.parts)
         # Per example: ordinals, rows, starts, lengths, token offsets and targets (int64); a pair's placement.

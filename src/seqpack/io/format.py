@@ -169,7 +169,7 @@ def is_packed_dataset(directory: Path) -> bool:
     so, of any format version)."""
     try:
         return _is_manifest(json.loads((directory / MANIFEST).read_text(encoding="utf-8")))
-    except (OSError, ValueError):  # no such file, not UTF-8, not JSON
+    except (OSError, ValueError, RecursionError):  # no such file, not UTF-8, not JSON, nested too deep
         return False
 
 
@@ -249,6 +249,9 @@ def read_manifest(directory, failure=InvalidInputError) -> dict:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
         raise InvalidInputError(f"{path}: not valid JSON: {error}") from None
+    except RecursionError:
+        raise InvalidInputError(f"{path}: not a seqpack packed-dataset manifest: its JSON is nested too deep "
+                                "to read") from None
     if not _is_manifest(manifest):
         raise InvalidInputError(f"{path}: not a seqpack packed-dataset manifest")
     version = manifest.get("format_version")

@@ -81,7 +81,11 @@ class Part:
                 raise InvalidInputError(f"{directory / name}: a part of a version-{version} dataset holds no "
                                         f"{name}; only version {since} and later write one")
         self._dtype, self._document_count = dtype, int(record["documents"])
+        if self._sizes["tokens.bin"] % dtype.itemsize:
+            raise InvalidInputError(f"{directory / 'tokens.bin'}: {self._sizes['tokens.bin']} bytes, not a whole "
+                                    f"number of {dtype.itemsize}-byte tokens")
         self._maps, self._views = None, {}  # the arrays over the files, and their maps by file name
+        self._check_row_and_batch_counts(config)
         self._derive_index(config.rows_per_batch)
         self._check_placements(config)
         self._check_pairs(record)
@@ -182,6 +186,17 @@ class Part:
                                 self.example_count)
         self.targets = range_target_counts(self.flips, offsets[:-1], offsets[1:]) if self.supervised else self.lengths
 
+    def _check_row_and_batch_counts(self, config: PackConfig) -> None:
+        """Rows and batches the index is sized by: at most one row per example, and the
+        batches the rows make (checked before the index allocates one entry per batch)."""
+        where = f"{self.directory.parent / fmt.MANIFEST}: part {self.name} records"
+        if not 0 <= self.row_count <= self.example_count:
+            raise InvalidInputError(f"{where} {self.row_count} rows of its {self.example_count} examples; a row "
+                                    f"holds at least one")
+        batches = -(-self.row_count // config.rows_per_batch)
+        if self.batch_count != batches:
+            raise InvalidInputError(f"{where} batches {self.batch_count}; its {self.row_count} rows make {batches}")
+
     def _check_placements(self, config: PackConfig) -> None:
         """What the fill kernel trusts: every example placed once, rows 0, 1... each used
         and in order, every placement inside its row, each row's examples tiling its
@@ -262,7 +277,10 @@ class Part:
         """The examples are the documents' ranges the pack makes (what ``example`` and
         ``example_id`` rely on to rebuild and name a document), but for the windows left
         out for having no supervised target, which the manifest counts."""
-        documents, ranges = document_examples(np.ascontiguousarray(self.documents[:, 2]), config.capacity, long)
+        try:
+            documents, ranges = document_examples(np.ascontiguousarray(self.documents[:, 2]), config.capacity, long)
+        except InvalidInputError as error:  # (lengths no pack writes: a damaged file)
+            raise InvalidInputError(f"{self.directory / 'documents.npy'}: {error}") from None
         where = f"{self.directory / 'examples.npy'}: the examples are not the documents' ranges for capacity " \
                 f"{config.capacity}"
         if self.supervised:
