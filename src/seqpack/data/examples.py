@@ -13,7 +13,7 @@ import numpy as np
 from .binding import BatchBinding, Partition
 from .documents import BatchDocument
 from .supervision import as_supervision
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, SeqpackError
 
 SourceRange = Union[range, "tuple[int, int]"]
 
@@ -121,7 +121,11 @@ class SequenceExample:
             raise InvalidInputError(f"example {id!r}: expected a BatchDocument, got {type(document).__name__}")
         if not isinstance(binding, BatchBinding):
             raise InvalidInputError(f"example {id!r}: expected a BatchBinding, got {type(binding).__name__}")
-        if binding.validate_document(document.token_ids, as_given=as_given) == 0:
+        try:
+            content = binding.validate_document(document.token_ids, as_given=as_given)
+        except SeqpackError as error:
+            raise error.within(f"example {id!r}") from None
+        if content == 0:
             raise InvalidInputError(
                 f"example {id!r}: document {document.source_id!r} has empty content and supplies no example"
             )
