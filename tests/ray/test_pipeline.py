@@ -471,6 +471,29 @@ class InProcessRay:
             raise self.interrupt
 
 
+def test_a_signal_while_the_tasks_stop_arrives_as_itself(corpus, tmp_path):
+    """The wait for the stopped tasks was not inside the signal check's unwrapping: a
+    SIGTERM there came out as Ray's SystemError."""
+    from seqpack.cli import Terminated
+
+    class SignalledWhileDraining(InProcessRay):
+        def get(self, ref):
+            if ref is not self.first:
+                raise SystemError("returned a result with an exception set") from Terminated()
+            return super().get(ref)
+
+        def wait(self, refs, num_returns):
+            self.first = refs[0]
+            return super().wait(refs, num_returns)
+
+    readers = [failing(corpus[0], FileNotFoundError(2, "gone", str(corpus[0]))), io.JsonLines(corpus[1])]
+    job = PackJob.of(readers, tmp_path / "out", binding=BINDING, tokenizer=TOKENIZER, config=CONFIG, shards=2,
+                     long="cut")
+    with pytest.raises(Terminated):
+        run_job(job, RayRunner(SignalledWhileDraining(), cpus_per_task=1, max_retries=0))
+    assert os.listdir(tmp_path) == []
+
+
 def test_ray_is_shut_down_before_the_dataset_is_published(corpus, tmp_path):
     """A Ctrl-C during ray.shutdown (a second or more), which ran after the dataset was
     published, made the command exit 130 with a complete dataset left behind; the runner

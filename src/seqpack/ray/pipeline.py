@@ -245,11 +245,12 @@ class RayRunner:
             if pending:  # nothing may still write into the directory the driver removes
                 with suppress(OSError):  # unwritable: the tasks run to their end instead
                     (Path(staging) / STOP_FILE).touch()
-                for ref in pending:
-                    try:
-                        ray.get(ref)
-                    except ray.exceptions.RayError:
-                        pass
+                with _signals_raised():   # (the wait lasts until each task's next chunk)
+                    for ref in pending:
+                        try:
+                            ray.get(ref)
+                        except ray.exceptions.RayError:
+                            pass
 
 
 def pack_corpus(inputs, out, *, address: str | None = None, workers: int | None = None,
