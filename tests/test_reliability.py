@@ -180,3 +180,41 @@ def test_bench_help_and_every_selected_dtype():
     assert run_cli("bench", "attention", "--help").returncode == 0
     table = run_cli("bench", "attention", "--workload", "c", "--dtype", "float32", "--repeats", "1")
     assert table.returncode == 0 and "workload (c) float32" in table.stdout and "seqpack fused" in table.stdout
+
+
+def test_arguments_of_a_wrong_type_are_named(tmp_path):
+    """Each of these raised Python's or numpy's own error (an array's ambiguous truth value,
+    'NoneType is not iterable', an AttributeError, an offset overflow, a ragged array), or
+    was accepted: verify_dataset(batches="no") verified the batches, and text_field=2.5
+    failed later with 'no field 2.5'."""
+    from seqpack import io
+
+    binding = sp.BatchBinding.for_tokenizer(sp.ByteTokenizer(), split="tests")
+    (tmp_path / "a.jsonl").write_text('{"text": "hello"}\n')
+    io.pack_corpus([io.JsonLines(tmp_path / "a.jsonl")], tmp_path / "out", binding=binding,
+                   tokenizer=sp.ByteTokenizer(), config=sp.PackConfig(16))
+    table = sp.ExampleTable.from_texts(["hello"], binding, capacity=16)
+    batch = sp.pack(table, sp.PackConfig(16, 1), partition=TRAIN, binding=binding).batches[0]
+    array = np.array([1, 2])
+    calls = [
+        ("long must be one of .*, not array", lambda: sp.ExampleTable.from_texts(["x"], binding, capacity=8, long=array)),
+        ("attention must be one of .*, not array", lambda: sp.nn.Decoder(sp.DecoderConfig.small(), 0, array)),
+        ("binding must be a BatchBinding, not ndarray",
+         lambda: sp.nn.masked_loss(np.zeros((1, 16, 258)), batch, binding=array)),
+        ("logits is not a regular array", lambda: sp.nn.masked_loss([[1.0, 2.0], [3.0]], batch)),
+        ("logits is not a regular array", lambda: sp.nn.sequence_logprobs([[1.0, 2.0], [3.0]], batch)),
+        ("texts must be a sequence of str or bytes, not NoneType",
+         lambda: sp.ExampleTable.from_texts(None, binding, capacity=8)),
+        ("paths must be a path or a list of paths, not NoneType", lambda: io.TextFiles(None)),
+        ("text_field must be a field name \\(a str\\), not float", lambda: io.JsonLines(tmp_path / "a.jsonl",
+                                                                                      text_field=2.5)),
+        ("start is 1180591620717411303424; the maximum is 9223372036854775807",
+         lambda: io.JsonLines(tmp_path / "a.jsonl", start=2**70)),
+        ("expected a path \\(str or os.PathLike\\), got NoneType", lambda: io.verify_dataset(None)),
+        ("batches must be a bool, got str", lambda: io.verify_dataset(tmp_path / "out", batches="no")),
+        ("progress must be a seqpack.io Progress or None, not str",
+         lambda: io.verify_dataset(tmp_path / "out", progress="x")),
+    ]
+    for message, call in calls:
+        with pytest.raises(sp.InvalidInputError, match=message):
+            call()

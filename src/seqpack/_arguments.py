@@ -71,6 +71,14 @@ def batch_range(index: slice, count: int, owner: str) -> range:
         raise BatchIndexError(f"slice {index!r} of {owner}'s batches [0, {count}): {error}") from None
 
 
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of the strings ``choices``, else :class:`InvalidInputError`
+    (an array is no choice: ``in`` would compare it element by element)."""
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidInputError(f"{name} must be one of {choices}, not {shown(value)}")
+    return value
+
+
 def check_bool(name: str, value: object) -> bool:
     """``value`` as a Python bool (a bool or numpy bool only), else :class:`InvalidInputError`."""
     if not isinstance(value, (bool, np.bool_)):

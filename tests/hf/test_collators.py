@@ -223,6 +223,17 @@ def test_packing_collator_packs_features_into_rows():
         assert (torch.equal(fields[key], value) if isinstance(value, torch.Tensor) else fields[key] == value), key
 
 
+def test_packing_collator_takes_a_list_of_features():
+    """A generator raised 'has no len()' and a float 'is not iterable'."""
+    collator = sph.PackingCollator(sp.PackConfig(capacity=CAPACITY), tokenizer_identity=sp.ByteTokenizer().identity,
+                                   split="hf-tests")
+    features = [{"input_ids": d.tolist()} for d in documents()]
+    for bad, name in (((f for f in features), "generator"), (2.5, "float"), ("text", "str")):
+        with pytest.raises(InvalidInputError, match=f"PackingCollator takes a list of features \\(dicts\\), not {name}"):
+            collator(bad)
+    assert torch.equal(collator(tuple(features))["input_ids"], collator(features)["input_ids"])
+
+
 def test_packing_collator_errors_and_the_exact_limit():
     docs = documents()
     features = [{"input_ids": d.tolist()} for d in docs]

@@ -501,6 +501,19 @@ def test_sft_trainer_with_packing_collator_trains_on_conversations_and_counts_to
 
 
 @pytest.mark.slow
+def test_token_count_takes_the_fields_of_a_rows_batch():
+    """A flat() batch raised KeyError: 'valid_lengths', None a TypeError."""
+    from seqpack.hf.trainers import token_count
+
+    batch = sp.pack(sp.ExampleTable.from_texts(["hello", "hi"], binding(), capacity=CAPACITY),
+                    sp.PackConfig(CAPACITY), partition=sp.Partition.TRAIN, binding=binding()).batches[0]
+    assert token_count(sph.rows(batch)).item() == 7 + 2 + 2   # (the tokens without the last, plus each last target)
+    for fields, name in ((sph.flat(batch), "dict with keys"), (None, "NoneType")):
+        with pytest.raises(InvalidInputError, match=f"token_count takes the fields of a seqpack.hf.rows\\(\\) batch .*"
+                                                     f"not {name}"):
+            token_count(fields)
+
+
 def test_sft_token_count_refuses_what_shifts_the_rows_labels_itself(tmp_path):
     """A compute_loss_func (or label smoothing) shifts ``labels`` itself: on rows() batches it
     dropped each full row's last target, silently (review)."""

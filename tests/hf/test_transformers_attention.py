@@ -595,6 +595,8 @@ def test_the_attention_hook_checks_its_arguments_before_using_them():
         hook(query, query, query, sliding_window=np.int64(3))
     assert hook(query, query, query, scaling=np.float32(0.5), sliding_window=np.int64(4)).equal(
         hook(query, query, query, scaling=0.5))
+    for dtype in (torch.bfloat16, torch.float16, torch.int64):   # a bfloat16 mask raised numpy's TypeError
+        assert hook(query, query, query, mask=torch.ones(1, 4, dtype=dtype)).equal(hook(query, query, query))
 
 
 def test_models_that_mix_positions_outside_attention_are_refused():

@@ -81,6 +81,14 @@ def test_low_precision_logits_are_read_in_float32():
         assert accumulator(logits.to(narrow), batch).item() == loss.item()
 
 
+def test_the_ddp_flag_is_a_bool():
+    """ddp=0 or None was taken as False, and an array raised numpy's truth-value error."""
+    batch = padded_epoch([3, 5])[0]
+    for ddp in (0, None, np.array([1, 2]), "yes"):
+        with pytest.raises(sp.InvalidInputError, match="ddp must be a bool"):
+            st.LossAccumulator([batch], ddp=ddp)
+
+
 def test_unsigned_targets_are_all_targets():
     """An unsigned tensor cannot hold -100, but torch finds uint8(156) == -100 and
     uint16(65436) == -100: each such target counts and weighs like any other."""

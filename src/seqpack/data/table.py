@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .._arguments import INT32_MAX, check_bool, check_int, integer_array, shown
+from .._arguments import INT32_MAX, check_bool, check_choice, check_int, integer_array, shown
 from .._threads import check_threads, kernel_threads
 from ..errors import DecodeLimitError, InvalidInputError, SeqpackError
 from . import _validate
@@ -173,13 +173,13 @@ class ExampleTable:
         ``"name[start:stop]"``.
         """
         capacity = check_int("capacity", capacity, maximum=INT32_MAX)
-        if long not in LONG_DOCUMENTS:
-            raise InvalidInputError(f"long must be one of {LONG_DOCUMENTS}, not {long!r}")
+        check_choice("long", long, LONG_DOCUMENTS)
         check_expectations(partition, binding)
         if binding.tokenizer is None:
             raise InvalidInputError("from_texts needs a binding with a tokenizer to encode the texts")
-        if isinstance(texts, (str, bytes)):
-            raise InvalidInputError("texts must be a sequence of str or bytes, not a single text")
+        if isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
+            raise InvalidInputError(f"texts must be a sequence of str or bytes, not "
+                                    f"{'a single text' if isinstance(texts, (str, bytes)) else type(texts).__name__}")
         texts = list(texts)
         names = None if ids is None else _check_ids(ids, len(texts))
         _check_text_bytes(texts, binding.limits.max_bytes, names)

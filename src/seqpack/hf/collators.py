@@ -253,6 +253,8 @@ class PackingCollator:
         self.completion_only_loss = completion_only_loss
 
     def __call__(self, features: Sequence[dict]) -> dict:
+        if not isinstance(features, Sequence) or isinstance(features, (str, bytes)):
+            raise InvalidInputError(f"PackingCollator takes a list of features (dicts), not {type(features).__name__}")
         if not features:
             raise InvalidInputError("PackingCollator received no features")
         documents, supervision = [], []

@@ -108,7 +108,7 @@ def _valid_lengths(rows: int, width: int, attention_mask, given, covered) -> np.
                 f"{tuple(attention_mask.shape)}): describe the segments with position_ids, seq_idx or "
                 f"cu_seq_lens_q and padding with valid_lengths"
             )
-        mask = attention_mask.detach().cpu().numpy().astype(bool)
+        mask = attention_mask.detach().cpu().to(torch.bool).numpy()   # (numpy holds no bfloat16)
         if mask.shape != (rows, width):
             raise InvalidInputError(f"attention_mask has shape {mask.shape}; expected ({rows}, {width})")
         unpadded = mask.sum(axis=1, dtype=np.int64)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import types
+from collections.abc import Mapping
 
 import torch
 
@@ -30,6 +31,10 @@ def token_count(fields: dict) -> torch.Tensor:
     """The tokens of a :func:`~seqpack.hf.rows` batch as TRL's padding-free collator counts
     them: every example's input cells and its last target, ``sum(len(input_ids))`` of the
     features packed (an int64 scalar on the batch's device)."""
+    if not isinstance(fields, Mapping) or not {"valid_lengths", "position_ids"} <= fields.keys():
+        raise InvalidInputError("token_count takes the fields of a seqpack.hf.rows() batch (with valid_lengths and "
+                                f"position_ids), not {type(fields).__name__}"
+                                + (f" with keys {sorted(fields)}" if isinstance(fields, Mapping) else ""))
     lengths = fields["valid_lengths"]
     positions = fields["position_ids"]
     columns = torch.arange(positions.shape[1], device=positions.device)

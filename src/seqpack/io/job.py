@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .._arguments import check_bool, check_optional_int, is_int
+from .._arguments import check_bool, check_choice, check_optional_int, is_int
 from .._threads import check_threads
 from ..data.binding import BatchBinding, Partition, check_partition
 from ..data.table import LONG_DOCUMENTS
@@ -129,8 +129,7 @@ class PackJob:
             raise InvalidInputError(f"config must be a PackConfig, not {type(config).__name__}")
         check_policy(policy, config.capacity)
         check_partition(partition)
-        if long not in LONG_DOCUMENTS:
-            raise InvalidInputError(f"long must be one of {LONG_DOCUMENTS}, not {long!r}")
+        check_choice("long", long, LONG_DOCUMENTS)
         supervision = SupervisionOptions(completion_only_loss, chat_template, assistant_only_loss, template_limits)
         listed = tuple(item for reader in readers for item in reader.inputs)
         force = check_bool("force", force)

@@ -33,12 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .._arguments import check_bool
 from ..errors import InvalidInputError, VerificationError
 from ..packing.placement import place
 from . import format as fmt
 from .dataset import PackedDataset, malformed
 from .part import Part
 from .progress import Progress
+from .readers import input_path
 
 HASH_BLOCK = 8 << 20
 
@@ -209,7 +211,10 @@ def verify_dataset(path, *, tokenizer=None, progress: Progress | None = None, ba
     Raises :class:`~seqpack.errors.VerificationError` (or ``InvalidInputError`` for a
     missing or unreadable manifest) naming the first failing file.
     """
-    path = Path(path)
+    path = input_path(path)
+    batches = check_bool("batches", batches)
+    if progress is not None and not isinstance(progress, Progress):
+        raise InvalidInputError(f"progress must be a seqpack.io Progress or None, not {type(progress).__name__}")
     progress = progress or Progress(enabled=False)
     manifest = fmt.read_manifest(path, VerificationError)
     try:

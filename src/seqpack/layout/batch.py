@@ -218,6 +218,8 @@ class BatchLayout:
 
     def ensure_binding(self, expected: BatchBinding) -> None:
         """Raise BindingError unless this batch was built under ``expected``."""
+        if not isinstance(expected, BatchBinding):
+            raise InvalidInputError(f"binding must be a BatchBinding, not {type(expected).__name__}")
         if self.binding is not expected and self.binding != expected:
             raise BindingError("the batch was built under a different binding")
 

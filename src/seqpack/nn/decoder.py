@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._arguments import INT32_MAX, check_int, integer_array
+from .._arguments import INT32_MAX, check_choice, check_int, integer_array
 from ..errors import CapacityError, InvalidInputError
 from ..layout.fields import PAD_CELL
 from ..packing import budget
@@ -104,8 +104,7 @@ class Decoder:
                  max_memory_bytes: int = DEFAULT_MEMORY_BYTES):
         if not isinstance(config, DecoderConfig):
             raise InvalidInputError(f"config must be a DecoderConfig, not {type(config).__name__}")
-        if attention not in ATTENTION_MODES:
-            raise InvalidInputError(f"attention must be one of {ATTENTION_MODES}, not {attention!r}")
+        check_choice("attention", attention, ATTENTION_MODES)
         seed = check_int("seed", seed, minimum=0)
         self.config = config
         self.attention = attention

@@ -186,5 +186,5 @@ def masked_loss(logits, batch, *, binding=None) -> MaskedLoss:
         raise InvalidInputError(f"masked_loss takes a padded or packed batch, not {type(batch).__name__}")
     if binding is not None:
         batch.ensure_binding(binding)
-    check_logits(logits.shape if isinstance(logits, Tensor) else np.shape(logits), batch)
+    check_logits(logits.shape if isinstance(logits, Tensor) else regular_array("logits", logits).shape, batch)
     return masked_nll(logits, batch.targets, batch.loss_mask)

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._arguments import regular_array
 from ..errors import InvalidInputError, VerificationError
 from ..layout.batch import BatchLayout
 from . import _loss
@@ -105,7 +106,7 @@ def sequence_logprobs(logits, batch, *, binding=None) -> OccurrenceLogprobs:
     if isinstance(logits, Tensor):
         raise InvalidInputError("sequence_logprobs reads logits as an array, not a tape Tensor: pass "
                                 "tensor.value; gradient() gives the derivative with respect to it")
-    check_logits(np.shape(logits), batch)
+    check_logits(regular_array("logits", logits).shape, batch)
     array = _real_logits(logits)
     classes = array.shape[-1]
     _, rows, gold = _eligible(batch.targets, batch.loss_mask, classes, batch.shape, allow_none=True)

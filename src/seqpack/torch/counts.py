@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from .._arguments import is_int
+from .._arguments import check_bool, is_int, shown
 from ..errors import InvalidInputError
 from ..layout.batch import BatchLayout
 from .tensors import IGNORE_INDEX, eligible_targets, is_integer_tensor
@@ -35,7 +35,7 @@ def check_denominator(value) -> int:
     if not is_int(value):
         raise InvalidInputError(f"denominator must be an int (a target count), not {type(value).__name__}")
     if value < 1:
-        raise InvalidInputError(f"denominator is {int(value)}: a step needs at least one eligible target")
+        raise InvalidInputError(f"denominator is {shown(int(value))}: a step needs at least one eligible target")
     return int(value)
 
 
@@ -70,7 +70,7 @@ def check_within_count(seen: int, counted: int, denominator: int) -> None:
 
 def gradient_factor(ddp: bool, group) -> int:
     """What each loss is multiplied by so that DDP's average over ranks is the union's gradient."""
-    if not ddp:
+    if not check_bool("ddp", ddp):
         return 1
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         raise InvalidInputError("ddp=True needs an initialized torch.distributed process group")

@@ -225,7 +225,11 @@ class Reader(Protocol):
 
 
 def check_fields(name: str, text_field: str | None, ids_field: str | None) -> None:
-    """A text field and an IDs field together are an error: one of them would be ignored."""
+    """A text field and an IDs field together are an error: one of them would be ignored.
+    Each given field is a name (a str)."""
+    for option, field in (("text_field", text_field), ("ids_field", ids_field)):
+        if field is not None and not isinstance(field, str):
+            raise InvalidInputError(f"{name}: {option} must be a field name (a str), not {type(field).__name__}")
     if text_field is not None and ids_field is not None:
         raise InvalidInputError(f"{name}: give a text field ({text_field!r}) or an IDs field ({ids_field!r}), "
                                 f"not both")

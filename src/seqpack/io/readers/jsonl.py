@@ -18,7 +18,7 @@ from itertools import chain
 
 import numpy as np
 
-from ..._arguments import check_int, check_optional_int
+from ..._arguments import INT64_MAX, check_int, check_optional_int
 from ...data.supervision import NO_LABEL, first_reserved_label
 from ...errors import InvalidInputError, SeqpackError
 from .base import (
@@ -204,9 +204,9 @@ class JsonLines(RecordReader):
         except OSError as error:
             raise cannot_read(path, error) from None
         self.text_field, self.ids_field = text_field, ids_field
-        self.start = check_int("start", start, minimum=0)
-        self.stop = check_optional_int("stop", stop, minimum=self.start)
-        self.first_line = check_int("first_line", first_line)
+        self.start = check_int("start", start, minimum=0, maximum=INT64_MAX)
+        self.stop = check_optional_int("stop", stop, minimum=self.start, maximum=INT64_MAX)
+        self.first_line = check_int("first_line", first_line, maximum=INT64_MAX)
         self.inputs = [Input(str(path), "jsonl", "line")]
 
     @cached_property

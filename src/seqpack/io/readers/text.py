@@ -6,7 +6,7 @@ chunked by ``CHUNK_BYTES`` and ``CHUNK_DOCUMENTS``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -38,6 +38,8 @@ class TextFiles:
     def __init__(self, paths, pattern: str | None = None):
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
+        if not isinstance(paths, Iterable) or isinstance(paths, bytes):
+            raise InvalidInputError(f"paths must be a path or a list of paths, not {type(paths).__name__}")
         if pattern is not None and (not isinstance(pattern, str) or not pattern or "/" in pattern or os.sep in pattern):
             raise InvalidInputError(f"the pattern {pattern!r} must be a file name pattern such as '*.py' (it "
                                     f"matches names in every subdirectory, not paths)")
