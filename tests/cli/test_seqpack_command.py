@@ -421,6 +421,34 @@ def test_a_ctrl_c_python_loses_while_the_command_loads_still_stops_it(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_signal_deferred_by_the_publish_is_raised_once_the_dataset_is_published(tmp_path, textdir, monkeypatch,
+                                                                                   capsys, name):
+    """A signal that came while --force removed the replaced dataset was recorded and then
+    dropped: the command printed its report and exited 0 as if none had come."""
+    import signal
+
+    from seqpack import cli
+    from seqpack.io import publish
+
+    out = tmp_path / "out"
+    assert cli.main(["pack", str(textdir), "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    removing = publish._remove_unless
+
+    def signalled(directory, caught):
+        os.kill(os.getpid(), getattr(signal, name))   # just after the manifest's rename: the commit
+        return removing(directory, caught)
+
+    monkeypatch.setattr(publish, "_remove_unless", signalled)
+    assert cli.main(["pack", str(textdir), "--out", str(out), "--force", "--capacity", "64", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == f"seqpack: {out} is complete: it was published before the signal took effect\n"
+    assert captured.out == ""   # (the command stopped there: no report)
+    assert run("verify", out, "--quiet").returncode == 0
+    assert json.loads((out / "manifest.json").read_text())["config"]["capacity"] == 64
+
+
 @pytest.mark.parametrize("lost_in", ["an except clause", "a weakref callback"])
 def test_a_ctrl_c_python_loses_mid_pack_is_answered_by_what_is_on_disk(tmp_path, textdir, monkeypatch, capsys,
                                                                        lost_in):

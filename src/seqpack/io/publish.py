@@ -409,12 +409,14 @@ def publish(staging: Path, out: Path, manifest: dict, force: bool) -> None:
     Ctrl-C) puts everything back: the new files at ``staging`` (which the caller removes)
     and the old ``out`` where it was. The final rename commits: from it on, SIGINT and
     SIGTERM are deferred until the old dataset is removed, and one that arrives stops the
-    removal (the next pack beside ``out`` finishes it) without failing the publish. The
-    renames hold the parent directory's lock, so concurrent writers publish in turn."""
+    removal (the next pack beside ``out`` finishes it) without failing the publish; it is
+    raised again once the dataset is published (its handler then runs, as for a signal
+    that comes just after). The renames hold the parent directory's lock, so concurrent
+    writers publish in turn."""
     temporary = staging / f".{MANIFEST}.{_writer_tag()}.partial"
     write_json(temporary, seal(manifest))
     fsync_directory(staging)
-    old, committed = None, False
+    old, committed, caught = None, False, []
     with _renames_locked(out.parent):
         try:
             if out.exists() or out.is_symlink():
@@ -430,10 +432,12 @@ def publish(staging: Path, out: Path, manifest: dict, force: bool) -> None:
                 if old is not None:
                     _remove_unless(old, caught)
         except BaseException:
-            if committed:  # the dataset is published; only a removal of the old one failed
-                return
-            _put_back(staging, out, old)
-            raise
+            if not committed:
+                _put_back(staging, out, old)
+                raise
+            # (else the dataset is published; only a removal of the old one failed)
+    for number in caught[:1]:   # the signal the commit deferred, now that nothing is left to undo
+        signal.raise_signal(number)
 
 
 def _remove_unless(directory: Path, caught: list) -> None:
