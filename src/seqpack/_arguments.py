@@ -17,6 +17,8 @@ from .errors import BatchIndexError, InvalidInputError
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+#: The memory budget of a config or call that names none: 8 GiB.
+DEFAULT_MEMORY_BYTES = 8 * 2**30
 
 
 def is_int(value: object) -> bool:

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._arguments import check_int, shown
+from .._arguments import DEFAULT_MEMORY_BYTES, check_int, shown
 from .counts import permitted_edges
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
@@ -22,9 +22,6 @@ from ..errors import BindingError, InvalidInputError, MemoryBudgetError, Verific
 from .counts import LayoutCounts
 from .fields import FieldArrays, Placements, fill_fields, supervision_bytes
 from . import _fill
-
-#: ``dense_mask``'s default budget: 8 GiB, as the packing configs'.
-DENSE_MASK_BYTES = 8 * 2**30
 
 
 class Occurrence(NamedTuple):
@@ -252,7 +249,7 @@ class BatchLayout:
         starts = self.segment_starts[row].tolist()
         return [list(range(starts[q], q + 1)) if q < valid else [] for q in range(self.shape[1])]
 
-    def dense_mask(self, max_memory_bytes: int = DENSE_MASK_BYTES) -> np.ndarray:
+    def dense_mask(self, max_memory_bytes: int = DEFAULT_MEMORY_BYTES) -> np.ndarray:
         """The permission relation as a bool ``[rows, T, T]`` array (inspection and interop only).
 
         Building it takes about ``4 * rows * T * T`` bytes (the mask and three temporaries);

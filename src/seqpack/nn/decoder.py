@@ -136,7 +136,8 @@ class Decoder:
         """``V*D + D + layers * (2*D + 4*D*D + 3*D*F)``, from the config alone (the budget
         check runs on it before any parameter, or any per-layer list, exists)."""
         c = self.config
-        return c.vocabulary_size * c.width + c.width + c.layers * (2 * c.width + 4 * c.width**2 + 3 * c.width * c.ffn_width)
+        per_layer = 2 * c.width + 4 * c.width**2 + 3 * c.width * c.ffn_width
+        return c.vocabulary_size * c.width + c.width + c.layers * per_layer
 
     def named_parameters(self) -> dict[str, np.ndarray]:
         """Name to the live parameter array (writing into it changes the model)."""

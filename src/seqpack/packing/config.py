@@ -11,11 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._arguments import INT32_MAX, check_int, check_optional_int
+from .._arguments import DEFAULT_MEMORY_BYTES, INT32_MAX, check_int, check_optional_int
 from ..errors import InvalidInputError
-
-#: The memory budget of a config that names none: 8 GiB.
-DEFAULT_MEMORY_BYTES = 8 * 2**30
 
 
 @dataclass(frozen=True)
