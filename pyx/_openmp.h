@@ -5,7 +5,13 @@
 
 #ifdef _OPENMP
 #include <omp.h>
-static inline int seqpack_omp_max_threads(void) { return omp_get_max_threads(); }
+/* The team a parallel region may get: OMP_NUM_THREADS (or omp_set_num_threads), capped by
+   OMP_THREAD_LIMIT. */
+static inline int seqpack_omp_max_threads(void)
+{
+    int wanted = omp_get_max_threads(), limit = omp_get_thread_limit();
+    return limit < wanted ? limit : wanted;
+}
 /* The threads of the enclosing parallel region (1 outside one). */
 static inline int seqpack_omp_team_size(void) { return omp_get_num_threads(); }
 #else

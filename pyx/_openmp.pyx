@@ -1,8 +1,9 @@
 """The OpenMP runtime's thread limit, so that seqpack's default follows it.
 
 ``omp_get_max_threads()`` reflects ``OMP_NUM_THREADS`` and any later
-``omp_set_num_threads`` (threadpoolctl's ``threadpool_limits`` calls it), for the
-runtime the kernels are linked with; 1 in a build without OpenMP.
+``omp_set_num_threads`` (threadpoolctl's ``threadpool_limits`` calls it), and
+``omp_get_thread_limit()`` reflects ``OMP_THREAD_LIMIT``, for the runtime the kernels
+are linked with; 1 in a build without OpenMP.
 """
 
 cdef extern from "_openmp.h":
@@ -10,5 +11,6 @@ cdef extern from "_openmp.h":
 
 
 def max_threads():
-    """The OpenMP runtime's ``omp_get_max_threads()`` (1 without OpenMP)."""
+    """The lesser of the OpenMP runtime's ``omp_get_max_threads()`` and
+    ``omp_get_thread_limit()`` (1 without OpenMP)."""
     return seqpack_omp_max_threads()

@@ -140,6 +140,7 @@ def test_default_threads_follow_omp_num_threads_and_threadpoolctl():
     cores = _threads.available_cores()
     expected = min(cores, _threads.cgroup_cpu_limit() or cores)
     assert child_threads({"OMP_NUM_THREADS": str(expected)}) == str(expected)
+    assert child_threads({"OMP_THREAD_LIMIT": "1"}) == "1"
     threadpoolctl = pytest.importorskip("threadpoolctl", reason="the test extra has it: pip install 'seqpack[test]'")
     with threadpoolctl.threadpool_limits(1, user_api="openmp"):
         assert _threads.default_threads() == 1

@@ -100,7 +100,8 @@ def default_threads() -> int:
     """Threads a kernel uses when given ``threads=None``.
 
     The least of the cores this process may run on, its container's CPU quota, and the
-    OpenMP runtime's limit (``OMP_NUM_THREADS``, or ``threadpoolctl.threadpool_limits``);
+    OpenMP runtime's limit (``OMP_NUM_THREADS`` or ``threadpoolctl.threadpool_limits``,
+    capped by ``OMP_THREAD_LIMIT``);
     one in a forked process or one started by ``multiprocessing`` (data-loader workers,
     pools: each would otherwise take every core, and a forked GNU OpenMP child would hang).
     """
