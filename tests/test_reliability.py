@@ -212,6 +212,8 @@ def test_arguments_of_a_wrong_type_are_named(tmp_path):
          lambda: io.JsonLines(tmp_path / "a.jsonl", start=2**70)),
         ("expected a path \\(str or os.PathLike\\), got NoneType", lambda: io.verify_dataset(None)),
         ("batches must be a bool, got str", lambda: io.verify_dataset(tmp_path / "out", batches="no")),
+        ("expected a path \\(str or os.PathLike\\) for tokenizer, got float",
+         lambda: io.verify_dataset(tmp_path / "out", tokenizer=2.5)),
         ("progress must be a seqpack.io Progress or None, not str",
          lambda: io.verify_dataset(tmp_path / "out", progress="x")),
     ]

@@ -57,6 +57,8 @@ def test_identity_is_the_file(tokenizer_file):
         io.TokenizerFile(tokenizer_file, bos="٣", eos=2)  # a digit to str.isdigit, not an ID
     with pytest.raises(sp.InvalidInputError, match=r"--bos True is not an ID"):
         io.TokenizerFile(tokenizer_file, bos=True, eos=2)
+    with pytest.raises(sp.InvalidInputError, match=r"for the tokenizer file, got float"):
+        io.TokenizerFile(2.5, eos=2)
     # IDs too long for Python to print or parse raised its own ValueError (a traceback from the CLI)
     with pytest.raises(sp.InvalidInputError, match=r"--eos is a number of 5000 digits, not an ID in \[0, "):
         io.TokenizerFile(tokenizer_file, bos=1, eos="1" * 5000)

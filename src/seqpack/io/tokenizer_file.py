@@ -27,7 +27,7 @@ from .._arguments import INT32_MAX, shown
 from ..data.tokenizer import TokenizerIdentity
 from ..errors import InvalidInputError
 from .publish import file_sha256
-from .readers import missing_extra, not_a_file
+from .readers import input_path, missing_extra, not_a_file
 
 
 def _refused(path, reason: str) -> InvalidInputError:
@@ -95,7 +95,7 @@ class TokenizerFile:
 
     def __init__(self, path, *, bos=None, eos):
         tokenizers = _tokenizers()
-        self.path = Path(path)
+        self.path = input_path(path, "the tokenizer file")
         if self.path.is_dir():
             raise _refused(path, f"a directory, not a tokenizers JSON file (a model directory holds one as "
                                  f"{Path(path) / 'tokenizer.json'})")

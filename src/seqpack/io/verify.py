@@ -212,6 +212,7 @@ def verify_dataset(path, *, tokenizer=None, progress: Progress | None = None, ba
     missing or unreadable manifest) naming the first failing file.
     """
     path = input_path(path)
+    tokenizer = None if tokenizer is None else input_path(tokenizer, "tokenizer")
     batches = check_bool("batches", batches)
     if progress is not None and not isinstance(progress, Progress):
         raise InvalidInputError(f"progress must be a seqpack.io Progress or None, not {type(progress).__name__}")

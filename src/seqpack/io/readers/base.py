@@ -32,11 +32,12 @@ def missing_extra(what: str, extra: str, *more: str) -> InvalidInputError:
                              kind="missing-extra")
 
 
-def input_path(value) -> Path:
+def input_path(value, name: str | None = None) -> Path:
     """``value`` (a ``str`` or ``os.PathLike``) as a ``Path``; anything else is an
-    :class:`InvalidInputError`."""
+    :class:`InvalidInputError` (naming the argument ``name`` when given)."""
     if not isinstance(value, (str, os.PathLike)):
-        raise InvalidInputError(f"expected a path (str or os.PathLike), got {type(value).__name__}")
+        argument = f" for {name}" if name else ""
+        raise InvalidInputError(f"expected a path (str or os.PathLike){argument}, got {type(value).__name__}")
     return Path(value)
 
 
