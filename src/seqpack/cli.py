@@ -466,6 +466,9 @@ def _score(args) -> int:
 
     _check_extras("seqpack score", {"hf": "transformers", "corpus": "pyarrow"})
     check_scores_output(args.out, args.force)
+    if args.out.is_file() and args.model.resolve() in args.out.resolve().parents:
+        raise InvalidInputError(f"--out {args.out} is a file of the model directory {args.model.resolve()}: "
+                                f"write the scores elsewhere")
     dataset = open_dataset(args.dataset)
     import_parquet()
     torch, hf = _import_hf("seqpack score")

@@ -205,7 +205,8 @@ def small_vocabulary(root, vocabulary):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing model", "empty model directory", "not a causal LM", "no weights",
                                   "truncated weights", "weights of other shapes", "small vocabulary",
-                                  "not a dataset", "inside the dataset", "a directory", "malformed config"])
+                                  "not a dataset", "inside the dataset", "a directory", "malformed config",
+                                  "a file of the model"])
 def test_each_refusal_is_one_line(corpus, case):
     root, packed, model = corpus
     out, extra = root / f"refused-{case.replace(' ', '-')}.parquet", []
@@ -246,6 +247,8 @@ def test_each_refusal_is_one_line(corpus, case):
         "inside the dataset": f"--out {packed / 'scores.parquet'} is inside the packed dataset {packed.resolve()}",
         "a directory": f"{root / 'docs'} is a directory; --force replaces only a file",
         "malformed config": f"{target}: not a transformers model: integer modulo by zero",
+        "a file of the model": f"--out {model / 'config.json'} is a file of the model directory {model.resolve()}: "
+                               f"write the scores elsewhere",
     }
     if case == "missing model":
         model = root / "missing-model"
@@ -257,9 +260,14 @@ def test_each_refusal_is_one_line(corpus, case):
         out = packed / "scores.parquet"
     elif case == "a directory":
         out, extra = root / "docs", ["--force"]
+    elif case == "a file of the model":  # --force replaced the model's config.json (review)
+        out, extra = model / "config.json", ["--force"]
+        config = out.read_bytes()
     line = one_error_line(run("score", packed, "--model", model, "--out", out, *extra))
     assert line.startswith(f"seqpack: error: {messages[case]}"), line
-    assert case == "a directory" or not out.exists()
+    if case == "a file of the model":
+        assert out.read_bytes() == config
+    assert case in ("a directory", "a file of the model") or not out.exists()
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == []
 
 

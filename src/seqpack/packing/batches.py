@@ -19,7 +19,7 @@ class PackedBatches(Protocol):
 
     ``len()`` batches; ``batch(i)`` (also ``[i]``) builds batch ``i``; iteration and
     ``batches(reuse_buffers=...)`` build them in order; ``batch_rows(i)`` its rows;
-    ``batch_targets()`` every batch's valid targets (loss denominators) and
+    ``batch_targets()`` every batch's supervised targets (loss denominators) and
     ``batch_pairs()`` its preference pairs, without building any; ``report()`` the
     efficiency report; ``config``, ``policy``, ``partition``, ``binding``, ``row_count``,
     ``batch_count``, ``occurrence_count`` and ``pairs`` (the examples are preference
