@@ -117,6 +117,23 @@ def test_complex_and_non_numeric_logits_are_refused(binding):
     assert sp.masked_loss(logits.real.astype(np.float32), batch).mean == pytest.approx(np.log(266), rel=1e-6)
 
 
+def test_torch_tensors_numpy_cannot_view_are_named(binding):
+    """A tensor that requires grad (or has its negative bit set) raised torch's RuntimeError
+    from the numpy layer's functions (review)."""
+    torch = pytest.importorskip("torch", reason="the torch extra has it: pip install 'seqpack[torch]'")
+    batch = sp.chapters.chapter_batch("packed", binding)
+    logits = torch.zeros(batch.shape + (binding.vocabulary_size,), dtype=torch.float64, requires_grad=True)
+    q = torch.zeros((1, 1, 4, 2), dtype=torch.float64)
+    layout = (np.array([4]), np.zeros((1, 4), np.int64))
+    calls = [("logits", lambda: sp.masked_loss(logits, batch)),
+             ("logits", lambda: sp.nn.sequence_logprobs(logits, batch)),
+             ("k", lambda: sp.nn.range_attention_forward(q, q.clone().requires_grad_(True), q, *layout))]
+    for name, call in calls:
+        with pytest.raises(sp.InvalidInputError, match=f"{name} must be a numpy array \\(seqpack.torch takes torch "
+                                                         f"tensors\\): Can't call numpy\\(\\) on Tensor that"):
+            call()
+
+
 def test_validation_memory_does_not_grow_with_the_vocabulary():
     """A tokenizer seqpack does not decode, with 2**31 IDs: nothing sized by the vocabulary."""
     identity = sp.TokenizerIdentity(2**31, 0, 1, "cd" * 32)

@@ -110,11 +110,15 @@ def check_optional_int(name: str, value: object, minimum: int = 1, maximum: int 
 
 
 def regular_array(name: str, values) -> np.ndarray:
-    """``np.asarray(values)``; ragged nesting or values numpy cannot hold are an error naming ``name``."""
+    """``np.asarray(values)``; ragged nesting, values numpy cannot hold and torch tensors it
+    cannot view (one that requires grad, say) are an error naming ``name``."""
     try:
         return np.asarray(values)
     except (ValueError, TypeError) as error:
         raise InvalidInputError(f"{name} is not a regular array: {error}") from None
+    except RuntimeError as error:  # torch: a tensor that requires grad, or has its negative bit set
+        raise InvalidInputError(f"{name} must be a numpy array (seqpack.torch takes torch tensors): "
+                                f"{str(error).splitlines()[0]}") from None
 
 
 def integer_array(name: str, values, dtype=np.int64, ndim: int | None = None) -> np.ndarray:

@@ -67,3 +67,13 @@ def test_an_out_that_aliases_the_bounds_is_refused():
             gather_ranges(source, begins, ends, out=out, at=at if name == "at" else None)
     assert ends.tolist() == [1, 1] and gather_ranges(source, begins, ends).tolist() == [0]
 
+
+
+def test_an_out_that_overlaps_a_strided_source_is_refused():
+    # The check compared out with the contiguous copy of a strided source, so an out over
+    # the caller's source passed and the gather overwrote it (review).
+    memory = np.arange(20, dtype=np.int32)
+    source, out = memory[::2], memory[10:15]
+    with pytest.raises(sp.InvalidInputError, match="out overlaps source in memory"):
+        gather_ranges(source, [0], [5], out=out)
+    assert memory.tolist() == list(range(20))

@@ -89,11 +89,7 @@ def _eligible(targets, loss_mask, classes: int, cells_shape, *,
 def _real_logits(logits) -> np.ndarray:
     """Logits as a C-contiguous float32 or float64 array (float16 widened to float32, integers
     to float64); complex, bool, non-numeric and wider-than-float64 logits are rejected."""
-    try:
-        array = np.asarray(logits)
-    except (TypeError, ValueError, RuntimeError) as error:  # (a torch tensor that requires grad, ragged lists)
-        raise InvalidInputError(f"logits must be a numpy array (seqpack.torch takes torch tensors): "
-                                f"{str(error).splitlines()[0]}") from None
+    array = regular_array("logits", logits)
     if array.dtype.kind == "f" and array.dtype.itemsize <= 8:  # either byte order
         dtype = np.float64 if array.dtype.itemsize == 8 else np.float32
     elif array.dtype.kind in "iu":

@@ -59,8 +59,9 @@ def gather_ranges(source: np.ndarray, begins, ends, dtype=np.int32, out: np.ndar
     elif not isinstance(out, np.ndarray) or out.dtype != dtype or out.ndim != 1 or out.shape[0] < need \
             or not out.flags.c_contiguous or not out.flags.writeable:
         raise InvalidInputError(f"out must be a writable C-contiguous {dtype} array of at least {need} tokens")
-    source = np.ascontiguousarray(source)
+    # The caller's source, not a contiguous copy of it, is what ``out`` must not overlap.
     check_disjoint({"out": out}, {"source": source, "begins": begins, "ends": ends, "at": at})
+    source = np.ascontiguousarray(source)
     _gather.gather_ranges(source, begins, ends, out, at)
     return out
 
