@@ -243,6 +243,12 @@ def test_decoder_positions_must_be_integers_of_the_cells_shape():
                          (positions[0], r"positions has shape \(4,\); expected \(1, 4\)")]:
         with pytest.raises(InvalidInputError, match=message):
             decoder.forward_arrays(inputs, bad, lengths, starts)
+    # A padding cell's position is never read, even one past int64 (it was refused; review).
+    unread = np.array([[0, 1, 2, 2**64 - 1]], np.uint64)
+    assert np.array_equal(decoder.forward_arrays(inputs, unread, lengths, starts).logits,
+                          decoder.forward_arrays(inputs, positions, lengths, starts).logits, equal_nan=True)
+    with pytest.raises(InvalidInputError, match="positions holds 18446744073709551615, outside the int64 range"):
+        decoder.forward_arrays(inputs, np.array([[0, 2**64 - 1, 2, 0]], np.uint64), lengths, starts)
 
 
 # Regression (review): malformed inputs gave numpy's broadcast, unpacking and ragged-array errors, an

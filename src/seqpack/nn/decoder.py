@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._arguments import INT32_MAX, check_choice, check_int, integer_array
+from .._arguments import INT32_MAX, check_choice, check_int, integer_array, regular_array
 from ..errors import CapacityError, InvalidInputError
 from ..layout.fields import PAD_CELL
 from ..packing import budget
@@ -177,11 +177,14 @@ class Decoder:
 
     @staticmethod
     def _check_positions(positions, active: np.ndarray) -> np.ndarray:
-        """Integer positions of the cells' shape ``[rows, T]`` (never floats, bools or broadcast)."""
-        positions = integer_array("positions", positions, np.int64)
-        if positions.shape != active.shape:
-            raise InvalidInputError(f"positions has shape {positions.shape}; expected {active.shape}")
-        return positions
+        """Integer positions of the cells' shape ``[rows, T]`` (never floats, bools or broadcast);
+        an inactive cell's value, even past int64, is never read."""
+        given = regular_array("positions", positions)
+        if given.shape != active.shape:
+            raise InvalidInputError(f"positions has shape {given.shape}; expected {active.shape}")
+        if given.dtype.kind in "iu":
+            given = np.where(active, given, given.dtype.type(0))
+        return integer_array("positions", given, np.int64)
 
     def _attention(self, i, x, positions, active, lengths, starts) -> Tensor:
         p, heads = self._parameters, self.config.heads
