@@ -632,7 +632,7 @@ def _columns(text: str | None, width: int, default: int) -> range:
         raise UsageError(f"--columns takes START:STOP, not {text!r}") from None
     if (start or 0) < 0 or (stop or 0) < 0:
         raise UsageError(f"--columns {text}: START and STOP are columns from 0, not negative")
-    if start is not None and stop is not None and stop <= start:
+    if stop is not None and stop <= (start or 0):
         raise UsageError(f"--columns {text} is empty: STOP must be above START")
     return range(start or 0, width if stop is None else stop)
 
@@ -760,8 +760,11 @@ def _first_line(error: BaseException) -> str:
 
 
 def _one_line(message) -> str:
-    """``message`` on one line: line breaks (in a file name, say) written as ``\\n``."""
-    return str(message).replace("\r", "\\r").replace("\n", "\\n")
+    """``message`` on one line and harmless to a terminal: line breaks and control
+    characters (in a file name, say) written as escapes, ``\\n``, ``\\x1b``..."""
+    from .io.render import printable
+
+    return printable(str(message))
 
 
 class Terminated(BaseException):

@@ -112,6 +112,7 @@ def test_every_subcommand_has_help(command):
     (("pack", "docs", "--out", "x", "--policy", "worst-fit"), 2, "invalid choice"),
     (("pack", "docs"), 2, "--out"),
     (("show", "packed", "--columns", "a:b"), 2, "--columns takes START:STOP"),
+    (("show", "packed", "--columns", ":0"), 2, "--columns :0 is empty: STOP must be above START"),  # was exit 1
     (("pack", "nowhere", "--out", "x"), 1, "nowhere: no such file or directory"),
     (("pack", "docs", "--out", "x", "--capacity", "0"), 2, "capacity must be at least 1"),
     (("pack", "docs", "--out", "x", "--template-characters", "0"), 2, "--template-characters must be at least 1"),
@@ -131,6 +132,8 @@ def test_every_subcommand_has_help(command):
     (("pack", "docs/00.txt", "docs/00.txt", "--out", "x"), 1, "docs/00.txt is an input twice"),
     (("pack", "docs", "docs/03.txt", "--out", "x"), 1, "docs/03.txt is an input twice"),
     (("stats", "nowhere"), 1, "nowhere: no such directory"),
+    # An escape sequence in a name reached the terminal (review).
+    (("stats", "no\x1b[31mwhere"), 1, r"no\\x1b\[31mwhere: no such directory"),
     (("verify", "docs"), 1, "docs/manifest.json: missing"),
     (("show", "nonsense"), 1, "nonsense: neither a packed dataset directory"),
     (("show", "packed", "--row", "9"), 1, "row 9 is outside this batch's rows"),

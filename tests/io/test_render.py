@@ -110,3 +110,6 @@ def test_printable_escapes_only_what_cannot_be_shown():
     assert printable("a\x1bb\n\u2028\ufffe" + os.fsdecode(b"\xff")) == "a\\x1bb\\n\\u2028\\ufffe\\xff"
     kept = "nb\u00a0sp, zw\u200dj, e\u0301, \u3000, \u00ad, é"
     assert printable(kept) == kept
+    # Bidirectional controls reordered the rest of the line (a dataset named "\u202e..." printed
+    # its "ok" line reversed; review).
+    assert printable("a\u202eb\u2066c\u200fd\u061ce") == "a\\u202eb\\u2066c\\u200fd\\u061ce"

@@ -29,18 +29,25 @@ SVG_COLOURS = ("#4477aa", "#ee6677", "#228833", "#ccbb44", "#66ccee", "#aa3377",
 PAD = "·"
 
 
+#: Escaped by :func:`printable` beside the control characters: the noncharacters, and the
+#: bidirectional marks, embeddings, overrides and isolates.
+UNSHOWN = frozenset([0xFFFE, 0xFFFF, 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+
+
 def printable(text: str) -> str:
     """``text`` with what a terminal or an XML file cannot show as it is written out as
     escapes: control characters and line or paragraph separators as ``\\n``, ``\\x1b``,
     ``\\u2028``..., the undecodable bytes of a file name (``os.fsdecode``'s surrogates) as
-    ``\\xff``, and the noncharacters U+FFFE and U+FFFF. Everything else (spaces of any
-    width, joiners, marks) is kept. For display only: a name may itself hold a backslash."""
+    ``\\xff``, the noncharacters U+FFFE and U+FFFF, and the bidirectional controls, which
+    would reorder the rest of the line (``\\u202e``...). Everything else (spaces of any
+    width, joiners, combining marks) is kept. For display only: a name may itself hold a
+    backslash."""
     shown = []
     for character in text:
         code = ord(character)
         if 0xDC80 <= code <= 0xDCFF:
             shown.append(f"\\x{code - 0xDC00:02x}")
-        elif unicodedata.category(character) in ("Cc", "Cs", "Zl", "Zp") or code in (0xFFFE, 0xFFFF):
+        elif unicodedata.category(character) in ("Cc", "Cs", "Zl", "Zp") or code in UNSHOWN:
             shown.append(repr(character)[1:-1])
         else:
             shown.append(character)
