@@ -501,3 +501,49 @@ def test_a_part_mapped_again_after_its_dataset_was_replaced_is_refused(tmp_path,
         dataset.batch(0)
     reopened = io.open_dataset(tmp_path / "ds")
     assert not np.array_equal(reopened.batch(0).inputs, first)
+
+
+def test_a_dataset_replaced_while_it_is_opened_is_opened_whole(tmp_path, monkeypatch):
+    """A pack --force publishing between the manifest's read and the parts' opening gave the
+    old manifest over the new parts: the old example IDs over the new tokens, no error
+    (review). The opener sees the manifest change and opens the new dataset whole."""
+    from seqpack.io import dataset as module
+
+    out, config = tmp_path / "out", sp.PackConfig(64, 2)
+    for name, byte in (("a", b"a"), ("b", b"b")):   # equal lengths: the files' sizes agree
+        write_texts(tmp_path / name, [byte * size for size in (5, 30, 17, 40)])
+
+    def pack(name, force=False):
+        io.pack_corpus([io.TextFiles([tmp_path / name])], out, binding=BINDING, tokenizer=TOKENIZER, config=config,
+                       shards=2, force=force)
+
+    pack("a")
+    read = fmt.read_manifest
+    replaced = []
+
+    def read_then_replace(path, *args):
+        manifest = read(path, *args)
+        if not replaced:   # another process's pack --force publishes right now
+            replaced.append(True)
+            pack("b", force=True)
+        return manifest
+
+    monkeypatch.setattr(module.fmt, "read_manifest", read_then_replace)
+    dataset = io.open_dataset(out)
+    assert replaced
+    tokens = np.concatenate([batch.inputs[batch.token_valid] for batch in dataset])
+    assert ord("b") + 2 in tokens and ord("a") + 2 not in tokens   # (byte IDs are byte + 2)
+    assert all(dataset.example_id(i).startswith(str(tmp_path / "b")) for i in range(dataset.occurrence_count))
+    dataset.parts[0]._mapped()   # the files opened are the ones on disk now
+
+    def always_replaced(path, *args):
+        manifest = read(path, *args)
+        os.utime(path / fmt.MANIFEST, ns=(1, len(always)))  # a new stamp each time
+        always.append(True)
+        return manifest
+
+    always = []
+    monkeypatch.setattr(module.fmt, "read_manifest", always_replaced)
+    with pytest.raises(sp.InvalidInputError, match=f"{out}: the dataset was replaced while it was being opened, "
+                                                   f"{module.OPEN_ATTEMPTS} times"):
+        io.open_dataset(out)

@@ -569,3 +569,27 @@ def test_whole_pairs_placed_against_the_policy_fail_verify(pairs, tmp_path):
 def test_the_pair_counts_of_the_manifest_are_checked(pairs, tmp_path, key, value, message):
     with pytest.raises(sp.VerificationError, match=message):
         io.verify_dataset(edited(pairs, tmp_path, key, value))
+
+
+def test_a_dataset_replaced_while_it_is_verified_is_not_called_corrupt(packed, tmp_path, monkeypatch):
+    """A pack --force publishing during verify made verify report a healthy dataset's file
+    as differing from its manifest (the old manifest against the new file; review)."""
+    from seqpack.io import verify as module
+
+    out = copy_of(packed, tmp_path)
+    docs = tmp_path / "other"
+    docs.mkdir()
+    (docs / "a.txt").write_bytes(b"another dataset" * 9)
+    hash_files = module.check_checksums
+
+    def hash_while_replaced(path, manifest, progress):
+        io.pack_corpus([io.TextFiles([docs])], out, binding=BINDING, tokenizer=TOKENIZER,
+                       config=sp.PackConfig(40, 2), long="cut", force=True)
+        return hash_files(path, manifest, progress)
+
+    monkeypatch.setattr(module, "check_checksums", hash_while_replaced)
+    with pytest.raises(sp.InvalidInputError, match=f"{out}: the dataset was replaced while it was being "
+                                                   f"verified \\(a pack with --force into it\\?\\): verify it again"):
+        io.verify_dataset(out)
+    monkeypatch.undo()
+    assert io.verify_dataset(out)["examples"] == io.open_dataset(out).occurrence_count

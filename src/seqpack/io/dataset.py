@@ -139,6 +139,10 @@ class _BatchSource:
         return self._tokens, self._supervised, self._begins[index], self._ends[index]
 
 
+#: Times :class:`PackedDataset` tries to open a dataset that is being replaced meanwhile.
+OPEN_ATTEMPTS = 5
+
+
 class PackedDataset:
     """A packed dataset on disk, its batches built on demand; follows :class:`~seqpack.packing.PackedBatches`.
 
@@ -151,6 +155,25 @@ class PackedDataset:
     def __init__(self, path, *, threads: int | None = None):
         self.path = input_path(path)
         self.threads = check_threads(threads)
+        # The manifest and the part files it lists must be one dataset's: a pack --force
+        # that publishes between reading the one and opening the others would mix two (the
+        # old manifest over the new tokens). The manifest's stamp before and after tells;
+        # a replaced dataset is opened again.
+        for attempt in range(OPEN_ATTEMPTS):
+            stamp = fmt.manifest_stamp(self.path)
+            try:
+                self._open()
+            except InvalidInputError:
+                if stamp is None or fmt.manifest_stamp(self.path) == stamp:
+                    raise   # what is on disk, not a replacement in progress
+                continue
+            if fmt.manifest_stamp(self.path) == stamp:
+                return
+        raise InvalidInputError(f"{self.path}: the dataset was replaced while it was being opened, "
+                                f"{OPEN_ATTEMPTS} times (packs with --force into it?): open it again")
+
+    def _open(self) -> None:
+        """Read the manifest and open the parts it lists, every file checked against it."""
         manifest = fmt.read_manifest(self.path)
         self.manifest = manifest
         #: The manifest's digest: a pickled dataset reopens only the dataset it was.

@@ -247,6 +247,8 @@ def read_manifest(directory, failure=InvalidInputError) -> dict:
         raise InvalidInputError(f"{path}: missing, so {directory} is not a complete packed dataset")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:  # removed since (a pack --force replacing the dataset), or unreadable
+        raise InvalidInputError(f"{path}: cannot read: {error.strerror or error}") from None
     except (ValueError, UnicodeDecodeError) as error:
         raise InvalidInputError(f"{path}: not valid JSON: {error}") from None
     except RecursionError:

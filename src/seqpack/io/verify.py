@@ -217,6 +217,26 @@ def verify_dataset(path, *, tokenizer=None, progress: Progress | None = None, ba
     if progress is not None and not isinstance(progress, Progress):
         raise InvalidInputError(f"progress must be a seqpack.io Progress or None, not {type(progress).__name__}")
     progress = progress or Progress(enabled=False)
+    stamp = fmt.manifest_stamp(path)
+    try:
+        checked = _verify(path, tokenizer, progress, batches)
+    except (VerificationError, InvalidInputError):
+        _check_not_replaced(path, stamp)
+        raise
+    _check_not_replaced(path, stamp)
+    return checked
+
+
+def _check_not_replaced(path: Path, stamp) -> None:
+    """Refuse a verify that read two datasets: a pack --force replaced ``path`` meanwhile, so
+    a file that differs from the manifest read first says nothing of either."""
+    if stamp is not None and fmt.manifest_stamp(path) != stamp:
+        raise InvalidInputError(f"{path}: the dataset was replaced while it was being verified (a pack with "
+                                f"--force into it?): verify it again")
+
+
+def _verify(path: Path, tokenizer, progress: Progress, batches: bool) -> dict:
+    """:func:`verify_dataset` on checked arguments."""
     manifest = fmt.read_manifest(path, VerificationError)
     try:
         checked_bytes = check_checksums(path, manifest, progress)
