@@ -20,6 +20,7 @@ sequence of Megatron, 1 for a text file, which is one document), ``example_id`` 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -136,6 +137,23 @@ def remove_dead_partials(out: Path) -> list[str]:
     return removed
 
 
+def _publish_new(temporary: Path, out: Path) -> None:
+    """Rename ``temporary`` to ``out`` only if no ``out`` exists, atomically: a hard link
+    fails on an existing name, so of two writers at once one is refused (a check and then
+    a rename would let both succeed, the second replacing the first). A file system
+    without hard links falls back to the check just made."""
+    try:
+        os.link(temporary, out)
+    except FileExistsError:
+        raise InvalidInputError(f"{out} already exists (--force replaces it)") from None
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        os.replace(temporary, out)
+        return
+    temporary.unlink()
+
+
 def write_scores(table, out: Path, *, force: bool) -> bool:
     """Write ``table`` as Parquet at ``out``: into a temporary sibling, fsynced, then renamed
     into place (``out`` checked again first) and the directory fsynced. Any failure or
@@ -153,7 +171,10 @@ def write_scores(table, out: Path, *, force: bool) -> bool:
             os.fsync(handle.fileno())
         check_scores_output(out, force)   # whatever appeared at ``out`` since the start
         with signals_deferred() as caught:
-            os.replace(temporary, out)
+            if force:
+                os.replace(temporary, out)
+            else:
+                _publish_new(temporary, out)
             fsync_directory(out.parent)
     except BaseException:
         temporary.unlink(missing_ok=True)
