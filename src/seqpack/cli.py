@@ -340,8 +340,32 @@ def _pack_and_report(args, job) -> int:
     if args.json:
         _print_json(manifest)
     else:
-        _print_stats(args.out)
+        _print_pack_report(args.out, manifest)
     return 0
+
+
+def _print_pack_report(out: Path, manifest: dict) -> None:
+    """The report of the dataset this pack published (``manifest``), read back from ``out``;
+    a note instead when another pack has replaced it since (its report would be another's)."""
+    from .io import format as fmt
+    from .io import open_dataset
+    from .io.stats import dataset_stats, stats_text
+
+    try:
+        dataset = open_dataset(out)
+        ours = dataset.manifest == manifest
+    except SeqpackError:
+        try:
+            ours = fmt.read_manifest(out) == manifest
+        except SeqpackError:
+            ours = False
+        if ours:
+            raise
+    if not ours:
+        print(f"seqpack: {out} was published, then replaced by another pack before its report was read; "
+              f"'seqpack stats {out}' reports what is there now", file=sys.stderr)
+        return
+    print(stats_text(dataset_stats(dataset)))
 
 
 def _check_input_flags(args, readers) -> None:
@@ -411,15 +435,6 @@ def _pack_os_error(error: OSError, out: Path) -> str:
 def _print_json(value) -> None:
     json.dump(value, sys.stdout, indent=2)
     sys.stdout.write("\n")
-
-
-def _print_stats(path: Path) -> dict:
-    from .io import open_dataset
-    from .io.stats import dataset_stats, stats_text
-
-    stats = dataset_stats(open_dataset(path))
-    print(stats_text(stats))
-    return stats
 
 
 def _stats(args) -> int:

@@ -373,7 +373,7 @@ from seqpack import cli
 from seqpack.io import publish
 step, number = sys.argv[1], getattr(signal, sys.argv[2])
 out = os.path.abspath(sys.argv[sys.argv.index("--out") + 1])
-real_rename, real_rmtree, real_print_stats = os.rename, shutil.rmtree, cli._print_stats
+real_rename, real_rmtree, real_print_report = os.rename, shutil.rmtree, cli._print_pack_report
 def rename(source, target):
     real_rename(source, target)
     if (step == "staging renamed in" and os.path.abspath(target) == out
@@ -383,11 +383,11 @@ def rmtree(path, *args, **kwargs):
     if step == "old dataset removed" and ".seqpack-old-" in str(path):
         os.kill(os.getpid(), number)
     real_rmtree(path, *args, **kwargs)
-def print_stats(*args):
+def print_report(*args):
     if step == "report printed":
         os.kill(os.getpid(), number)
-    real_print_stats(*args)
-publish.os.rename, publish.shutil.rmtree, cli._print_stats = rename, rmtree, print_stats
+    real_print_report(*args)
+publish.os.rename, publish.shutil.rmtree, cli._print_pack_report = rename, rmtree, print_report
 sys.exit(cli.main(sys.argv[3:]))
 """
 

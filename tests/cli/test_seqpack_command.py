@@ -956,3 +956,27 @@ def test_a_closed_stdout_is_one_error_line(args):
     result = subprocess.run([seqpack_command(), *args], stderr=subprocess.PIPE, text=True, timeout=120,
                             preexec_fn=lambda: os.close(1))
     assert (result.returncode, result.stderr) == (1, "seqpack: error: cannot write the output: stdout is closed\n")
+
+
+def test_a_pack_replaced_before_its_report_exits_0_and_says_so(tmp_path, textdir, monkeypatch, capsys):
+    """The report reopened the output: a second --force pack publishing just then made the
+    first, already published, exit 1 ('manifest.json: missing'), or print the other's report
+    (review)."""
+    from seqpack import cli
+
+    out, replaced = tmp_path / "out", []
+    report = cli._print_pack_report
+
+    def another_pack_publishes_first(path, manifest):
+        if not replaced:
+            replaced.append(True)
+            assert cli.main(["pack", str(textdir), "--out", str(out), "--force", "--capacity", "64", "--quiet"]) == 0
+        return report(path, manifest)
+
+    monkeypatch.setattr(cli, "_print_pack_report", another_pack_publishes_first)
+    assert cli.main(["pack", str(textdir), "--out", str(out), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (f"seqpack: {out} was published, then replaced by another pack before its report was "
+                            f"read; 'seqpack stats {out}' reports what is there now\n")
+    assert captured.out.count("capacity") == 1   # the other pack's report, printed by that pack alone
+    assert json.loads((out / "manifest.json").read_text())["config"]["capacity"] == 64
