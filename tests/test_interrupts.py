@@ -88,25 +88,25 @@ SETUP = {
         from seqpack.nn import _loss
         logits = np.ones((2048, 32768), np.float32)
         rows, gold = np.arange(2048, dtype=np.intp), np.zeros(2048, np.int32)
-        lse, losses = np.empty(2048), np.empty(2048)
-        call = lambda: [_loss.indexed_nll_forward(logits, rows, gold, lse, losses) for _ in range(40)]
+        normalizers, losses = np.empty((2048, 2)), np.empty(2048)
+        call = lambda: [_loss.indexed_nll_forward(logits, rows, gold, normalizers, losses) for _ in range(40)]
     """,
     "masked loss backward": """
         import numpy as np
         from seqpack.nn import _loss
         logits = np.ones((2048, 32768), np.float32)
         rows, gold = np.arange(2048, dtype=np.intp), np.zeros(2048, np.int32)
-        lse, dlogits = np.full(2048, 10.4), np.zeros_like(logits)
-        call = lambda: [_loss.indexed_nll_backward(logits, rows, gold, lse, 1.0, dlogits) for _ in range(40)]
+        normalizers, dlogits = np.tile([1.0, 10.4], (2048, 1)), np.zeros_like(logits)
+        call = lambda: [_loss.indexed_nll_backward(logits, rows, gold, normalizers, 1.0, dlogits) for _ in range(40)]
     """,
     "sequence log-probabilities backward": """
         import numpy as np
         from seqpack.nn import _loss
         logits = np.ones((2048, 32768), np.float32)
         rows, gold = np.arange(2048, dtype=np.intp), np.zeros(2048, np.int32)
-        lse, dlogits = np.full(2048, 10.4), np.zeros_like(logits)
+        normalizers, dlogits = np.tile([1.0, 10.4], (2048, 1)), np.zeros_like(logits)
         offsets, weights = np.array([0, 1000, 1000, 2048], np.int64), np.ones(3)
-        call = lambda: [_loss.occurrence_logprob_backward(logits, rows, gold, lse, offsets, weights, dlogits)
+        call = lambda: [_loss.occurrence_logprob_backward(logits, rows, gold, normalizers, offsets, weights, dlogits)
                         for _ in range(40)]
     """,
     "range softmax": """

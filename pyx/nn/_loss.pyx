@@ -2,7 +2,10 @@
 
 Only the rows listed in ``rows`` are read (the eligible targets, gathered by the Python
 layer before any arithmetic); every other logit cell is never touched, so it may hold
-NaN or inf. Natural logarithm; the log-sum-exp subtracts each row's maximum. The
+NaN or inf. Natural logarithm; each row's log-sum-exp is kept as two numbers, the row's
+maximum ``m`` and ``log(sum(exp(x - m)))``, never added: a loss is ``(m - x[target]) +
+log(...)`` and a probability ``exp((x - m) - log(...))``, so logits of any magnitude (1e30,
+say, where ``m + log(...)`` would round to ``m``) lose nothing to cancellation. The
 occurrence kernels see the selected rows grouped by ``offsets``: occurrence ``k`` owns
 items ``[offsets[k], offsets[k + 1])`` (possibly none). Ctrl-C stops any kernel between
 rows (``KeyboardInterrupt``; outputs then undefined).
@@ -20,7 +23,8 @@ cdef enum:
     CHECK_CELLS = 1 << 16
 
 
-cdef inline double _row_logsumexp(const real[::1] logits) noexcept nogil:
+cdef inline void _row_normalizer(const real[::1] logits, double[::1] normalizer) noexcept nogil:
+    """``normalizer`` = (the row's maximum m, log(sum(exp(logits - m))))."""
     cdef Py_ssize_t column
     cdef double maximum = logits[0]
     cdef double total = 0.0
@@ -29,12 +33,13 @@ cdef inline double _row_logsumexp(const real[::1] logits) noexcept nogil:
             maximum = logits[column]
     for column in range(logits.shape[0]):
         total += exp(logits[column] - maximum)
-    return maximum + log(total)
+    normalizer[0] = maximum
+    normalizer[1] = log(total)
 
 
 cdef inline void _add_row_gradient(
     const real[::1] logits,  # [V], one selected row
-    double logsumexp,
+    const double[::1] normalizer,  # (maximum, log of the shifted sum), from the forward
     cell_t target,
     double scale,
     real[::1] dlogits,  # [V], accumulated into
@@ -42,7 +47,7 @@ cdef inline void _add_row_gradient(
     """``dlogits += scale * (softmax(logits) - onehot(target))``, one row."""
     cdef Py_ssize_t column
     for column in range(logits.shape[0]):
-        dlogits[column] += <real>(scale * exp(logits[column] - logsumexp))
+        dlogits[column] += <real>(scale * exp((logits[column] - normalizer[0]) - normalizer[1]))
     dlogits[target] -= <real>scale
 
 
@@ -50,10 +55,11 @@ def indexed_nll_forward(
     const real[:, ::1] logits not None,  # [cells, V]
     const Py_ssize_t[::1] rows not None,  # [N], eligible cells
     const cell_t[::1] targets not None,  # [N], gold class of each eligible cell
-    double[::1] logsumexp not None,  # [N], saved for the backward
+    double[:, ::1] normalizers not None,  # [N, 2], saved for the backward
     double[::1] losses not None,  # [N], -log p(target)
 ):
-    """Write each selected row's log-sum-exp and loss; return the loss sum (in row order)."""
+    """Write each selected row's normalizer (its maximum and the log of its shifted sum)
+    and loss; return the loss sum (in row order)."""
     cdef Py_ssize_t count = rows.shape[0]
     cdef Py_ssize_t item
     cdef double total = 0.0
@@ -64,8 +70,8 @@ def indexed_nll_forward(
         for item in range(count):
             if interrupted_after(&interrupt, &since, logits.shape[1], CHECK_CELLS):
                 break
-            logsumexp[item] = _row_logsumexp(logits[rows[item]])
-            losses[item] = logsumexp[item] - logits[rows[item], targets[item]]
+            _row_normalizer(logits[rows[item]], normalizers[item])
+            losses[item] = (normalizers[item, 0] - logits[rows[item], targets[item]]) + normalizers[item, 1]
             total += losses[item]
     interrupt_finish(&interrupt)
     return total
@@ -75,7 +81,7 @@ def indexed_nll_backward(
     const real[:, ::1] logits not None,  # [cells, V]
     const Py_ssize_t[::1] rows not None,  # [N]
     const cell_t[::1] targets not None,  # [N]
-    const double[::1] logsumexp not None,  # [N], from the forward
+    const double[:, ::1] normalizers not None,  # [N, 2], from the forward
     double scale,  # d(objective)/d(loss sum), 1/N for the mean
     real[:, ::1] dlogits not None,  # [cells, V], accumulated into on selected rows only
 ):
@@ -88,7 +94,7 @@ def indexed_nll_backward(
         for item in range(count):
             if interrupted_after(&interrupt, &since, logits.shape[1], CHECK_CELLS):
                 break
-            _add_row_gradient(logits[rows[item]], logsumexp[item], targets[item], scale, dlogits[rows[item]])
+            _add_row_gradient(logits[rows[item]], normalizers[item], targets[item], scale, dlogits[rows[item]])
     interrupt_finish(&interrupt)
 
 
@@ -124,7 +130,7 @@ def occurrence_logprob_backward(
     const real[:, ::1] logits not None,  # [cells, V]
     const Py_ssize_t[::1] rows not None,  # [N]
     const cell_t[::1] targets not None,  # [N]
-    const double[::1] logsumexp not None,  # [N], from indexed_nll_forward
+    const double[:, ::1] normalizers not None,  # [N, 2], from indexed_nll_forward
     const int64_t[::1] offsets not None,  # [n + 1], non-decreasing from 0 to N
     const double[::1] weights not None,  # [n], d(objective)/d(sum of occurrence k)
     real[:, ::1] dlogits not None,  # [cells, V], accumulated into on selected rows only
@@ -142,7 +148,7 @@ def occurrence_logprob_backward(
             for item in range(offsets[occurrence], offsets[occurrence + 1]):
                 if interrupted_after(&interrupt, &since, logits.shape[1], CHECK_CELLS):
                     break
-                _add_row_gradient(logits[rows[item]], logsumexp[item], targets[item], scale,
+                _add_row_gradient(logits[rows[item]], normalizers[item], targets[item], scale,
                                   dlogits[rows[item]])
             if interrupt_requested(&interrupt):
                 break

@@ -58,14 +58,14 @@ def test_float32_kernel():
     logits = rng.normal(size=(4, 6)).astype(np.float32)
     rows = np.array([0, 2, 3], dtype=np.intp)
     targets = np.array([5, 0, 2], dtype=np.int32)
-    lse, losses = np.empty(3), np.empty(3)
-    total = _loss.indexed_nll_forward(logits, rows, targets, lse, losses)
+    normalizers, losses = np.empty((3, 2)), np.empty(3)
+    total = _loss.indexed_nll_forward(logits, rows, targets, normalizers, losses)
     expected, gradient = reference_nll(logits.astype(np.float64)[None], np.array([[5, -1, 0, 2]]),
                                        np.array([[1, 0, 1, 1]], bool))
     np.testing.assert_allclose(losses, expected, rtol=1e-6)
     assert math.isclose(total, expected.sum(), rel_tol=1e-6)
     dlogits = np.zeros_like(logits)
-    _loss.indexed_nll_backward(logits, rows, targets, lse, 1.0 / 3, dlogits)
+    _loss.indexed_nll_backward(logits, rows, targets, normalizers, 1.0 / 3, dlogits)
     assert not dlogits[1].any() and abs(dlogits.sum()) < 1e-6
     # The sum of softmax-minus-one-hot is zero whatever the scale or the gold class: the
     # gradient itself is checked against the float64 reference (the mean over 3 targets).
@@ -77,6 +77,21 @@ def test_stable_for_huge_logits():
     loss = masked_nll(logits, np.array([[0]]), np.array([[True]]))
     assert loss.loss_sum == pytest.approx(math.log1p(math.exp(-1000.0)), abs=1e-300)
     assert np.isfinite(loss.target_losses).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("offset", [1e15, 1e16, 1e30])
+def test_a_row_of_huge_logits_loses_nothing_to_cancellation(dtype, offset):
+    """The loss was (m + log sum) - x[target]: with m = 1e30 the log sum rounded away and every
+    loss was 0, with gradients that did not sum to zero (review). Logits shifted by one
+    offset give the loss and gradient of the logits as they are stored, shifted back."""
+    stored = (np.array([[[0.5, -0.25, 1.0, 0.0]]]) + offset).astype(dtype)
+    exact = stored.astype(np.float64) - float(stored.max())   # the same softmax, exactly (m is a logit)
+    loss = masked_nll(stored, np.array([[1]]), np.array([[True]]))
+    expected, gradient = reference_nll(exact, np.array([[1]]), np.array([[True]]))
+    assert math.isclose(loss.loss_sum, float(expected.sum()), rel_tol=1e-12)
+    np.testing.assert_allclose(loss.backward()["logits"], gradient, rtol=1e-6, atol=1e-7)
+    assert abs(loss.backward()["logits"].sum()) < 1e-6
 
 
 @pytest.mark.parametrize(

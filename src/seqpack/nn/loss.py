@@ -119,13 +119,13 @@ def masked_nll(logits, targets: np.ndarray, loss_mask: np.ndarray,
     classes = array.shape[-1]
     cells, rows, gold = _eligible(targets, loss_mask, classes, array.shape[:-1])
     flat = array.reshape(-1, classes)  # [cells, V], a view
-    logsumexp, losses = np.empty(rows.shape[0]), np.empty(rows.shape[0])
-    total = _loss.indexed_nll_forward(flat, rows, gold, logsumexp, losses)
+    normalizers, losses = np.empty((rows.shape[0], 2)), np.empty(rows.shape[0])
+    total = _loss.indexed_nll_forward(flat, rows, gold, normalizers, losses)
     count = int(rows.shape[0])
 
     def gradients() -> dict[str, np.ndarray]:
         dflat = np.zeros_like(flat)
-        _loss.indexed_nll_backward(flat, rows, gold, logsumexp, 1.0 / count, dflat)
+        _loss.indexed_nll_backward(flat, rows, gold, normalizers, 1.0 / count, dflat)
         return {"logits": dflat.reshape(array.shape)}
 
     return MaskedLoss(float(total / count), float(total), count, losses, cells, gradients)
@@ -135,13 +135,13 @@ def _masked_nll_on_tape(logits: Tensor, targets, loss_mask, parameters) -> Maske
     classes = logits.shape[-1]
     cells, rows, gold = _eligible(targets, loss_mask, classes, logits.shape[:-1])
     flat = np.ascontiguousarray(logits.value).reshape(-1, classes)  # [cells, V]
-    logsumexp, losses = np.empty(rows.shape[0]), np.empty(rows.shape[0])
-    total = _loss.indexed_nll_forward(flat, rows, gold, logsumexp, losses)
+    normalizers, losses = np.empty((rows.shape[0], 2)), np.empty(rows.shape[0])
+    total = _loss.indexed_nll_forward(flat, rows, gold, normalizers, losses)
     count = int(rows.shape[0])
 
     def backward(grad):
         dflat = np.zeros_like(flat)
-        _loss.indexed_nll_backward(flat, rows, gold, logsumexp, float(grad) / count, dflat)
+        _loss.indexed_nll_backward(flat, rows, gold, normalizers, float(grad) / count, dflat)
         logits.accumulate(dflat.reshape(logits.shape))
 
     mean = record(np.array(total / count), (logits,), backward)

@@ -33,7 +33,7 @@ class _Saved(NamedTuple):
     shape: tuple[int, ...]  # [rows, T, V]
     rows: np.ndarray  # [N] intp, the flat cell of each supervised target
     targets: np.ndarray  # [N] int32, its gold class
-    logsumexp: np.ndarray  # [N] float64
+    normalizers: np.ndarray  # [N, 2] float64: each row's maximum and log of its shifted sum
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,7 +72,7 @@ class OccurrenceLogprobs:
         weights = _weights(weights, len(self))
         saved = self._saved
         dlogits = np.zeros_like(saved.logits)  # [cells, V]
-        _loss.occurrence_logprob_backward(saved.logits, saved.rows, saved.targets, saved.logsumexp,
+        _loss.occurrence_logprob_backward(saved.logits, saved.rows, saved.targets, saved.normalizers,
                                           self.offsets, weights, dlogits)
         return dlogits.reshape(saved.shape)
 
@@ -87,7 +87,7 @@ def sequence_logprobs(logits, batch, *, binding=None) -> OccurrenceLogprobs:
     ``loss_mask`` cells. An occurrence without supervised targets has count 0 and sum 0.0;
     a batch without any is not an error.
 
-    Peak extra memory: at most 40 bytes per supervised target and 80 per occurrence (the
+    Peak extra memory: at most 48 bytes per supervised target and 80 per occurrence (the
     batch's cached occurrence records included; plus the example ids), and no copy of the logits unless they are not a C-contiguous float32
     or float64 array (then one copy, in the precision they are read in). The result keeps
     the logits (or that copy) for ``gradient``, which adds one array of their size.
@@ -112,8 +112,8 @@ def sequence_logprobs(logits, batch, *, binding=None) -> OccurrenceLogprobs:
     _, rows, gold = _eligible(batch.targets, batch.loss_mask, classes, batch.shape, allow_none=True)
     offsets = _occurrence_offsets(batch, rows)
     flat = array.reshape(-1, classes)  # [cells, V], a view
-    logsumexp, losses = np.empty(rows.shape[0]), np.empty(rows.shape[0])  # [N]
-    _loss.indexed_nll_forward(flat, rows, gold, logsumexp, losses)
+    normalizers, losses = np.empty((rows.shape[0], 2)), np.empty(rows.shape[0])
+    _loss.indexed_nll_forward(flat, rows, gold, normalizers, losses)
     values, sums = np.empty(rows.shape[0]), np.empty(offsets.shape[0] - 1)  # [N], [n]
     _loss.occurrence_logprob_sums(losses, offsets, values, sums)
     del losses
@@ -122,7 +122,7 @@ def sequence_logprobs(logits, batch, *, binding=None) -> OccurrenceLogprobs:
     for output in (ordinals, sums, counts, values, offsets):
         output.flags.writeable = False
     return OccurrenceLogprobs(ordinals, batch.example_ids, sums, counts, values, offsets,
-                            _Saved(flat, array.shape, rows, gold, logsumexp))
+                            _Saved(flat, array.shape, rows, gold, normalizers))
 
 
 def _occurrence_offsets(batch: BatchLayout, rows: np.ndarray) -> np.ndarray:
