@@ -17,7 +17,8 @@ PACKAGE = Path(seqpack.__file__).resolve().parent
 
 #: Lowest first. A module may import its own layer and any layer listed before it.
 LAYERS = [
-    ("seqpack.errors", "seqpack._arguments", "seqpack._threads", "seqpack._openmp", "seqpack.fixtures"),
+    ("seqpack.errors", "seqpack._arguments", "seqpack._read_only", "seqpack._threads", "seqpack._openmp",
+     "seqpack.fixtures"),
     ("seqpack.data",),
     ("seqpack.layout",),
     ("seqpack.packing",),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._arguments import regular_array
+from .._read_only import ReadOnlyArrays
 from .binding import Partition, check_partition
 from ..errors import InvalidInputError
 
@@ -37,7 +38,7 @@ def as_int32_tokens(token_ids: object, name: str = "token IDs") -> np.ndarray:
     return tokens
 
 
-class BatchDocument:
+class BatchDocument(ReadOnlyArrays):
     """One source document: ``source_id``, ``token_ids`` (read-only int32) and
     ``partition``. ``len(document)`` is its token count, framing included."""
 

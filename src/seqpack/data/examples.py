@@ -10,6 +10,7 @@ from typing import Union
 
 import numpy as np
 
+from .._read_only import ReadOnlyArrays
 from .binding import BatchBinding, Partition
 from .documents import BatchDocument
 from .supervision import as_supervision
@@ -70,7 +71,7 @@ def check_stored(example: "SequenceExample", index: int) -> None:
                                 f"build it with from_range, which validates the document")
 
 
-class SequenceExample:
+class SequenceExample(ReadOnlyArrays):
     """One example: the shifted pair of a document's selected source range.
 
     ``inputs`` are the range's tokens but the last, ``targets`` the range's tokens

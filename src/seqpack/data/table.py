@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .._arguments import INT32_MAX, check_bool, check_choice, check_int, integer_array, shown
+from .._read_only import ReadOnlyArrays
 from .._threads import check_threads, kernel_threads
 from ..errors import DecodeLimitError, InvalidInputError, SeqpackError
 from . import _validate
@@ -39,7 +40,7 @@ def _int_array(name: str, values, dtype, ndim: int, copy: bool = True) -> np.nda
     return result
 
 
-class ExampleTable:
+class ExampleTable(ReadOnlyArrays):
     """Examples as arrays: document ``d`` is ``token_ids[offsets[d]:offsets[d + 1]]``.
 
     Every document must be valid under the binding and have content. Without

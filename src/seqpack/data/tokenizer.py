@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._arguments import INT64_MAX, check_int, is_int, regular_array
+from .._read_only import ReadOnlyArrays, freeze
 from ..errors import DecodeLimitError, InvalidInputError, TokenizerError
 
 BOS_ID = 0
@@ -215,7 +216,7 @@ def _merge_error(rank: int, merge: object, seen: set[tuple[int, int]]) -> str | 
     return None
 
 
-class ByteTokenizer:
+class ByteTokenizer(ReadOnlyArrays):
     """Byte-level tokenizer with optional byte-pair merges.
 
     BOS = 0, EOS = 1, byte ``b`` -> ``b + 2``; merge of rank ``k`` (a pair of
@@ -259,6 +260,7 @@ class ByteTokenizer:
         self._piece_length = np.array([len(p) for p in pieces], dtype=np.intp)
         self._piece_start = np.concatenate(([0], np.cumsum(self._piece_length)[:-1]))
         self._piece_bytes = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        freeze((self._piece_length, self._piece_start))   # the tokenizer never changes
         payload = {
             "kind": "seqpack-byte-bpe",
             "bos_id": BOS_ID,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._arguments import INT32_MAX, check_int, integer_array
+from .._read_only import ReadOnlyArrays
 from ..errors import CapacityError, InvalidInputError
 from .binding import Partition, check_partition
 from .documents import BatchDocument, as_int32_tokens
@@ -83,7 +84,7 @@ def _read_only(array: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class CausalWindow:
+class CausalWindow(ReadOnlyArrays):
     """One shifted pair: ``targets[t]`` is the token after ``inputs[t]`` (int32)."""
 
     inputs: np.ndarray
@@ -147,7 +148,7 @@ class MiniBatchConfig:
 
 
 @dataclass(frozen=True, eq=False)
-class MiniBatch:
+class MiniBatch(ReadOnlyArrays):
     """Windows stacked as int32 ``inputs``/``targets`` of shape ``[n, context_length]``.
 
     ``document_indices[i]`` (into the documents given to the epoch) and ``starts[i]``

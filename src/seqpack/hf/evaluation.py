@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .._arguments import check_bool
+from .._read_only import ReadOnlyArrays
 from ..data.binding import BatchBinding
 from ..errors import InvalidInputError
 from ..io.progress import Progress
@@ -39,7 +40,7 @@ from .collators import flat
 
 
 @dataclass(frozen=True, eq=False)
-class Evaluation:
+class Evaluation(ReadOnlyArrays):
     """What :func:`evaluate` measured, one entry per example, by ascending ordinal.
 
     ``ordinals`` (int64): each example's ordinal in the data (its segment in the packed

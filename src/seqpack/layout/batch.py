@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._arguments import DEFAULT_MEMORY_BYTES, check_int, shown
+from .._read_only import ReadOnlyArrays
 from .counts import permitted_edges
 from ..data.binding import BatchBinding, Partition
 from ..data.examples import SequenceExample
@@ -90,7 +91,7 @@ def _occurrence_message(code: int, index: int, column: int, batch: "BatchLayout"
     return f"{name}, column {column}: {what}"
 
 
-class BatchLayout:
+class BatchLayout(ReadOnlyArrays):
     """The cell arrays of a padded or packed batch, filled by one kernel from placements.
 
     Field attributes (read-only numpy arrays): ``inputs``, ``targets``,
@@ -120,14 +121,6 @@ class BatchLayout:
         self._placements = placements
         for name, array in fields.named().items():
             setattr(self, name, array)
-
-    def __setstate__(self, state: dict) -> None:
-        # numpy unpickles arrays writable: the fields (and the placements' arrays) are read-only again
-        self.__dict__.update(state)
-        for value in state.values():
-            for array in value if isinstance(value, tuple) else (value,):
-                if isinstance(array, np.ndarray):
-                    array.flags.writeable = False
 
     @classmethod
     def filled(cls, partition, binding, source, placements: Placements, shape: tuple[int, int],

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._arguments import regular_array
+from .._read_only import ReadOnlyArrays
 from ..errors import InvalidInputError, VerificationError
 from ..layout.batch import BatchLayout
 from . import _loss
@@ -37,7 +38,7 @@ class _Saved(NamedTuple):
 
 
 @dataclass(frozen=True, eq=False)
-class OccurrenceLogprobs:
+class OccurrenceLogprobs(ReadOnlyArrays):
     """Log-probabilities of a batch's supervised targets, per occurrence (natural log).
 
     With ``n`` occurrences and ``N`` supervised targets: ``ordinals`` (int64 ``[n]``) and
@@ -56,6 +57,7 @@ class OccurrenceLogprobs:
     values: np.ndarray
     offsets: np.ndarray
     _saved: _Saved = field(repr=False)
+    _writable = ("_saved",)   # the caller's logits, which gradient reads again
 
     def __len__(self) -> int:
         return len(self.example_ids)

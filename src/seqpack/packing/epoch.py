@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from .._arguments import batch_index, batch_range
+from .._read_only import ReadOnlyArrays
 
 
-class Epoch:
+class Epoch(ReadOnlyArrays):
     """Every batch of one ``pad`` or ``pack`` call: ``len``, indexing and iteration go to
     ``batches``; ``memory_peak`` is the byte requirement checked against the budget;
     ``pairs`` says whether the examples are preference pairs (every batch then holds

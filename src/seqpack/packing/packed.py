@@ -9,6 +9,7 @@ import numpy as np
 from ..layout.batch import BatchLayout
 from ..layout.fields import FieldArrays, Placements
 from .._arguments import batch_index, batch_range
+from .._read_only import ReadOnlyArrays
 from .epoch import Epoch
 
 
@@ -32,7 +33,7 @@ def packed_batch(partition, binding, source, ordinals, rows, starts, lengths, sh
     return PackedBatch.filled(partition, binding, source, placements, shape, buffers, pairs, threads)
 
 
-class EpochBatches(Sequence):
+class EpochBatches(ReadOnlyArrays, Sequence):
     """The batches of an eager epoch: views of its arrays, each made once, on first access.
 
     Batch ``i`` holds rows ``[i * rows_per_batch, ...)`` and occurrences

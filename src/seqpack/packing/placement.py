@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._arguments import INT64_MAX, check_bool, shown
+from .._read_only import ReadOnlyArrays
 from ..data.windows import refuse_long
 from ..errors import InvalidInputError
 from . import _placement
@@ -33,7 +34,7 @@ BEST_FIT_MAX_CAPACITY = 2**24
 
 
 @dataclass(frozen=True)
-class Placement:
+class Placement(ReadOnlyArrays):
     """Where each example lives: ``rows[i]`` and ``starts[i]`` (read-only int64) for example ``i``."""
 
     rows: np.ndarray

@@ -1,0 +1,43 @@
+"""Arrays a class keeps read-only stay read-only in its copies.
+
+numpy unpickles every array writable, and ``copy.deepcopy`` goes through pickling's
+protocol, skipping ``__init__`` and ``__post_init__``, where the arrays were frozen: a
+copy sent to a data-loader worker or a Ray task would then accept writes its original
+refuses. :class:`ReadOnlyArrays` freezes them again as the copy is restored.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def freeze(value) -> None:
+    """Make every numpy array in ``value`` read-only: ``value`` itself, or the arrays held
+    (at any depth) in its tuples, lists and dict values. Other objects are left alone."""
+    if isinstance(value, np.ndarray):
+        value.flags.writeable = False
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            freeze(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            freeze(item)
+
+
+class ReadOnlyArrays:
+    """A mixin: a pickled or deep-copied instance has its arrays read-only again (those in
+    its attributes, their tuples, lists and dicts), as ``__init__`` left the original's.
+    Attributes named in ``_writable`` are restored as they are (a shallow copy shares
+    them with the original, which may hold an array of its caller's)."""
+
+    __slots__ = ()
+    _writable: tuple[str, ...] = ()
+
+    def __setstate__(self, state) -> None:
+        # pickle's default state: the instance dict, or (dict or None, slot values) with __slots__
+        parts = state if isinstance(state, tuple) else (state, None)
+        for part in parts:
+            for name, value in (part or {}).items():
+                if name not in self._writable:
+                    freeze(value)
+                object.__setattr__(self, name, value)
