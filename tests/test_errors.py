@@ -3,6 +3,8 @@ that cross processes (pickled, or rebuilt from their class, ``str`` and ``vars``
 
 import pickle
 
+import pytest
+
 import seqpack as sp
 from seqpack.errors import CapacityError, InvalidInputError, SeqpackError, TokenizerError, VerificationError
 from seqpack.io.readers import missing_extra, not_a_file
@@ -56,3 +58,33 @@ def test_callers_branch_on_kind_and_path_not_on_the_text(tmp_path):
     assert (missing.path, missing.message, missing.kind) == (str(tmp_path / "nothing.json"), "no such tokenizer file",
                                                              None)
     assert isinstance(missing, InvalidInputError)
+
+
+def test_every_error_builds_from_its_message_alone():
+    """PyTorch's DataLoader re-raises a worker's error as ``type(error)(message)``: a
+    CapacityError or MemoryBudgetError, which needed their limits too, came out as a plain
+    RuntimeError (neither a SeqpackError nor a ValueError; review)."""
+    import inspect
+
+    from seqpack import errors
+
+    classes = [cls for _, cls in inspect.getmembers(errors, inspect.isclass) if issubclass(cls, SeqpackError)]
+    assert sp.CapacityError in classes and sp.MemoryBudgetError in classes
+    for cls in classes:
+        assert str(cls("the message")) == "the message"
+
+
+def test_a_data_loader_worker_raises_the_capacity_error_itself():
+    torch = pytest.importorskip("torch", reason="the torch extra has it: pip install 'seqpack[torch]'")
+
+    class Refusing(torch.utils.data.Dataset):
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, index):
+            raise CapacityError("batch 0 has 9 cells; max_cells is 8", cells=9, maximum=8)
+
+    loader = torch.utils.data.DataLoader(Refusing(), num_workers=1, multiprocessing_context="fork")
+    with pytest.raises(CapacityError, match="batch 0 has 9 cells; max_cells is 8") as raised:
+        next(iter(loader))
+    assert isinstance(raised.value, ValueError)

@@ -91,10 +91,12 @@ class BindingError(InvalidInputError):
 class CapacityError(InvalidInputError):
     """A batch would hold more cells than allowed (or an example more predictions than fit).
 
-    ``cells`` is what the batch or example needs and ``maximum`` the configured limit.
+    ``cells`` is what the batch or example needs and ``maximum`` the configured limit
+    (None in an error rebuilt from its message alone, as PyTorch's DataLoader re-raises
+    a worker's).
     """
 
-    def __init__(self, message: str, cells: int, maximum: int, **fields):
+    def __init__(self, message: str, cells: int | None = None, maximum: int | None = None, **fields):
         super().__init__(message, **fields)
         self.cells = cells
         self.maximum = maximum
@@ -103,10 +105,11 @@ class CapacityError(InvalidInputError):
 class MemoryBudgetError(InvalidInputError):
     """Padding or packing would hold more bytes than the config's ``max_memory_bytes``.
 
-    Raised before anything large is allocated; ``required`` and ``maximum`` are bytes.
+    Raised before anything large is allocated; ``required`` and ``maximum`` are bytes
+    (None in an error rebuilt from its message alone, as for :class:`CapacityError`).
     """
 
-    def __init__(self, message: str, required: int, maximum: int, **fields):
+    def __init__(self, message: str, required: int | None = None, maximum: int | None = None, **fields):
         super().__init__(message, **fields)
         self.required = required
         self.maximum = maximum
