@@ -334,10 +334,13 @@ def _has_block(ids: torch.Tensor) -> bool:
     return bool(((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any())
 
 
-def _capturing_attentions() -> bool:
-    """Whether this forward collects attention weights through transformers' output hooks
+def _capturing_attentions(caller) -> bool:
+    """Whether this forward collects attention weights: through transformers' output hooks
     (``output_attentions=True`` on a model, such as GPT-2 or OPT, that does not hand the
-    flag to its attention calls)."""
+    flag to its attention calls), or in the attention module's own ``forward`` (``caller``,
+    its frame), which keeps the flag to return weights itself (Falcon)."""
+    if caller is not None and caller.f_locals.get("output_attentions") is True:
+        return True
     try:
         from transformers.utils.output_capturing import _active_collector
     except ImportError:  # a transformers without output hooks passes the flag to the call
@@ -378,7 +381,7 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
             raise InvalidInputError(reason)
     if not getattr(module, "is_causal", True):
         raise InvalidInputError(_REFUSED["is_causal"][1])
-    if _capturing_attentions():
+    if _capturing_attentions(sys._getframe(1)):
         raise InvalidInputError(_REFUSED["output_attentions"][1])
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
