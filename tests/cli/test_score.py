@@ -298,7 +298,7 @@ def test_without_its_extras_it_names_them(tmp_path, hidden, message):
 
 
 #: A score that sends itself ``sys.argv[2]`` at ``sys.argv[1]``, a moment of its run: in
-#: the model's second forward, once the file is written (not yet fsynced), at the rename,
+#: the model's second forward, once the file is written (not yet fsynced), at the rename (or link),
 #: or while the totals print. ``slow`` says "forward" before each forward and sleeps,
 #: for a signal sent from outside. The rest is the command line.
 SIGNAL_SCRIPT = """
@@ -308,8 +308,8 @@ from seqpack import cli
 from seqpack.io import scores
 moment, number = sys.argv[1], getattr(signal, sys.argv[2])
 kill = lambda: os.kill(os.getpid(), number)
-forward, write, replace, report = (transformers.LlamaForCausalLM.forward, pyarrow.parquet.write_table,
-                                   scores.os.replace, cli._print_score)
+forward, write, replace, link, report = (transformers.LlamaForCausalLM.forward, pyarrow.parquet.write_table,
+                                         scores.os.replace, scores.os.link, cli._print_score)
 calls = []
 def forwarding(self, *args, **kwargs):
     calls.append(1)
@@ -327,12 +327,16 @@ def replacing(source, target):
     if moment == "renaming":
         kill()
     replace(source, target)
+def linking(source, target):   # (the publish without --force)
+    if moment == "renaming":
+        kill()
+    link(source, target)
 def reporting(*args):
     if moment == "printing":
         kill()
     report(*args)
 transformers.LlamaForCausalLM.forward, pyarrow.parquet.write_table = forwarding, writing
-scores.os.replace, cli._print_score = replacing, reporting
+scores.os.replace, scores.os.link, cli._print_score = replacing, linking, reporting
 sys.exit(cli.main(sys.argv[3:]))
 """
 

@@ -223,7 +223,10 @@ class PackingCollator:
     ``config.rows_per_batch`` is a :class:`~seqpack.CapacityError` (lower
     ``per_device_train_batch_size``). Trainer's label smoothing and a ``compute_loss_func``
     shift ``labels`` themselves and would drop each full row's last target: leave them off
-    (:class:`~seqpack.hf.SFTTokenCount` refuses them).
+    (:class:`~seqpack.hf.SFTTokenCount` refuses them). A ``compute_metrics`` that shifts
+    ``label_ids`` likewise misses those targets: give Trainer ``label_names=["shift_labels"]``,
+    whose entry ``j`` is the target of the logits at ``j`` (predictions and labels come per
+    packed row, ``[rows, capacity]``, not per example).
 
     Supervision is TRL's (``SFTTrainer`` turns the masks into -100 labels, its collator
     reads them): entry ``j`` of ``labels``, ``completion_mask`` and ``assistant_masks`` is
