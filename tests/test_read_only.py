@@ -80,6 +80,16 @@ def test_copies_keep_arrays_read_only(name):
         assert set(writable_arrays(copied)) <= writable, name
 
 
+def test_a_shallow_copy_leaves_the_callers_arrays_as_they_are():
+    """copy.copy froze the arrays it shares with the original: a caller's own (review)."""
+    from seqpack.data.windows import CausalWindow
+
+    inputs, targets = np.arange(4, dtype=np.int32), np.arange(1, 5, dtype=np.int32)
+    window = CausalWindow(inputs, targets)
+    shallow = copy.copy(window)
+    assert shallow.inputs is inputs and inputs.flags.writeable and targets.flags.writeable
+
+
 def test_a_copy_of_logprobs_leaves_the_callers_logits_writable():
     table = sp.ExampleTable.from_texts(TEXTS, BINDING, capacity=16)
     batch = sp.pack(table, sp.PackConfig(16, 1), partition=sp.Partition.TRAIN, binding=BINDING).batches[0]

@@ -27,17 +27,28 @@ def freeze(value) -> None:
 class ReadOnlyArrays:
     """A mixin: a pickled or deep-copied instance has its arrays read-only again (those in
     its attributes, their tuples, lists and dicts), as ``__init__`` left the original's.
-    Attributes named in ``_writable`` are restored as they are (a shallow copy shares
-    them with the original, which may hold an array of its caller's)."""
+    Attributes named in ``_writable`` are restored as they are, and a shallow copy
+    (``copy.copy``) shares the original's arrays untouched: they may be its caller's."""
 
     __slots__ = ()
     _writable: tuple[str, ...] = ()
 
     def __setstate__(self, state) -> None:
+        self._restore(state, frozen=True)
+
+    def __copy__(self):
+        # A shallow copy shares the original's arrays: left as they are (freezing them would
+        # change the original's, and its caller's).
+        copied = self.__reduce_ex__(4)
+        restored = copied[0](*copied[1])
+        restored._restore(copied[2], frozen=False)
+        return restored
+
+    def _restore(self, state, frozen: bool) -> None:
         # pickle's default state: the instance dict, or (dict or None, slot values) with __slots__
         parts = state if isinstance(state, tuple) else (state, None)
         for part in parts:
             for name, value in (part or {}).items():
-                if name not in self._writable:
+                if frozen and name not in self._writable:
                     freeze(value)
                 object.__setattr__(self, name, value)

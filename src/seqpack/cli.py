@@ -301,7 +301,7 @@ def _pack(args) -> int:
     except (KeyboardInterrupt, Terminated):
         if fmt.manifest_stamp(args.out) not in (stamp, None) and fmt.is_packed_dataset(args.out):
             args.signals.answered()
-            print(f"seqpack: {args.out} is complete: it was published before the signal took effect",
+            print(f"seqpack: {_one_line(args.out)} is complete: it was published before the signal took effect",
                   file=sys.stderr)
             return 0
         raise
@@ -328,14 +328,14 @@ def _pack_and_report(args, job) -> int:
     except DecodeLimitError as error:
         raise DecodeLimitError(f"{error} (--max-document-tokens raises the limit)", error.position) from None
     for directory in (d for reader in job.readers if isinstance(reader, io.TextFiles) for d in reader.skipped):
-        print(f"seqpack: skipped {directory}: a packed dataset, not text", file=sys.stderr)
+        print(f"seqpack: skipped {_one_line(directory)}: a packed dataset, not text", file=sys.stderr)
     supervision = manifest.get("supervision") or {}
     if supervision.get("mismatched_prompts"):
         count = supervision["mismatched_prompts"]
         completion = "chosen or rejected" if any("preference" in name for name in supervision["applied"]) \
             else "completion"
         print(f"seqpack: warning: {count:,} record{'s' if count != 1 else ''}' prompt encoding is not a prefix of "
-              f"prompt + {completion} (first: {supervision['first_mismatched_prompt']}); as in TRL, the completion "
+              f"prompt + {completion} (first: {_one_line(supervision['first_mismatched_prompt'])}); as in TRL, the completion "
               f"begins where they diverge", file=sys.stderr)
     if args.json:
         _print_json(manifest)
@@ -362,8 +362,8 @@ def _print_pack_report(out: Path, manifest: dict) -> None:
         if ours:
             raise
     if not ours:
-        print(f"seqpack: {out} was published, then replaced by another pack before its report was read; "
-              f"'seqpack stats {out}' reports what is there now", file=sys.stderr)
+        print(f"seqpack: {_one_line(out)} was published, then replaced by another pack before its report was read; "
+              f"'seqpack stats {_one_line(out)}' reports what is there now", file=sys.stderr)
         return
     print(stats_text(dataset_stats(dataset)))
 
@@ -481,9 +481,6 @@ def _score(args) -> int:
 
     _check_extras("seqpack score", {"hf": "transformers", "corpus": "pyarrow"})
     check_scores_output(args.out, args.force)
-    if args.out.is_file() and args.model.resolve() in args.out.resolve().parents:
-        raise InvalidInputError(f"--out {args.out} is a file of the model directory {args.model.resolve()}: "
-                                f"write the scores elsewhere")
     dataset = open_dataset(args.dataset)
     import_parquet()
     torch, hf = _import_hf("seqpack score")
@@ -507,7 +504,7 @@ def _score(args) -> int:
         late = True
     if late:
         args.signals.answered()
-        print(f"seqpack: {args.out} is complete: it was written before the signal took effect", file=sys.stderr)
+        print(f"seqpack: {_one_line(args.out)} is complete: it was written before the signal took effect", file=sys.stderr)
     return 0
 
 

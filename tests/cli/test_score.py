@@ -247,8 +247,8 @@ def test_each_refusal_is_one_line(corpus, case):
         "inside the dataset": f"--out {packed / 'scores.parquet'} is inside the packed dataset {packed.resolve()}",
         "a directory": f"{root / 'docs'} is a directory; --force replaces only a file",
         "malformed config": f"{target}: not a transformers model: integer modulo by zero",
-        "a file of the model": f"--out {model / 'config.json'} is a file of the model directory {model.resolve()}: "
-                               f"write the scores elsewhere",
+        "a file of the model": f"{model / 'config.json'} is not a Parquet file; --force replaces only a scores "
+                               f"file",
     }
     if case == "missing model":
         model = root / "missing-model"

@@ -594,6 +594,11 @@ def test_a_packed_dataset_inside_an_input_directory_is_skipped_and_reported(tmp_
     result = run("pack", textdir, "--out", tmp_path / "again", "--quiet", "--json")
     assert result.returncode == 0, result.stderr
     assert result.stderr == f"seqpack: skipped {textdir / 'out'}: a packed dataset, not text\n"
+    # A name's escape sequence reached the terminal from this line (review).
+    (textdir / "out").rename(textdir / "out\x1b[2J")
+    result = run("pack", textdir, "--out", tmp_path / "third", "--quiet", "--json")
+    assert result.stderr == f"seqpack: skipped {textdir}/out\\x1b[2J: a packed dataset, not text\n"
+    (textdir / "out\x1b[2J").rename(textdir / "out")
     manifest = json.loads(result.stdout)
     assert [item["name"] for item in manifest["inputs"]] == [str(textdir / "a.txt"), str(textdir / "b.txt")]
     assert one_error_line(run("pack", textdir / "out", "--out", tmp_path / "x"), 1).endswith(

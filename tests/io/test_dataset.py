@@ -547,3 +547,36 @@ def test_a_dataset_replaced_while_it_is_opened_is_opened_whole(tmp_path, monkeyp
     with pytest.raises(sp.InvalidInputError, match=f"{out}: the dataset was replaced while it was being opened, "
                                                    f"{module.OPEN_ATTEMPTS} times"):
         io.open_dataset(out)
+
+
+def test_a_dataset_moved_aside_while_its_files_are_mapped_is_opened_again(tmp_path, monkeypatch):
+    """The publish moves the old dataset aside, then the new one in: between the two, the
+    first map of a part's file raised a bare FileNotFoundError (review); it is now a
+    SeqpackError, and the open, seeing a new manifest, opens the new dataset."""
+    from seqpack.io import part as module
+
+    config = sp.PackConfig(64, 2)
+    for name, byte in (("a", b"a"), ("b", b"b")):
+        write_texts(tmp_path / name, [byte * size for size in (5, 30, 17)])
+        io.pack_corpus([io.TextFiles([tmp_path / name])], tmp_path / f"packed-{name}", binding=BINDING,
+                       tokenizer=TOKENIZER, config=config)
+    live = tmp_path / "live"
+    (tmp_path / "packed-a").rename(live)
+    mapping = module.Part._map
+
+    def publish_during_the_first_map(self, *args):
+        if not (tmp_path / "aside").exists():
+            live.rename(tmp_path / "aside")
+            try:
+                return mapping(self, *args)
+            finally:
+                (tmp_path / "packed-b").rename(live)
+        return mapping(self, *args)
+
+    monkeypatch.setattr(module.Part, "_map", publish_during_the_first_map)
+    dataset = io.open_dataset(live)
+    assert all(dataset.example_id(i).startswith(str(tmp_path / "b")) for i in range(dataset.occurrence_count))
+    monkeypatch.undo()
+    (live / "part-00000" / "tokens.bin").unlink()   # a file gone for good: named, not retried
+    with pytest.raises(sp.InvalidInputError, match="tokens.bin: missing"):
+        io.open_dataset(live)

@@ -124,7 +124,12 @@ class Part:
         """A read-only array over ``name`` from ``offset``; its map is kept for the size check."""
         if not np.prod(shape, dtype=np.int64):
             return np.zeros(shape, dtype)
-        with open(self.directory / name, "rb") as handle:
+        try:
+            handle = open(self.directory / name, "rb")
+        except OSError as error:  # removed since the dataset was opened (a pack --force replacing it), say
+            raise InvalidInputError(f"{self.directory / name}: cannot read: {error.strerror or error} (open the "
+                                    f"dataset again if it was replaced)") from None
+        with handle:
             if _identity(os.fstat(handle.fileno())) != self._identities[name]:
                 # (unmapped to stay under MAPPED_PARTS, mapped again: the same sizes would not
                 # show a dataset replaced in between, whose tokens the old index would misread)

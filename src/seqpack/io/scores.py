@@ -52,7 +52,8 @@ def import_parquet():
 
 def check_scores_output(out: Path, force: bool) -> None:
     """Refuse an output that cannot be written or must not be replaced: an existing ``out``
-    without ``force``, a directory even with it (``force`` replaces only a file), a
+    without ``force``, a directory or a file that is not Parquet even with it (``force``
+    replaces only a scores file, never a model's ``config.json`` or weights), a
     missing parent, and a file inside a packed dataset, the one scored or another (which
     holds only its manifest and parts, so ``verify`` would fail on it)."""
     if out.name in ("", ".", ".."):
@@ -64,6 +65,9 @@ def check_scores_output(out: Path, force: bool) -> None:
             raise InvalidInputError(f"{out} already exists (--force replaces it)")
         if out.is_dir():
             raise InvalidInputError(f"{out} is a directory; --force replaces only a file")
+        if not _is_parquet(out):
+            raise InvalidInputError(f"{out} is not a Parquet file; --force replaces only a scores file (this one "
+                                    f"may be a model's config or weights, or another tool's data): name another")
     if not out.parent.is_dir():
         problem = "is not a directory" if out.parent.exists() else "does not exist"
         raise InvalidInputError(f"{out.parent} {problem} (the parent of {out})")
@@ -137,6 +141,15 @@ def remove_dead_partials(out: Path) -> list[str]:
     return removed
 
 
+def _is_parquet(path: Path) -> bool:
+    """Whether the file at ``path`` begins with Parquet's magic bytes (unreadable: no)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"PAR1"
+    except OSError:
+        return False
+
+
 def _publish_new(temporary: Path, out: Path) -> None:
     """Rename ``temporary`` to ``out`` only if no ``out`` exists, atomically: a hard link
     fails on an existing name, so of two writers at once one is refused (a check and then
@@ -147,7 +160,8 @@ def _publish_new(temporary: Path, out: Path) -> None:
     except FileExistsError:
         raise InvalidInputError(f"{out} already exists (--force replaces it)") from None
     except OSError as error:
-        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV,
+                               errno.EMLINK):
             raise
         os.replace(temporary, out)
         return

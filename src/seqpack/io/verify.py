@@ -208,8 +208,9 @@ def verify_dataset(path, *, tokenizer=None, progress: Progress | None = None, ba
     ``tokenizer`` (a tokenizers JSON file), also check that it is the one the dataset was
     packed with.
 
-    Raises :class:`~seqpack.errors.VerificationError` (or ``InvalidInputError`` for a
-    missing or unreadable manifest) naming the first failing file.
+    Raises :class:`~seqpack.errors.VerificationError` naming the first failing file, or
+    ``InvalidInputError`` for a missing or unreadable manifest, arguments of the wrong
+    type, and a dataset replaced (a pack with ``--force``) while it was being read.
     """
     path = input_path(path)
     tokenizer = None if tokenizer is None else input_path(tokenizer, "tokenizer")
