@@ -39,10 +39,10 @@ class ReadOnlyArrays:
     def __copy__(self):
         # A shallow copy shares the original's arrays: left as they are (freezing them would
         # change the original's, and its caller's).
-        copied = self.__reduce_ex__(4)
-        restored = copied[0](*copied[1])
-        restored._restore(copied[2], frozen=False)
-        return restored
+        rebuild, arguments, state = self.__reduce_ex__(4)[:3]
+        copied = rebuild(*arguments)
+        copied._restore(state, frozen=False)
+        return copied
 
     def _restore(self, state, frozen: bool) -> None:
         # pickle's default state: the instance dict, or (dict or None, slot values) with __slots__

@@ -334,9 +334,10 @@ def _pack_and_report(args, job) -> int:
         count = supervision["mismatched_prompts"]
         completion = "chosen or rejected" if any("preference" in name for name in supervision["applied"]) \
             else "completion"
+        first = _one_line(supervision["first_mismatched_prompt"])
         print(f"seqpack: warning: {count:,} record{'s' if count != 1 else ''}' prompt encoding is not a prefix of "
-              f"prompt + {completion} (first: {_one_line(supervision['first_mismatched_prompt'])}); as in TRL, the completion "
-              f"begins where they diverge", file=sys.stderr)
+              f"prompt + {completion} (first: {first}); as in TRL, the completion begins where they diverge",
+              file=sys.stderr)
     if args.json:
         _print_json(manifest)
     else:
@@ -504,7 +505,8 @@ def _score(args) -> int:
         late = True
     if late:
         args.signals.answered()
-        print(f"seqpack: {_one_line(args.out)} is complete: it was written before the signal took effect", file=sys.stderr)
+        print(f"seqpack: {_one_line(args.out)} is complete: it was written before the signal took effect",
+              file=sys.stderr)
     return 0
 
 

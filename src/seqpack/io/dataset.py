@@ -159,7 +159,7 @@ class PackedDataset:
         # that publishes between reading the one and opening the others would mix two (the
         # old manifest over the new tokens). The manifest's stamp before and after tells;
         # a replaced dataset is opened again.
-        for attempt in range(OPEN_ATTEMPTS):
+        for _ in range(OPEN_ATTEMPTS):
             stamp = fmt.manifest_stamp(self.path)
             try:
                 self._open()
