@@ -593,6 +593,11 @@ def test_the_attention_hook_checks_its_arguments_before_using_them():
         ((query, query, query), {"scaling": 10**400}, "scaling must be finite"),
         ((query, query, query), {"sliding_window": "4"}, "sliding_window must be an int, got str"),
         ((query, query, query), {"sliding_window": 4.0}, "sliding_window must be an int, got float"),
+        # mixed dtypes: a 2-byte one was widened with the rest and computed (review), float64 named k and q
+        ((query.bfloat16(), query, query), {}, "query, key and value must share a dtype, got torch.bfloat16, "
+                                               "torch.float32 and torch.float32"),
+        ((query, query.half(), query.bfloat16()), {}, "must share a dtype, got torch.float32, torch.float16"),
+        ((query, query.double(), query), {}, "must share a dtype, got torch.float32, torch.float64"),
     ]
     for tensors, kwargs, message in cases:
         with pytest.raises(InvalidInputError, match=message):

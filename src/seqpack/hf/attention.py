@@ -367,7 +367,7 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     (``indices``, ``block_indices``); a 4-D mask; left padding; bidirectional attention or
     blocks (a prefix marked by ``token_type_ids``); extra mask functions;
     ``output_attentions=True``; value heads narrower than the query heads (multi-head
-    latent attention); a graph asked of the backward (``create_graph=True``); and segment,
+    latent attention); query, key and value of different dtypes; a graph asked of the backward (``create_graph=True``); and segment,
     position and padding keywords that disagree (``cu_seq_lens_q`` ending before the valid
     cells, positions restarting inside one of its sequences, ``valid_lengths`` against
     ``attention_mask``). Models that compute attention themselves instead of through
@@ -409,6 +409,9 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
         )
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         check_kernel_tensor(name, tensor, "seqpack attention")
+    if not query.dtype == key.dtype == value.dtype:
+        raise InvalidInputError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype} and "
+                                f"{value.dtype}")
     lengths, starts = layout(query.shape[0], query.shape[2], attention_mask, kwargs)
     if kwargs.get("sliding_window") is not None:
         check_window(check_int("sliding_window", kwargs["sliding_window"], 0), lengths, starts)
