@@ -366,13 +366,13 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     softcapping; attention sinks; position biases; sparse key or block selections
     (``indices``, ``block_indices``); a 4-D mask; left padding; bidirectional attention or
     blocks (a prefix marked by ``token_type_ids``); extra mask functions;
-    ``output_attentions=True``; value heads narrower than the query heads (multi-head
-    latent attention); query, key and value of different dtypes; a graph asked of the backward (``create_graph=True``); and segment,
-    position and padding keywords that disagree (``cu_seq_lens_q`` ending before the valid
-    cells, positions restarting inside one of its sequences, ``valid_lengths`` against
-    ``attention_mask``). Models that compute attention themselves instead of through
-    ``AttentionInterface`` (Bloom, MPT) cannot use it, nor can ALiBi models (Falcon with
-    ``alibi=True``).
+    ``output_attentions=True``; value heads narrower than the query heads (multi-head latent
+    attention); query, key and value of different dtypes; a graph asked of the backward
+    (``create_graph=True``); and segment, position and padding keywords that disagree
+    (``cu_seq_lens_q`` ending before the valid cells, positions restarting inside one of its
+    sequences, ``valid_lengths`` against ``attention_mask``). Models that compute attention
+    themselves instead of through ``AttentionInterface`` (Bloom, MPT) cannot use it, nor can
+    ALiBi models (Falcon with ``alibi=True``).
     """
     if dropout:
         raise InvalidInputError(f"seqpack attention has no dropout; the model asked for {dropout}")
