@@ -213,6 +213,11 @@ def distributed_rank(rank: int, world_size: int) -> None:
             rf"over the ranks\) but its micro-batches so far hold {counted + mine[1].target_count}: ")):
         accumulator(model(st.tensors(mine[1])), mine[1])
 
+    # Counts whose sum is past int64: it wrapped to a negative count (review).
+    assert st.step_target_count([2**62 + rank]) == 2**63 + 1
+    with pytest.raises(sp.InvalidInputError, match=f"count {2**63 + rank} is past 2\\*\\*63 - 1"):
+        st.step_target_count([2**63 + rank])
+
     dataset = st.IterableBatchDataset(packed_plan(PREDICTIONS, 16, 1))  # rank and size from the group
     assert (dataset.rank, dataset.world_size) == (rank, world_size)
     shares = [None] * world_size

@@ -117,12 +117,19 @@ def step_target_count(batches: Iterable, group=None) -> int:
 
 
 def summed_over_ranks(count: int, group) -> int:
-    """``count`` all-reduced over ``group`` when ``torch.distributed`` is initialized."""
+    """``count`` all-reduced over ``group`` when ``torch.distributed`` is initialized. The
+    sum is exact: the counts travel as int64 halves of 32 bits, whose sums cannot wrap (a
+    sum of int64 counts past 2**63 - 1 wrapped to a negative count); a rank's count of
+    2**63 or more is an :class:`InvalidInputError`."""
     distributed = torch.distributed
     if distributed.is_available() and distributed.is_initialized():
+        if count >= 2**63:
+            raise InvalidInputError(f"this rank's eligible-target count {count} is past 2**63 - 1, the most "
+                                    f"torch.distributed can sum")
         backend = distributed.get_backend(group)
         device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        total = torch.tensor([count], dtype=torch.int64, device=device)
-        distributed.all_reduce(total, op=distributed.ReduceOp.SUM, group=group)
-        count = int(total.item())
+        halves = torch.tensor([count >> 32, count & 0xFFFF_FFFF], dtype=torch.int64, device=device)
+        distributed.all_reduce(halves, op=distributed.ReduceOp.SUM, group=group)
+        high, low = halves.tolist()
+        count = (high << 32) + low
     return count
