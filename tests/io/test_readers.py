@@ -93,6 +93,23 @@ def test_arrow_inputs(tmp_path):
     assert documents_of(pack(tmp_path, io.ArrowBatches(large), "e")) == expected
 
 
+def test_dictionary_encoded_and_view_string_columns_are_read_as_strings(tmp_path):
+    # A pandas Categorical's Parquet file, or a string_view column, was "not a string column" (review).
+    pa = pytest.importorskip("pyarrow", reason="the corpus extra reads Parquet and Arrow")
+    import pyarrow.parquet as pq
+
+    texts = [TEXTS[0], TEXTS[3], TEXTS[0]]
+    pairs = {"prompt": pa.array(texts).dictionary_encode(), "completion": pa.array(texts, pa.string_view())}
+    for index, column in enumerate([pa.array(texts).dictionary_encode(), pa.array(texts, pa.string_view()),
+                                    pa.array([t.encode() for t in texts], pa.binary_view())]):
+        pq.write_table(pa.table({"text": column}), tmp_path / f"{index}.parquet")
+        assert pq.read_schema(tmp_path / f"{index}.parquet").field("text").type == column.type
+        dataset = pack(tmp_path, io.reader_for(tmp_path / f"{index}.parquet"), f"out{index}")
+        assert documents_of(dataset) == expected_documents(texts)
+    (chunk,) = io.ArrowBatches(pa.table(pairs)).chunks(0)
+    assert (list(chunk.prompts), list(chunk.completions)) == (texts, texts)
+
+
 @pytest.mark.slow
 def test_a_datasets_dataset(tmp_path):
     datasets = pytest.importorskip("datasets", reason="datasets is a bench extra")

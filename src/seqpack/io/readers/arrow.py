@@ -108,6 +108,19 @@ def _is_string(pa, kind) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
+def _plain(pa, array):
+    """``array`` in the plain layout of its values: a dictionary-encoded column (a pandas
+    ``Categorical``) decoded, a ``string_view`` or ``binary_view`` one as large strings or
+    binary. Parquet stores them as plain strings; only pyarrow's schema hint in the file
+    asks for these layouts, which ``datasets`` reads as strings."""
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    views = {"string_view": pa.large_string, "binary_view": pa.large_binary}
+    if str(array.type) in views:
+        array = array.cast(views[str(array.type)]())
+    return array
+
+
 def _offsets(pa, array) -> np.ndarray:
     """Int64 offsets of a list array's rows into its flattened values (from 0)."""
     lengths = pa.compute.list_value_length(array).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -225,7 +238,7 @@ def arrow_chunk(batch, fields: RecordFields, input_index: int, first_row: int, w
     columns = {}
     for column in fields.read:
         array = batch.column(column)
-        columns[column] = array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+        columns[column] = _plain(pa, array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array)
         if columns[column].null_count and column not in fields.extras:
             what = "the document" if fields.kind in ("text", "ids") and column == fields.fields[0] \
                 else f"column {column!r}"
