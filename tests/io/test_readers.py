@@ -699,6 +699,14 @@ def test_a_file_reached_twice_in_a_directory_is_refused_naming_the_link(tmp_path
     os.link(directory / "a.txt", directory / "hard.txt")
     with pytest.raises(sp.InvalidInputError, match=r"d/hard.txt: the file .*d/a.txt again, through a link"):
         list(io.TextFiles([directory]).chunks(0))
+    # Given as inputs, a hard link and its file were packed twice (review).
+    (directory / "hard.txt").unlink()
+    os.link(directory / "a.txt", tmp_path / "hard.txt")
+    for inputs, message in [([directory / "a.txt", tmp_path / "hard.txt"], r"hard.txt is an input twice \(also as "),
+                            ([tmp_path / "hard.txt", directory], r"a.txt \(inside .*d\) is an input twice \(also as ")]:
+        with pytest.raises(sp.InvalidInputError, match=message):
+            pack(tmp_path, io.TextFiles(inputs))
+    assert not (tmp_path / "out").exists()
 
 
 def test_megatron_halves_in_a_directory_are_refused_by_name_and_json_is_text(tmp_path):

@@ -279,6 +279,16 @@ def _input_twice(item, first) -> InvalidInputError:
     return InvalidInputError(f"{name} is an input twice (also {also}): give each file once")
 
 
+def _file_identity(path: Path):
+    """``(device, inode)`` of the file at ``path``, which names it through hard links too;
+    ``path`` itself where there is no such file (a Megatron prefix names two)."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return path
+    return status.st_dev, status.st_ino
+
+
 def check_output(out: Path, force: bool, inputs=()) -> None:
     """Refuse an output that would destroy or read itself.
 
@@ -286,7 +296,7 @@ def check_output(out: Path, force: bool, inputs=()) -> None:
     dataset (a directory holding only ``manifest.json`` and part directories, complete
     or not) or an empty directory: ``--force`` never deletes anything else. Its parent
     must exist, inside no packed dataset. ``inputs`` (:class:`~seqpack.io.readers.Input` records) must name each
-    file once and none inside ``out``, and ``out`` must not lie inside (or be) a
+    file once (through hard and symbolic links too) and none inside ``out``, and ``out`` must not lie inside (or be) a
     directory an input was found in.
     """
     force = check_bool("force", force)  # a truthy "no" must not replace a dataset
@@ -316,9 +326,10 @@ def check_output(out: Path, force: bool, inputs=()) -> None:
         if item.kind == "table":       # an in-memory table, not a file
             continue
         path = Path(item.name).resolve()
-        if path in seen:
-            raise _input_twice(item, seen[path])
-        seen[path] = item
+        key = _file_identity(path)
+        if key in seen:
+            raise _input_twice(item, seen[key])
+        seen[key] = item
         if path == target or target in path.parents:
             raise InvalidInputError(f"input {item.name} lies inside the output {out}: packing would replace it")
     for directory in dict.fromkeys(item.within for item in inputs if item.within):
