@@ -244,6 +244,17 @@ def test_arrow_errors_name_the_row(tmp_path):
     stream.write_bytes(data[: len(data) * 3 // 5])
     with pytest.raises(sp.InvalidInputError, match=r"cut\.arrow: an Arrow stream without its end-of-stream marker"):
         pack(tmp_path, io.ArrowBatches(stream))
+    # Other data named .arrow was said to be a stream cut short (review).
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, tmp_path / "parquet.arrow")
+    (tmp_path / "lines.arrow").write_text('{"text": "a"}\n')
+    (tmp_path / "packed.arrow").write_bytes(b"\x1f\x8b" + bytes(20))
+    for name, message in [("parquet", "a Parquet file, not an Arrow file or stream: name it by its own extension"),
+                          ("lines", "not an Arrow file or stream \\(it begins with neither 'ARROW1' nor a stream's"),
+                          ("packed", "gzip-compressed; decompress it first")]:
+        with pytest.raises(sp.InvalidInputError, match=f"{name}\\.arrow: {message}"):
+            pack(tmp_path, io.ArrowBatches(tmp_path / f"{name}.arrow"))
 
 
 def test_megatron_errors(tmp_path):

@@ -23,6 +23,7 @@ from ...data.supervision import NO_LABEL, first_reserved_label
 from ...errors import InvalidInputError, SeqpackError
 from .base import DocumentChunk, Input, RecordReader, cannot_read, check_fields, missing_extra, not_a_file
 from .records import RecordFields, check_messages, find_record_fields, template_fields
+from .sniff import MAGIC_BYTES, binary_format, compression
 
 
 def import_pyarrow():
@@ -75,16 +76,27 @@ STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
 def check_stream_end(path) -> None:
-    """Refuse an Arrow stream file that does not end with its end-of-stream marker."""
+    """Refuse a file that is not an Arrow stream (named by what its bytes make it, such as
+    a Parquet file), and an Arrow stream that does not end with its end-of-stream marker."""
     try:
         with open(path, "rb") as handle:
+            head = handle.read(MAGIC_BYTES)
             handle.seek(0, 2)
             size = handle.tell()
-            handle.seek(max(size - len(STREAM_END), 0))
+            handle.seek(max(size - MAGIC_BYTES, 0))
             tail = handle.read()
     except OSError as error:
         raise cannot_read(path, error) from None
-    if tail != STREAM_END:
+    if not head.startswith(STREAM_END[:4]):
+        codec = compression(head)
+        if codec is not None:
+            raise InvalidInputError(f"{path}: {codec}-compressed; decompress it first")
+        found = binary_format(head, tail)
+        if found is None:
+            raise InvalidInputError(f"{path}: not an Arrow file or stream (it begins with neither 'ARROW1' nor a "
+                                    f"stream's first message)")
+        raise InvalidInputError(f"{path}: {found}, not an Arrow file or stream: name it by its own extension")
+    if not tail.endswith(STREAM_END):
         raise InvalidInputError(f"{path}: an Arrow stream without its end-of-stream marker: cut short (an "
                                 f"interrupted copy or a full disk?); its record batches so far would read as the "
                                 f"whole")

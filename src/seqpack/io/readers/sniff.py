@@ -38,6 +38,20 @@ DATATROVE_ENDINGS = (".ds", ".ds.index", ".ds.metadata")
 MEGATRON_PARTNERS = {".idx": ".bin", ".bin": ".idx"}
 
 
+def compression(head: bytes) -> str | None:
+    """The codec whose data begins with ``head`` (gzip, bzip2, xz, zstd, zip), or None."""
+    if head[:3] == b"BZh" and b"1" <= head[3:4] <= b"9" and head[4:10] in BZIP2_MARKS:
+        return "bzip2"
+    return next((codec for magic, codec in COMPRESSED_MAGIC if head.startswith(magic)), None)
+
+
+def binary_format(head: bytes, tail: bytes) -> str | None:
+    """The name of the :data:`BINARY_FORMATS` entry whose first and last bytes ``head``
+    and ``tail`` hold (such as "a Parquet file"), or None."""
+    return next((what for first, last, what in BINARY_FORMATS
+                 if head.startswith(first) and (last is None or tail.endswith(last))), None)
+
+
 def check_text_file(name, head: bytes, tail: bytes, kind: str) -> None:
     """Refuse a file read as ``kind`` (text or JSONL) whose first bytes ``head`` and last
     bytes ``tail`` (``MAGIC_BYTES`` of each when the file has that many) mark it as gzip,
@@ -45,12 +59,10 @@ def check_text_file(name, head: bytes, tail: bytes, kind: str) -> None:
     whatever its name; and a ``.jsonl``, ``.ndjson``, ``.bin`` or ``.idx`` file, or a
     datatrove shard's (:data:`DATATROVE_ENDINGS`), read as text (a directory's file:
     Megatron's and datatrove's token data have no magic of their own)."""
-    bzip2 = head[:3] == b"BZh" and b"1" <= head[3:4] <= b"9" and head[4:10] in BZIP2_MARKS
-    found = "bzip2" if bzip2 else next((codec for magic, codec in COMPRESSED_MAGIC if head.startswith(magic)), None)
+    found = compression(head)
     if found is not None:
         raise InvalidInputError(f"{name}: {found}-compressed; decompress it first")
-    binary = next((what for first, last, what in BINARY_FORMATS
-                   if head.startswith(first) and (last is None or tail.endswith(last))), None)
+    binary = binary_format(head, tail)
     suffix = Path(name).suffix.lower()
     if binary is None and kind == "text" and suffix in JSONL_SUFFIXES:
         binary = "a JSONL file"
