@@ -1,5 +1,6 @@
 """``seqpack pack | stats | verify | show`` run as a user runs them: outputs, figures, every error, crashes."""
 
+import os
 import json
 import re
 import shutil
@@ -440,3 +441,11 @@ def test_concurrent_force_packs_each_write_their_own_manifest(tmp_path, docs, pa
 def test_a_long_output_name_names_the_hidden_suffix(tmp_path, docs):
     line = one_error_line(run("pack", docs, "--out", tmp_path / ("x" * 240), "--cut-long", "--quiet"))
     assert "hidden sibling name" in line and "give --out a name of at most" in line, line
+
+
+def test_an_output_name_holding_a_byte_that_is_not_utf8_is_written(tmp_path, docs):
+    # Measuring the name for its hidden sibling raised UnicodeEncodeError (review).
+    out = tmp_path / os.fsdecode(b"packed\xfe")
+    result = run("pack", docs, "--out", out, "--cut-long")
+    assert result.returncode == 0, result.stderr
+    assert "packed\\xfe" in result.stdout and run("verify", out, "--quiet").returncode == 0

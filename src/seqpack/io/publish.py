@@ -361,15 +361,15 @@ def check_replaceable_file(out: Path, what: str) -> None:
 
 def check_name_length(out: Path) -> None:
     """Refuse an output whose temporary siblings' names would be too long for the file system."""
-    longest = len(temporary_sibling(out, "partial").name.encode())
+    longest = len(os.fsencode(temporary_sibling(out, "partial").name))
     try:
         limit = os.pathconf(out.parent, "PC_NAME_MAX")
     except (OSError, ValueError):
         limit = 255
     if longest > limit:
-        suffix = longest - len(out.name.encode())
+        suffix = longest - len(os.fsencode(out.name))
         raise InvalidInputError(
-            f"the output's name is {len(out.name.encode())} bytes; it is written first under a hidden sibling "
+            f"the output's name is {len(os.fsencode(out.name))} bytes; it is written first under a hidden sibling "
             f"name {suffix} bytes longer ('.NAME.seqpack-partial-HOST-PID-ID'), and this file system allows "
             f"{limit}: give --out a name of at most {limit - suffix} bytes")
 
