@@ -15,6 +15,7 @@ interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib.util
 import json
@@ -855,7 +856,7 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
         if sys.stderr is not None:
             print("seqpack: error: cannot write the output: stdout is closed", file=sys.stderr)
         return 1
-    with _Signals(signal.SIG_IGN if exiting else None) as signals:
+    with _console_streams(), _Signals(signal.SIG_IGN if exiting else None) as signals:
         try:
             try:
                 status = _run(argv, signals)
@@ -868,6 +869,38 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
             if signals.noted is not None and not isinstance(error, signals.RAISED):
                 error = signals.EXCEPTIONS[signals.noted]()  # the signal's error, in another form
             return _failed(error)
+
+
+@contextlib.contextmanager
+def _console_streams():
+    """stdout and stderr as a command writes them: what their encoding cannot hold (a file
+    name's undecodable bytes, any non-ASCII text under ``PYTHONIOENCODING=ascii``) as
+    backslash escapes, not a traceback after the work is done; and a stderr closed when the
+    process started (None) as /dev/null meanwhile, so that no error line falls back to
+    stdout and no file the command opens takes descriptor 2, where C libraries write."""
+    closed = sys.stderr is None
+    if closed:
+        sys.stderr = open(os.devnull, "w")
+    escaped = [stream for stream in (sys.stdout, sys.stderr) if _errors_as(stream, "backslashreplace")]
+    try:
+        yield
+    finally:
+        for stream in escaped:
+            _errors_as(stream, "strict")
+        if closed:
+            sys.stderr.close()
+            sys.stderr = None
+
+
+def _errors_as(stream, errors: str) -> bool:
+    """Whether ``stream``, a strict text stream, now encodes with ``errors`` instead."""
+    if getattr(stream, "errors", None) not in ("strict", "backslashreplace") or not hasattr(stream, "reconfigure"):
+        return False
+    try:
+        stream.reconfigure(errors=errors)
+    except (OSError, ValueError):   # (its flush failed: a closed or broken stream)
+        return False
+    return True
 
 
 def console() -> int:
@@ -900,7 +933,19 @@ def _failed(error: BaseException) -> int:
         if error.filename is not None:   # a file the command read or wrote
             print(f"seqpack: error: {_one_line(error.filename)}: {error.strerror or error}", file=sys.stderr)
             return 1
+        if not _working_directory_exists():   # (relative paths cannot be resolved: no file to name)
+            print("seqpack: error: the working directory no longer exists: run the command from one that does, "
+                  "or give absolute paths", file=sys.stderr)
+            return 1
         _silence_stdout()
         print(f"seqpack: error: cannot write the output: {error.strerror or error}", file=sys.stderr)
         return 1
     raise error
+
+
+def _working_directory_exists() -> bool:
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return False
+    return True

@@ -963,6 +963,47 @@ def test_a_closed_stdout_is_one_error_line(args):
     assert (result.returncode, result.stderr) == (1, "seqpack: error: cannot write the output: stdout is closed\n")
 
 
+# Review: with stderr closed (`2>&-`) pack and verify exited 1 having done nothing (an
+# AttributeError no one could see), and error lines went into stdout.
+@pytest.mark.skipif(os.name != "posix", reason="closes the child's stderr")
+def test_a_closed_stderr_changes_nothing_but_silences_errors(tmp_path, textdir):
+    def without_stderr(*args):
+        return subprocess.run([seqpack_command(), *map(str, args)], stdout=subprocess.PIPE, text=True, timeout=120,
+                              preexec_fn=lambda: os.close(2))
+
+    packed = without_stderr("pack", textdir, "--out", tmp_path / "out")
+    assert packed.returncode == 0 and "documents" in packed.stdout
+    verified = without_stderr("verify", tmp_path / "out")
+    assert verified.returncode == 0 and ": ok: " in verified.stdout
+    assert (without_stderr("stats", tmp_path / "missing").returncode, without_stderr("stats", "--json").stdout) == \
+        (1, "")
+    assert (without_stderr().returncode, without_stderr().stdout) == (2, "")
+
+
+# Review: a report holding what stdout's encoding could not hold was a traceback after the
+# work (show's drawing always; a dataset's name under PYTHONIOENCODING=ascii).
+def test_what_stdout_cannot_encode_is_escaped(tmp_path, textdir):
+    out = tmp_path / "päcked"
+    environment = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    packed = run("pack", textdir, "--out", out, env=environment)
+    assert packed.returncode == 0 and f"{tmp_path}/p\\xe4cked" in packed.stdout, packed.stderr
+    shown = run("show", out, "--columns", "0:4", env=environment)
+    assert shown.returncode == 0 and "\\u25a0" in shown.stdout, shown.stderr
+    missing = run("verify", tmp_path / "nö", env=environment)
+    assert one_error_line(missing) == f"seqpack: error: {tmp_path}/n\\xf6: no such directory"
+
+
+# Review: run from a deleted directory, a relative --out was "cannot write the output".
+@pytest.mark.skipif(os.name != "posix", reason="removes the working directory")
+def test_a_deleted_working_directory_is_named(tmp_path, textdir):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    process = subprocess.run(f"cd {gone} && rmdir {gone} && {seqpack_command()} pack {textdir} --out rel",
+                             shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert one_error_line(process) == ("seqpack: error: the working directory no longer exists: run the command "
+                                       "from one that does, or give absolute paths")
+
+
 def test_a_pack_replaced_before_its_report_exits_0_and_says_so(tmp_path, textdir, monkeypatch, capsys):
     """The report reopened the output: a second --force pack publishing just then made the
     first, already published, exit 1 ('manifest.json: missing'), or print the other's report

@@ -17,7 +17,7 @@ class Progress:
 
     def __init__(self, enabled: bool = True):
         self._tqdm = None
-        if enabled and sys.stderr.isatty():
+        if enabled and sys.stderr is not None and sys.stderr.isatty():
             try:
                 from tqdm import tqdm
             except ImportError:
