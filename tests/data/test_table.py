@@ -331,6 +331,18 @@ def test_a_single_string_is_not_a_list_of_ids(binding):
         sp.ExampleTable.from_texts(["x", "y"], binding, capacity=4, ids="ab")
 
 
+def test_cut_texts_name_their_windows_by_the_text_they_come_from(binding):
+    # Without ids the windows were numbered as examples: '#1' was text 0's second window
+    # and text 1 became '#3'; a text left whole was named with its range (review).
+    texts = ["a" * 20, "b"]   # 22 tokens in 3 windows at capacity 8, then 3 tokens
+    for ids, names in [(None, ["#0", "#1"]), (["long", "short"], ["long", "short"])]:
+        table = sp.ExampleTable.from_texts(texts, binding, capacity=8, long="cut", ids=ids)
+        long, short = names
+        assert [table.example_id(i) for i in range(len(table))] == [
+            f"{long}[0:9]", f"{long}[8:17]", f"{long}[16:22]", short]
+        assert table.example(3).token_ids.tolist() == [0, 100, 1]
+
+
 def test_from_texts_names_the_text_the_tokenizer_refuses(binding):
     # The tokenizer's error named no text (review).
     with pytest.raises(sp.TokenizerError, match=r"^text 'c' \(index 2\): text holds '\\ud800' \(a lone surrogate\)"):

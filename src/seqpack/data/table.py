@@ -170,8 +170,8 @@ class ExampleTable(ReadOnlyArrays):
         naming it (``long="error"``, the default), or (``long="cut"``) is cut into the
         overlapping ranges of :func:`~seqpack.data.window_ranges`, so that every
         prediction appears exactly once and no range adds BOS or EOS; nothing is ever
-        truncated. ``ids`` names the texts (default ``"#i"``); cut examples are named
-        ``"name[start:stop]"``.
+        truncated. ``ids`` names the texts (default ``"#i"``, ``i`` the text's index); the
+        examples of a cut text are named ``"name[start:stop]"``, its token range.
         """
         capacity = check_int("capacity", capacity, maximum=INT32_MAX)
         check_choice("long", long, LONG_DOCUMENTS)
@@ -204,9 +204,10 @@ class ExampleTable(ReadOnlyArrays):
             refuse_long(lengths - 1, capacity, text, hint=" (long='cut' cuts it into overlapping windows)")
             return cls.from_arrays(tokens, offsets, binding, partition=partition, ids=names)
         which, ranges = window_ranges(lengths, capacity)
-        cut_ids = None
-        if names is not None:
-            cut_ids = [f"{names[d]}[{a}:{b}]" for d, (a, b) in zip(which.tolist(), ranges.tolist())]
+        names = names if names is not None else [f"#{index}" for index in range(len(texts))]
+        whole = lengths.tolist()
+        cut_ids = [names[d] if (a, b) == (0, whole[d]) else f"{names[d]}[{a}:{b}]"
+                   for d, (a, b) in zip(which.tolist(), ranges.tolist())]
         return cls.from_arrays(tokens, offsets, binding, partition=partition, ranges=ranges,
                                documents=which, ids=cut_ids)
 
