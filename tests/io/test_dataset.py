@@ -1,5 +1,6 @@
 """A packed dataset on disk: its batches equal seqpack.pack's, under every policy, in one part or several."""
 
+import dataclasses
 import json
 import os
 import pickle
@@ -449,6 +450,20 @@ def test_pack_corpus_keeps_the_configs_limits_on_a_batch(tmp_path, config, error
     table = sp.ExampleTable.from_texts(["abcdef"] * 8, BINDING, capacity=config.capacity)
     with pytest.raises(error):
         sp.plan(table, config, partition=sp.Partition.TRAIN, binding=BINDING)
+
+
+def test_a_datasets_config_derives_max_cells_as_the_packs_did(tmp_path):
+    """The manifest's max_cells came back as given: a dataclasses.replace copy with more rows
+    kept 48 cells, and one with a wider capacity was refused (review)."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("hello")
+    for name, config, rows in [("derived", sp.PackConfig(16, 3), 128), ("given", sp.PackConfig(16, 3, 40), 40)]:
+        io.pack_corpus([io.TextFiles([docs])], tmp_path / name, binding=BINDING, tokenizer=TOKENIZER, config=config)
+        opened = io.open_dataset(tmp_path / name).config
+        assert opened == config
+        assert dataclasses.replace(opened, rows_per_batch=8) == dataclasses.replace(config, rows_per_batch=8)
+        assert dataclasses.replace(opened, rows_per_batch=8).max_cells == rows
 
 
 def test_a_dataset_batch_takes_no_caller_buffers(tmp_path):

@@ -27,6 +27,7 @@ occurrences come pair by pair, chosen then rejected: what a preference objective
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import json
@@ -181,7 +182,11 @@ class PackedDataset:
         try:
             self.binding, self.tokenizer = binding_of(manifest["binding"])
             self.partition = Partition(manifest["partition"])
-            self.config = PackConfig(**manifest["config"])
+            config = PackConfig(**manifest["config"])
+            # The manifest records a derived max_cells as its value: derived again, so that a
+            # dataclasses.replace copy (more rows, a wider capacity) derives its own.
+            full = config.max_cells == config.rows_per_batch * config.capacity
+            self.config = dataclasses.replace(config, max_cells=None) if full else config
             self.policy = manifest["policy"]
             check_policy(self.policy, self.config.capacity)
             self.long = manifest["long_documents"]
