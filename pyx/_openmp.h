@@ -14,9 +14,11 @@ static inline int seqpack_omp_max_threads(void)
 }
 /* The threads of the enclosing parallel region (1 outside one). */
 static inline int seqpack_omp_team_size(void) { return omp_get_num_threads(); }
+#define SEQPACK_OPENMP 1
 #else
 static inline int seqpack_omp_max_threads(void) { return 1; }
 static inline int seqpack_omp_team_size(void) { return 1; }
+#define SEQPACK_OPENMP 0
 #endif
 
 /* Work sharing: add v to *p and return its value before, atomically (relaxed: the

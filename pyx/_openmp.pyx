@@ -8,6 +8,11 @@ are linked with; 1 in a build without OpenMP.
 
 cdef extern from "_openmp.h":
     int seqpack_omp_max_threads() noexcept nogil
+    int SEQPACK_OPENMP
+
+#: Whether the kernels were compiled with OpenMP (setup.py builds them single-threaded
+#: with a compiler that has none).
+BUILT_WITH_OPENMP = bool(SEQPACK_OPENMP)
 
 
 def max_threads():

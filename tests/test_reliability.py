@@ -38,6 +38,21 @@ def test_forward_out_aliasing_an_input_is_refused(alias):
     assert np.array_equal(sp.range_attention_forward(q, k, v, lengths, starts, out=buffer)[0], expected)
 
 
+def test_an_overlap_too_hard_to_decide_is_refused_as_one(monkeypatch):
+    # The error was looked up as np.exceptions.TooHardError, which numpy 1.24 (the oldest
+    # supported) does not have: the lookup itself would have raised AttributeError (review).
+    from seqpack import _arguments
+
+    def too_hard(*arrays, **options):
+        raise _arguments._TOO_HARD("too hard")
+
+    assert _arguments._TOO_HARD is getattr(np, "exceptions", np).TooHardError
+    monkeypatch.setattr(np, "shares_memory", too_hard)
+    q, k, v, _, lengths, starts = attention_inputs()
+    with pytest.raises(sp.InvalidInputError, match="out overlaps q in memory"):
+        sp.range_attention_forward(q, k, v, lengths, starts, out=q)
+
+
 def test_lse_overlapping_q_and_gradients_sharing_a_buffer_are_refused():
     q, k, v, dout, lengths, starts = attention_inputs()
     lse_view = q.reshape(-1)[: 2 * 2 * 70].reshape(2, 2, 70)  # a view into q's memory

@@ -15,6 +15,10 @@ import numpy as np
 
 from .errors import BatchIndexError, InvalidInputError
 
+#: What np.shares_memory raises when deciding would take too long (``numpy.exceptions``,
+#: where it lives, is numpy 1.25 and later; numpy 1.24 has it at the top level).
+_TOO_HARD = getattr(np, "exceptions", np).TooHardError
+
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 #: The memory budget of a config or call that names none: 8 GiB.
@@ -184,7 +188,7 @@ def check_disjoint(outputs: dict, inputs: dict) -> None:
             if np.may_share_memory(output, other):
                 try:
                     overlapping = np.shares_memory(output, other)
-                except np.exceptions.TooHardError:
+                except _TOO_HARD:
                     overlapping = True
                 if overlapping:
                     raise InvalidInputError(
