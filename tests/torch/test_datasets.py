@@ -193,6 +193,25 @@ def test_set_epoch_keeps_a_restored_position_of_that_epoch_only():
     assert dataset.state_dict()["position"] == 2  # a new pass counts from its start
 
 
+def test_set_epoch_of_the_current_epoch_starts_it_over():
+    """After a pass over epoch 0 (a warm-up, a count) set_epoch(0) kept its position: a state
+    saved then said the epoch was over, and its resume yielded nothing (review)."""
+    source = plan()
+    dataset = st.IterableBatchDataset(source, seed=3)
+    full = ids(dataset)
+    for taken in (len(full), 3):
+        iterator = iter(dataset)
+        for _ in range(taken):
+            next(iterator)
+        dataset.set_epoch(0)
+        state = dataset.state_dict()
+        assert state["position"] == 0
+        fresh = st.IterableBatchDataset(source, seed=3)
+        fresh.load_state_dict(state)
+        fresh.set_epoch(0)
+        assert ids(fresh) == full
+
+
 def epoch_items(source, seed, epoch):
     """Epoch ``epoch`` of a fresh stream, iterated directly."""
     dataset = st.IterableBatchDataset(source, seed=seed)

@@ -150,8 +150,9 @@ class IterableBatchDataset(IterableDataset):
         self._chosen = epoch
         if self._resume is not None and self._resume[0] != epoch:
             self._resume = None
-        if epoch != self.epoch:
-            self.epoch, self._position = epoch, 0
+        self.epoch = epoch
+        if self._resume is None:   # the same epoch too: a pass made or left before starts over
+            self._position = 0
         self._share()
 
     def _share(self) -> None:
