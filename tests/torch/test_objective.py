@@ -14,6 +14,7 @@ import seqpack as sp
 torch = pytest.importorskip("torch", reason="seqpack.torch needs PyTorch: pip install 'seqpack[torch]'")
 import seqpack.torch as st  # noqa: E402
 import seqpack.torch.datasets as datasets  # noqa: E402
+import seqpack.torch.objective as objective  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from helpers import run_on_gloo_ranks  # noqa: E402
@@ -243,6 +244,18 @@ def test_a_denominator_below_the_calls_own_count_or_a_bool_tensor_is_an_error():
         st.token_weighted_loss(logits, batch, denominator=batch.target_count - 1)
     exact = st.token_weighted_loss(logits, batch, denominator=batch.target_count)
     assert exact.item() == st.token_weighted_loss(logits, batch).item()
+
+
+def test_a_denominator_past_int64_divides_as_the_float_it_rounds_to():
+    # torch refused the int: OverflowError "int too big to convert" (review).
+    batch = padded_epoch([3, 5])[0]
+    logits = logits_for(batch)
+    total, _ = objective.loss_sum(logits, batch)
+    for denominator in (2**63 - 1, 2**64, 2**80):
+        assert st.token_weighted_loss(logits, batch, denominator=denominator).item() == \
+            (total / float(denominator)).item()
+        accumulator = st.LossAccumulator([denominator])
+        assert accumulator(logits, batch).item() == (total / float(denominator)).item()
 
 
 def test_the_accumulator_rejects_micro_batches_it_did_not_count():

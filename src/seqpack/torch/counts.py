@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from .._arguments import check_bool, is_int, shown
+from .._arguments import INT64_MAX, check_bool, is_int, shown
 from ..errors import InvalidInputError
 from ..layout.batch import BatchLayout
 from .tensors import IGNORE_INDEX, eligible_targets, is_integer_tensor
@@ -37,6 +37,12 @@ def check_denominator(value) -> int:
     if value < 1:
         raise InvalidInputError(f"denominator is {shown(int(value))}: a step needs at least one eligible target")
     return int(value)
+
+
+def divided(total: torch.Tensor, denominator: int) -> torch.Tensor:
+    """``total / denominator``: a count past int64, which torch does not take as an int, as
+    the float it rounds to (as torch rounds a smaller one)."""
+    return total / (denominator if denominator <= INT64_MAX else float(denominator))
 
 
 def call_denominator(denominator, count: int) -> int:

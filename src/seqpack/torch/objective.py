@@ -20,6 +20,7 @@ from .counts import (
     call_denominator,
     check_denominator,
     check_within_count,
+    divided,
     gradient_factor,
     micro_batches,
     summed_over_ranks,
@@ -52,7 +53,7 @@ def token_weighted_loss(logits: torch.Tensor, batch_or_targets, *, denominator=N
     contributes a zero loss with a graph.
     """
     total, count = loss_sum(logits, batch_or_targets)
-    return total / call_denominator(denominator, count)
+    return divided(total, call_denominator(denominator, count))
 
 
 class LossAccumulator:
@@ -84,7 +85,7 @@ class LossAccumulator:
         check_within_count(self.count + count, self.counted, self.denominator)
         self.loss_sum += float(total.detach())
         self.count += count
-        loss = total / self.denominator
+        loss = divided(total, self.denominator)
         return loss * self.factor if self.factor != 1 else loss
 
     @property
