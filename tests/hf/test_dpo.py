@@ -341,6 +341,16 @@ def test_the_collator_refuses_naming_the_feature(change, error, message):
         collate(features)
 
 
+def test_the_collator_takes_a_list_of_features():
+    # A generator raised "has no len()" and an array of features numpy's truth-value error (review).
+    features = pair_features()
+    for bad, name in (((f for f in features), "generator"), (np.array(features), "ndarray"), ("text", "str")):
+        with pytest.raises(InvalidInputError, match=f"PreferenceCollator takes a list of features \\(dicts\\), "
+                                                    f"not {name}"):
+            collate(bad)
+    assert torch.equal(collate(tuple(features))["input_ids"], collate(features)["input_ids"])
+
+
 def test_what_the_collator_accepts_at_each_limit():
     """The refusals' twins: a pair of exactly ``capacity`` predictions, exactly
     ``rows_per_batch`` rows, a completion of one token after a prompt, a sequence of two tokens

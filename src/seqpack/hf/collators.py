@@ -256,10 +256,7 @@ class PackingCollator:
         self.completion_only_loss = completion_only_loss
 
     def __call__(self, features: Sequence[dict]) -> dict:
-        if not isinstance(features, Sequence) or isinstance(features, (str, bytes)):
-            raise InvalidInputError(f"PackingCollator takes a list of features (dicts), not {type(features).__name__}")
-        if not features:
-            raise InvalidInputError("PackingCollator received no features")
+        check_features("PackingCollator", features)
         documents, supervision = [], []
         for index, feature in enumerate(features):
             check_feature(index, feature)
@@ -296,6 +293,14 @@ def _regular_array(index: int, key: str, value) -> np.ndarray:
         return np.asarray(value)
     except (TypeError, ValueError) as error:
         raise InvalidInputError(f"feature {index}: {key} is not a regular array: {error}") from None
+
+
+def check_features(collator: str, features) -> None:
+    """Refuse features that are not a non-empty list (a sequence) of features, naming ``collator``."""
+    if not isinstance(features, Sequence) or isinstance(features, (str, bytes)):
+        raise InvalidInputError(f"{collator} takes a list of features (dicts), not {type(features).__name__}")
+    if not features:
+        raise InvalidInputError(f"{collator} received no features")
 
 
 def check_feature(index: int, feature) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import CapacityError, InvalidInputError
 from ..packing.config import PackConfig
-from .collators import check_feature, collator_setup, one_batch, rows, token_ids
+from .collators import check_feature, check_features, collator_setup, one_batch, rows, token_ids
 
 #: The token IDs of a feature, as TRL's ``DPOTrainer`` prepares them.
 PAIR_KEYS = ("prompt_ids", "chosen_ids", "rejected_ids")
@@ -61,8 +61,7 @@ class PreferenceCollator:
         self.config, self.policy, self.binding = collator_setup(config, tokenizer_identity, policy, split)
 
     def __call__(self, features: Sequence[dict]) -> dict:
-        if not features:
-            raise InvalidInputError("PreferenceCollator received no features")
+        check_features("PreferenceCollator", features)
         pairs = [self._pair(index, feature) for index, feature in enumerate(features)]
         references = _references(features)
         documents = [np.concatenate([prompt, completion]) for prompt, *completions in pairs
