@@ -518,6 +518,41 @@ def test_a_part_mapped_again_after_its_dataset_was_replaced_is_refused(tmp_path,
     assert not np.array_equal(reopened.batch(0).inputs, first)
 
 
+def test_threads_reading_a_dataset_of_more_parts_than_are_mapped_get_its_batches(tmp_path, monkeypatch):
+    # Parts mapped and dropped from several threads raced on the shared map table: a part
+    # returned the maps another thread had just dropped (TypeError), or a map table changed
+    # size while a thread checked it (RuntimeError) (review).
+    import threading
+
+    from seqpack.io import part as module
+
+    monkeypatch.setattr(module, "MAPPED_PARTS", 1)
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": f"document {i} " * (1 + i % 5)}) + "\n" for i in range(12)))
+    io.pack_corpus([io.JsonLines(path)], tmp_path / "ds", binding=BINDING, tokenizer=TOKENIZER,
+                   config=sp.PackConfig(64, 1), shards=6)
+    dataset = io.open_dataset(tmp_path / "ds")
+    assert len(dataset.parts) > 3
+    expected = [dataset[i].inputs.copy() for i in range(len(dataset))]
+    failures = []
+
+    def read(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for number in rng.integers(0, len(dataset), 1500).tolist():
+                if not np.array_equal(dataset[number].inputs, expected[number]):
+                    failures.append(f"batch {number} differs")
+        except Exception as error:  # noqa: BLE001 (collected for the assertion below)
+            failures.append(repr(error))
+
+    readers = [threading.Thread(target=read, args=(seed,)) for seed in range(4)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join()
+    assert failures == []
+
+
 def test_a_dataset_replaced_while_it_is_opened_is_opened_whole(tmp_path, monkeypatch):
     """A pack --force publishing between the manifest's read and the parts' opening gave the
     old manifest over the new parts: the old example IDs over the new tokens, no error

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 import tokenize
 import weakref
 from collections import OrderedDict
@@ -27,6 +28,18 @@ from . import format as fmt
 
 MAPPED_PARTS = 64
 _mapped: OrderedDict[int, weakref.ref] = OrderedDict()   # id(part) -> part, least recent first
+#: Held while a part maps its files or another's are dropped to stay under MAPPED_PARTS:
+#: threads reading one dataset would otherwise drop the maps a part was returning.
+_mapping = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _mapping
+    _mapping = threading.Lock()  # a thread of the parent may have held it: the child's is free
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _identity(status: os.stat_result) -> tuple[int, int, int, int]:
@@ -98,27 +111,29 @@ class Part:
         they are, each file checked to still have its recorded size (reading a mapped file
         that shrank would kill the process with SIGBUS)."""
         key = id(self)
-        if self._maps is None:
-            self._views = {}
-            tokens = self._map("tokens.bin", self._dtype, (self._sizes["tokens.bin"] // self._dtype.itemsize,))
-            self._maps = (tokens, self._table("occurrences.npy", self.example_count),
-                          self._table("examples.npy", self.example_count),
-                          self._table("documents.npy", self._document_count),
-                          self._flips() if self.supervised else None,
-                          self._table(fmt.PAIRS_FILE, self.pair_count, 2) if self.paired else None)
-            _mapped[key] = weakref.ref(self, lambda _, key=key: _mapped.pop(key, None))
-            while len(_mapped) > MAPPED_PARTS:
-                _, oldest = _mapped.popitem(last=False)
-                part = oldest()
-                if part is not None:
-                    part._maps, part._views = None, {}
-        else:
-            _mapped.move_to_end(key)
-        for name, view in self._views.items():
+        with _mapping:
+            if self._maps is None:
+                self._views = {}
+                tokens = self._map("tokens.bin", self._dtype, (self._sizes["tokens.bin"] // self._dtype.itemsize,))
+                self._maps = (tokens, self._table("occurrences.npy", self.example_count),
+                              self._table("examples.npy", self.example_count),
+                              self._table("documents.npy", self._document_count),
+                              self._flips() if self.supervised else None,
+                              self._table(fmt.PAIRS_FILE, self.pair_count, 2) if self.paired else None)
+                _mapped[key] = weakref.ref(self, lambda _, key=key: _mapped.pop(key, None))
+                while len(_mapped) > MAPPED_PARTS:
+                    _, oldest = _mapped.popitem(last=False)
+                    part = oldest()
+                    if part is not None:
+                        part._maps, part._views = None, {}
+            else:
+                _mapped.move_to_end(key)
+            maps, views = self._maps, self._views   # (another thread may drop them once released)
+        for name, view in views.items():
             if view.size() != self._sizes[name]:  # the mapped file's size now (an fstat)
                 raise InvalidInputError(f"{self.directory / name}: {view.size()} bytes; the manifest records "
                                         f"{self._sizes[name]} (the file changed while the dataset was open)")
-        return self._maps
+        return maps
 
     def _map(self, name: str, dtype: np.dtype, shape: tuple, offset: int = 0) -> np.ndarray:
         """A read-only array over ``name`` from ``offset``; its map is kept for the size check."""
