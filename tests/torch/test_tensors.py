@@ -4,6 +4,7 @@ fields, an embedding-safe ``input_ids``, PyTorch dtypes; the optional import."""
 import subprocess
 import sys
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -30,6 +31,39 @@ def test_fields_are_shared_without_a_warning(batch):
         assert result[name].data_ptr() == array.ctypes.data, name  # the batch's memory, not a copy
         assert result[name].numpy().dtype == array.dtype and result[name].tolist() == array.tolist(), name
     assert (batch.inputs == sp.PAD_CELL).any()  # the batch really has padding to replace
+
+
+def test_threads_sharing_read_only_fields_leave_the_warning_filters_alone(monkeypatch):
+    # Every call silenced PyTorch's warning inside warnings.catch_warnings, which is not
+    # thread-safe: threads leaving it out of order left its filter installed (review).
+    # PyTorch warns once a process, so only the first conversion needs silencing.
+    import threading
+
+    batch = batches()[0]
+    assert not batch.inputs.flags.writeable
+    st.tensors(batch)
+    filters = list(warnings.filters)
+
+    def unsafe():
+        raise AssertionError("warnings.catch_warnings entered after PyTorch's one warning")
+
+    module = sys.modules["seqpack.torch.tensors"]
+    monkeypatch.setattr(module, "warnings", SimpleNamespace(catch_warnings=unsafe))
+    failures = []
+
+    def convert():
+        try:
+            for _ in range(100):
+                st.tensors(batch)
+        except AssertionError as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=convert) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == [] and warnings.filters == filters
 
 
 @pytest.mark.parametrize("batch", batches(), ids=["packed", "padded"])

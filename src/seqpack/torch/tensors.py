@@ -10,6 +10,7 @@ never sees ``PAD_CELL``) and ``shift_labels`` (int64, each supervised cell's tar
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Mapping
 
@@ -38,15 +39,31 @@ def is_integer_tensor(value) -> bool:
         value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
 
 
+#: Whether PyTorch has given its warning for read-only arrays, which it gives once a
+#: process; the lock lets one thread at a time silence it.
+_read_only_warned = False
+_silencing = threading.Lock()
+
+
 def shared_tensor(array: np.ndarray) -> torch.Tensor:
     """A CPU tensor over ``array``'s memory, read-only arrays included, without a warning.
 
-    PyTorch has no read-only tensors, so it warns on read-only arrays; the caller owns
-    the promise not to write through the tensor.
+    PyTorch has no read-only tensors, so it warns on read-only arrays (once a process);
+    the caller owns the promise not to write through the tensor. Only that first warning
+    is silenced, under a lock: ``warnings.catch_warnings`` restores the process's filters
+    as it found them, so threads inside it at once could leave its filter installed.
     """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    global _read_only_warned
+    if array.flags.writeable or _read_only_warned:
         return torch.from_numpy(array)
+    with _silencing:
+        if not _read_only_warned:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                tensor = torch.from_numpy(array)
+            _read_only_warned = True
+            return tensor
+    return torch.from_numpy(array)
 
 
 def moved(tensor: torch.Tensor, device) -> torch.Tensor:
