@@ -573,6 +573,37 @@ def test_rows_with_an_attention_mask_that_disagrees_with_valid_lengths_is_an_err
         net(**fields, attention_mask=shorter)
 
 
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0},
+    {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16,
+     "short_factor": [1.0] * 8, "long_factor": [4.0] * 8},
+], ids=["dynamic", "longrope"])
+def test_rotary_frequencies_taken_from_the_longest_sequence_are_refused_beside_shorter_ones(rope):
+    """transformers picks these frequencies from the forward's largest position: an example
+    packed beside one past the threshold got other frequencies than alone, and its NLL
+    differed by nats, silently (review)."""
+    net = model(dtype=torch.float64, max_position_embeddings=16, rope_parameters=rope).eval()
+    batch, _ = packed(lengths=(3, 30, 9))
+    message = rf"rope_type '{rope['rope_type']}'\) takes its frequencies from the forward's largest position, "
+    with pytest.raises(InvalidInputError, match=message + r"3\d positions, past 16; a sequence of \d+ here"):
+        sph.evaluate(net, [batch])
+    with pytest.raises(InvalidInputError, match=message):
+        net(**sph.rows(batch))
+    # Every sequence within 16 positions: the padding-free layout gives what each gets alone.
+    # (rows() would not: its padding cells count on past 16, and are refused like a sequence.)
+    batch, docs = packed(lengths=(3, 14, 9, 15, 2))
+    with pytest.raises(InvalidInputError, match=message + r"37 positions, .* the padding's positions reach 37: "
+                                                          r"give the batch as seqpack.hf.flat\(batch\)"):
+        net(**sph.rows(batch))
+    with torch.no_grad():
+        alone = [torch.log_softmax(net(input_ids=torch.from_numpy(doc[None, :-1])).logits[0], -1)
+                 .gather(1, torch.from_numpy(doc[1:, None])).sum().neg() for doc in docs]
+    packed_sums = torch.from_numpy(sph.evaluate(net, [batch]).nll_sums)
+    assert close(packed_sums, torch.stack(alone))
+    long_alone, _ = packed(lengths=(30,))   # one sequence past the threshold: its own frequencies
+    assert sph.evaluate(net, [long_alone]).nll_sums.shape == (1,)
+
+
 # From the eee632d contract fuzz: bad attention-hook arguments were foreign errors or taken as numbers.
 def test_the_attention_hook_checks_its_arguments_before_using_them():
     """Each was an IndexError, AttributeError or ValueError, or (a string or bool scaling)

@@ -56,7 +56,7 @@ from ..torch.attention import (
     kernel_gradient,
     kernel_view,
 )
-from .segments import check_window, layout
+from .segments import check_window, layout, segment_lengths
 
 #: The name under which :func:`register` installs seqpack attention.
 NAME = "seqpack"
@@ -367,7 +367,9 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     (``indices``, ``block_indices``); a 4-D mask; left padding; bidirectional attention or
     blocks (a prefix marked by ``token_type_ids``); extra mask functions;
     ``output_attentions=True``; value heads narrower than the query heads (multi-head latent
-    attention); query, key and value of different dtypes; a graph asked of the backward
+    attention); query, key and value of different dtypes; rotary frequencies that follow the
+    forward's largest position (``longrope``, ``dynamic``) past their threshold, beside a
+    sequence that alone would get others; a graph asked of the backward
     (``create_graph=True``); and segment, position and padding keywords that disagree
     (``cu_seq_lens_q`` ending before the valid cells, positions restarting inside one of its
     sequences, ``valid_lengths`` against ``attention_mask``). Models that compute attention
@@ -413,12 +415,57 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
         raise InvalidInputError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype} and "
                                 f"{value.dtype}")
     lengths, starts = layout(query.shape[0], query.shape[2], attention_mask, kwargs)
+    _check_rotary_frequencies(getattr(module, "config", None), lengths, starts, kwargs.get("position_ids"))
     if kwargs.get("sliding_window") is not None:
         check_window(check_int("sliding_window", kwargs["sliding_window"], 0), lengths, starts)
     if layer is not None and layer.span is not None:
         check_window(layer.span, lengths, starts)
     output = AttentionIntoCells.apply(query, key, value, lengths, starts, check_scale("scaling", scaling))
     return output, None
+
+
+def _batch_wide_rotary(config) -> list[tuple[str, int]]:
+    """``(rope_type, threshold)`` of each rotary embedding of ``config`` whose frequencies
+    transformers picks from the forward's largest position: ``longrope`` (its long factors
+    past ``original_max_position_embeddings``) and the ``dynamic`` kinds (rescaled past
+    ``max_position_embeddings``, and kept across calls)."""
+    parameters = getattr(config, "rope_parameters", None)
+    if not isinstance(parameters, dict):
+        return []
+    groups = [parameters] if "rope_type" in parameters else [p for p in parameters.values() if isinstance(p, dict)]
+    found = []
+    for group in groups:
+        kind = str(group.get("rope_type", ""))
+        if kind == "longrope":
+            found.append((kind, group.get("original_max_position_embeddings")))
+        elif "dynamic" in kind:
+            found.append((kind, getattr(config, "max_position_embeddings", None)))
+    return [(kind, int(threshold)) for kind, threshold in found if threshold is not None]
+
+
+def _check_rotary_frequencies(config, lengths, starts, position_ids) -> None:
+    """Refuse a forward whose sequences would not get the rotary frequencies each gets alone
+    (see :func:`_batch_wide_rotary`): one past the threshold beside a shorter one."""
+    rules = _batch_wide_rotary(config)
+    if not rules:
+        return
+    spans = segment_lengths(lengths, starts)
+    if not spans.size:
+        return
+    longest = reach = int(spans.max())   # the forward's largest position + 1, as the rotary embedding saw it
+    if isinstance(position_ids, torch.Tensor) and position_ids.dim() == 2 and position_ids.numel():
+        reach = max(reach, int(position_ids.max()) + 1)
+    shortest = int(spans.min())
+    for kind, threshold in rules:
+        if reach > threshold and (shortest <= threshold if kind == "longrope" else spans.size > 1 or shortest < reach):
+            remedy = (f"give each sequence of more than {threshold} positions a forward of its own" if longest > threshold
+                      else f"the padding's positions reach {reach}: give the batch as seqpack.hf.flat(batch), "
+                           f"which has none")
+            raise InvalidInputError(
+                f"this model's rotary embedding (rope_type {kind!r}) takes its frequencies from the forward's "
+                f"largest position, {reach} positions, past {threshold}; a sequence of {shortest} here would get "
+                f"other frequencies alone: {remedy}"
+            )
 
 
 def _cells_first(shape, dtype) -> torch.Tensor:

@@ -136,12 +136,19 @@ def _valid_lengths(rows: int, width: int, attention_mask, given, covered) -> np.
     return lengths
 
 
+def segment_lengths(lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The cells of each segment of the valid cells, row by row."""
+    columns = np.arange(starts.shape[1])
+    valid = columns[None, :] < lengths[:, None]
+    last = valid.copy()   # a segment's last cell: the next one is invalid or starts another
+    last[:, :-1] &= ~(valid[:, 1:] & (starts[:, 1:] == starts[:, :-1]))
+    return (columns[None, :] - starts + 1)[last]
+
+
 def check_window(window: int, lengths: np.ndarray, starts: np.ndarray) -> None:
     """A sliding window (or a chunk of positions) changes nothing while every segment fits
     in it; otherwise it is an error."""
-    width = starts.shape[1]
-    valid = np.arange(width)[None, :] < lengths[:, None]
-    spans = np.where(valid, np.arange(width)[None, :] - starts + 1, 0)
+    spans = segment_lengths(lengths, starts)
     longest = int(spans.max()) if spans.size else 0
     if longest > window:
         raise InvalidInputError(
