@@ -881,7 +881,8 @@ def _console_streams():
     closed = sys.stderr is None
     if closed:
         sys.stderr = open(os.devnull, "w")
-    escaped = [stream for stream in (sys.stdout, sys.stderr) if _errors_as(stream, "backslashreplace")]
+    strict = [stream for stream in (sys.stdout, sys.stderr) if getattr(stream, "errors", None) == "strict"]
+    escaped = [stream for stream in strict if _errors_as(stream, "backslashreplace")]
     try:
         yield
     finally:
@@ -893,12 +894,10 @@ def _console_streams():
 
 
 def _errors_as(stream, errors: str) -> bool:
-    """Whether ``stream``, a strict text stream, now encodes with ``errors`` instead."""
-    if getattr(stream, "errors", None) not in ("strict", "backslashreplace") or not hasattr(stream, "reconfigure"):
-        return False
+    """Whether ``stream`` (a text stream) now encodes with ``errors``."""
     try:
         stream.reconfigure(errors=errors)
-    except (OSError, ValueError):   # (its flush failed: a closed or broken stream)
+    except (AttributeError, OSError, ValueError):   # (no reconfigure, or its flush failed: a broken stream)
         return False
     return True
 

@@ -993,6 +993,23 @@ def test_what_stdout_cannot_encode_is_escaped(tmp_path, textdir):
     assert one_error_line(missing) == f"seqpack: error: {tmp_path}/n\\xf6: no such directory"
 
 
+def test_main_in_process_leaves_the_streams_as_it_found_them(monkeypatch):
+    # It set every stream it had escaped back to 'strict', though stderr's default is
+    # 'backslashreplace' (review).
+    import io as text_io
+
+    from seqpack import cli
+
+    err = text_io.TextIOWrapper(text_io.BytesIO(), encoding="ascii", errors="backslashreplace")
+    out = text_io.TextIOWrapper(text_io.BytesIO(), encoding="ascii", errors="strict")
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(sys, "stdout", out)
+    assert cli.main(["verify", os.fsdecode(b"/nowhere-\xc3\xa9")]) == 1
+    assert (err.errors, out.errors) == ("backslashreplace", "strict")
+    err.seek(0)
+    assert err.read() == "seqpack: error: /nowhere-\\xe9: no such directory\n"
+
+
 # Review: run from a deleted directory, a relative --out was "cannot write the output".
 @pytest.mark.skipif(os.name != "posix", reason="removes the working directory")
 def test_a_deleted_working_directory_is_named(tmp_path, textdir):

@@ -340,7 +340,7 @@ def test_cut_texts_name_their_windows_by_the_text_they_come_from(binding):
         long, short = names
         assert [table.example_id(i) for i in range(len(table))] == [
             f"{long}[0:9]", f"{long}[8:17]", f"{long}[16:22]", short]
-        assert table.example(3).token_ids.tolist() == [0, 100, 1]
+        assert table.example(3).document.token_ids.tolist() == [0, 100, 1]
 
 
 def test_from_texts_names_the_text_the_tokenizer_refuses(binding):

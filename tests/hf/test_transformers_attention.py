@@ -600,8 +600,33 @@ def test_rotary_frequencies_taken_from_the_longest_sequence_are_refused_beside_s
                  .gather(1, torch.from_numpy(doc[1:, None])).sum().neg() for doc in docs]
     packed_sums = torch.from_numpy(sph.evaluate(net, [batch]).nll_sums)
     assert close(packed_sums, torch.stack(alone))
-    long_alone, _ = packed(lengths=(30,))   # one sequence past the threshold: its own frequencies
-    assert sph.evaluate(net, [long_alone]).nll_sums.shape == (1,)
+    # Sequences all past the threshold at one length (dynamic), or all past it (longrope), get
+    # what each gets alone; a dynamic one was refused for no reason (review).
+    for lengths in ((30,), (30, 30)) + (((30, 21),) if rope["rope_type"] == "longrope" else ()):
+        batch, docs = packed(lengths=lengths)
+        with torch.no_grad():
+            sums = torch.from_numpy(sph.evaluate(net, [batch]).nll_sums)
+            alone = [torch.log_softmax(net(input_ids=torch.from_numpy(doc[None, :-1])).logits[0], -1)
+                     .gather(1, torch.from_numpy(doc[1:, None])).sum().neg() for doc in docs]
+        assert close(sums, torch.stack(alone)), lengths
+
+
+def test_under_autocast_query_key_and_value_of_mixed_dtypes_run_in_its_dtype():
+    """Under autocast, float32 rotary tables leave a model's queries and keys float32 beside
+    bfloat16 values; SDPA, an autocast op, runs them in bfloat16. The dtype check added
+    this session refused every float32 model trained under autocast (review)."""
+    net, reference = model(), model(attention="sdpa")
+    batch, _ = packed()
+    fields = sph.flat(batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours, theirs = net(**fields), reference(**fields)
+        ours.loss.backward()
+    assert (ours.logits - theirs.logits).abs().max() < 0.02
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
+    query = torch.randn(1, 2, 4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output, _ = sph.seqpack_attention(torch.nn.Module(), query, query, query.bfloat16(), None)
+    assert output.dtype == torch.bfloat16
 
 
 # From the eee632d contract fuzz: bad attention-hook arguments were foreign errors or taken as numbers.

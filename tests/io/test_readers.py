@@ -108,6 +108,11 @@ def test_dictionary_encoded_and_view_string_columns_are_read_as_strings(tmp_path
         assert documents_of(dataset) == expected_documents(texts)
     (chunk,) = io.ArrowBatches(pa.table(pairs)).chunks(0)
     assert (list(chunk.prompts), list(chunk.completions)) == (texts, texts)
+    # Inside messages too: a string_view role was "not a list of messages" (review).
+    messages = [[{"role": "user", "content": text}, {"role": "assistant", "content": None}] for text in texts]
+    viewed = pa.array(messages, pa.list_(pa.struct([("role", pa.string_view()), ("content", pa.string_view())])))
+    (chunk,) = io.ArrowBatches(pa.table({"messages": viewed})).chunks(0)
+    assert list(chunk.conversations) == messages
 
 
 @pytest.mark.slow
@@ -250,9 +255,13 @@ def test_arrow_errors_name_the_row(tmp_path):
     pq.write_table(table, tmp_path / "parquet.arrow")
     (tmp_path / "lines.arrow").write_text('{"text": "a"}\n')
     (tmp_path / "packed.arrow").write_bytes(b"\x1f\x8b" + bytes(20))
+    with pa.ipc.new_file(str(tmp_path / "file.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    (tmp_path / "file.arrow").write_bytes((tmp_path / "file.arrow").read_bytes()[:-40])
     for name, message in [("parquet", "a Parquet file, not an Arrow file or stream: name it by its own extension"),
                           ("lines", "not an Arrow file or stream \\(it begins with neither 'ARROW1' nor a stream's"),
-                          ("packed", "gzip-compressed; decompress it first")]:
+                          ("packed", "gzip-compressed; decompress it first"),
+                          ("file", r"an Arrow file pyarrow cannot read: cut short \(no footer")]:
         with pytest.raises(sp.InvalidInputError, match=f"{name}\\.arrow: {message}"):
             pack(tmp_path, io.ArrowBatches(tmp_path / f"{name}.arrow"))
 

@@ -367,14 +367,14 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     (``indices``, ``block_indices``); a 4-D mask; left padding; bidirectional attention or
     blocks (a prefix marked by ``token_type_ids``); extra mask functions;
     ``output_attentions=True``; value heads narrower than the query heads (multi-head latent
-    attention); query, key and value of different dtypes; rotary frequencies that follow the
-    forward's largest position (``longrope``, ``dynamic``) past their threshold, beside a
-    sequence that alone would get others; a graph asked of the backward
-    (``create_graph=True``); and segment, position and padding keywords that disagree
-    (``cu_seq_lens_q`` ending before the valid cells, positions restarting inside one of its
-    sequences, ``valid_lengths`` against ``attention_mask``). Models that compute attention
-    themselves instead of through ``AttentionInterface`` (Bloom, MPT) cannot use it, nor can
-    ALiBi models (Falcon with ``alibi=True``).
+    attention); query, key and value of different dtypes outside autocast; rotary
+    frequencies that follow the forward's largest position (``longrope``, ``dynamic``) past
+    their threshold, beside a sequence that alone would get others; a graph asked of the
+    backward (``create_graph=True``); and segment, position and padding keywords that
+    disagree (``cu_seq_lens_q`` ending before the valid cells, positions restarting inside
+    one of its sequences, ``valid_lengths`` against ``attention_mask``). Models that compute
+    attention themselves instead of through ``AttentionInterface`` (Bloom, MPT) cannot use
+    it, nor can ALiBi models (Falcon with ``alibi=True``).
     """
     if dropout:
         raise InvalidInputError(f"seqpack attention has no dropout; the model asked for {dropout}")
@@ -412,8 +412,13 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         check_kernel_tensor(name, tensor, "seqpack attention")
     if not query.dtype == key.dtype == value.dtype:
-        raise InvalidInputError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype} and "
-                                f"{value.dtype}")
+        device = query.device.type
+        if not torch.is_autocast_enabled(device):
+            raise InvalidInputError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype} and "
+                                    f"{value.dtype}")
+        # Under autocast, rotary or norm layers in float32 leave some of them wider, as SDPA
+        # (an autocast op) finds them too: like it, run all three in the autocast dtype.
+        query, key, value = (tensor.to(torch.get_autocast_dtype(device)) for tensor in (query, key, value))
     lengths, starts = layout(query.shape[0], query.shape[2], attention_mask, kwargs)
     _check_rotary_frequencies(getattr(module, "config", None), lengths, starts, kwargs.get("position_ids"))
     if kwargs.get("sliding_window") is not None:
@@ -457,7 +462,7 @@ def _check_rotary_frequencies(config, lengths, starts, position_ids) -> None:
         reach = max(reach, int(position_ids.max()) + 1)
     shortest = int(spans.min())
     for kind, threshold in rules:
-        if reach > threshold and (shortest <= threshold if kind == "longrope" else spans.size > 1 or shortest < reach):
+        if reach > threshold and (shortest <= threshold if kind == "longrope" else shortest < reach):
             remedy = (f"give each sequence of more than {threshold} positions a forward of its own" if longest > threshold
                       else f"the padding's positions reach {reach}: give the batch as seqpack.hf.flat(batch), "
                            f"which has none")

@@ -77,7 +77,8 @@ STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 def check_stream_end(path) -> None:
     """Refuse a file that is not an Arrow stream (named by what its bytes make it, such as
-    a Parquet file), and an Arrow stream that does not end with its end-of-stream marker."""
+    a Parquet file or an Arrow file cut short), and an Arrow stream that does not end with
+    its end-of-stream marker."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(MAGIC_BYTES)
@@ -87,6 +88,9 @@ def check_stream_end(path) -> None:
             tail = handle.read()
     except OSError as error:
         raise cannot_read(path, error) from None
+    if head.startswith(b"ARROW1"):
+        cut = "" if tail.endswith(b"ARROW1") else ": cut short (no footer: an interrupted copy or a full disk?)"
+        raise InvalidInputError(f"{path}: an Arrow file pyarrow cannot read{cut}")
     if not head.startswith(STREAM_END[:4]):
         codec = compression(head)
         if codec is not None:
@@ -121,16 +125,32 @@ def _is_string(pa, kind) -> bool:
 
 
 def _plain(pa, array):
-    """``array`` in the plain layout of its values: a dictionary-encoded column (a pandas
-    ``Categorical``) decoded, a ``string_view`` or ``binary_view`` one as large strings or
-    binary. Parquet stores them as plain strings; only pyarrow's schema hint in the file
-    asks for these layouts, which ``datasets`` reads as strings."""
+    """``array`` in the plain layout of its values, at any depth (a message's fields too):
+    dictionary-encoded values (a pandas ``Categorical``) decoded, ``string_view`` and
+    ``binary_view`` values as large strings or binary. Parquet stores them as plain
+    strings; only pyarrow's schema hint in the file asks for these layouts, which
+    ``datasets`` reads as strings. (``list_view`` columns are left as they are, refused:
+    pyarrow 26 casts them to lists wrongly.)"""
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
+    plain = _plain_type(pa, array.type)
+    return array if plain == array.type else array.cast(plain)
+
+
+def _plain_type(pa, kind):
+    """``kind`` with its dictionary and view types of strings and binary replaced (see :func:`_plain`)."""
+    if pa.types.is_dictionary(kind):
+        return _plain_type(pa, kind.value_type)
     views = {"string_view": pa.large_string, "binary_view": pa.large_binary}
-    if str(array.type) in views:
-        array = array.cast(views[str(array.type)]())
-    return array
+    if str(kind) in views:
+        return views[str(kind)]()
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        field = kind.value_field
+        plain = field.with_type(_plain_type(pa, field.type))
+        return pa.list_(plain) if pa.types.is_list(kind) else pa.large_list(plain)
+    if pa.types.is_struct(kind):
+        return pa.struct([field.with_type(_plain_type(pa, field.type)) for field in kind])
+    return kind
 
 
 def _offsets(pa, array) -> np.ndarray:
