@@ -391,6 +391,35 @@ def test_local_attention_known_only_to_the_mask_is_checked(kind):
     assert close(ours, theirs)
 
 
+def test_llama4_query_temperature_of_a_later_column_is_refused():
+    """Llama 4 scales its layers without rotary embeddings by a temperature of the row's
+    column: an example packed past the first floor_scale columns got another one than
+    alone, silently (review). Within them, packed rows equal each example alone."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    sph.register()
+
+    def build(attention):
+        torch.manual_seed(0)
+        net = Llama4ForCausalLM(Llama4TextConfig(
+            vocab_size=300, hidden_size=32, intermediate_size=32, intermediate_size_mlp=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2, attention_chunk_size=64,
+            no_rope_layers=[1, 0], floor_scale=8, attn_scale=0.5, use_cache=False)).double()
+        net.set_attn_implementation(attention)
+        return net.eval()
+
+    net, reference = build("seqpack"), build("sdpa")
+    batch, _ = packed(lengths=(3, 4, 9))
+    with pytest.raises(InvalidInputError, match=r"\(attn_temperature_tuning, floor_scale 8\): the sequence at row 0, "
+                                                r"column \d+ would get another one than alone; keep each row under 7"):
+        net(**sph.rows(batch))
+    batch, docs = packed(lengths=(3, 2))   # every cell within the first 7 columns
+    with torch.no_grad():
+        found = cells_of(batch, net(**sph.rows(batch)).logits, docs)
+        alone = [reference(input_ids=torch.from_numpy(doc[None, :-1])).logits[0] for doc in docs]
+    assert all(close(a, b) for a, b in zip(found, alone))
+
+
 @pytest.mark.slow
 def test_padded_batch_with_a_right_padded_attention_mask():
     """transformers' usual padded batch (attention_mask, no position_ids) is honored, not ignored."""

@@ -44,6 +44,7 @@ import sys
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .._arguments import check_int, check_scale
@@ -369,12 +370,14 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     ``output_attentions=True``; value heads narrower than the query heads (multi-head latent
     attention); query, key and value of different dtypes outside autocast; rotary
     frequencies that follow the forward's largest position (``longrope``, ``dynamic``) past
-    their threshold, beside a sequence that alone would get others; a graph asked of the
-    backward (``create_graph=True``); and segment, position and padding keywords that
-    disagree (``cu_seq_lens_q`` ending before the valid cells, positions restarting inside
-    one of its sequences, ``valid_lengths`` against ``attention_mask``). Models that compute
-    attention themselves instead of through ``AttentionInterface`` (Bloom, MPT) cannot use
-    it, nor can ALiBi models (Falcon with ``alibi=True``).
+    their threshold, beside a sequence that alone would get others; Llama 4's query
+    temperature (``attn_temperature_tuning``) where a sequence's columns and positions give
+    different ones; a graph asked of the backward (``create_graph=True``); and segment,
+    position and padding keywords that disagree (``cu_seq_lens_q`` ending before the valid
+    cells, positions restarting inside one of its sequences, ``valid_lengths`` against
+    ``attention_mask``). Models that compute attention themselves instead of through
+    ``AttentionInterface`` (Bloom, MPT) cannot use it, nor can ALiBi models (Falcon with
+    ``alibi=True``).
     """
     if dropout:
         raise InvalidInputError(f"seqpack attention has no dropout; the model asked for {dropout}")
@@ -421,6 +424,7 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
         query, key, value = (tensor.to(torch.get_autocast_dtype(device)) for tensor in (query, key, value))
     lengths, starts = layout(query.shape[0], query.shape[2], attention_mask, kwargs)
     _check_rotary_frequencies(getattr(module, "config", None), lengths, starts, kwargs.get("position_ids"))
+    _check_query_temperature(module, lengths, starts)
     if kwargs.get("sliding_window") is not None:
         check_window(check_int("sliding_window", kwargs["sliding_window"], 0), lengths, starts)
     if layer is not None and layer.span is not None:
@@ -471,6 +475,26 @@ def _check_rotary_frequencies(config, lengths, starts, position_ids) -> None:
                 f"largest position, {reach} positions, past {threshold}; a sequence of {shortest} here would get "
                 f"other frequencies alone: {remedy}"
             )
+
+
+def _check_query_temperature(module, lengths, starts) -> None:
+    """Refuse a forward in which Llama 4's query temperature (``attn_temperature_tuning``, on
+    its layers without rotary embeddings) differs from a sequence's own: it is taken from
+    the row's column, ``log1p(floor((column + 1) / floor_scale))``, not from the position."""
+    if not getattr(module, "attn_temperature_tuning", False) or getattr(module, "use_rope", True):
+        return
+    scale = int(module.floor_scale)
+    columns = np.arange(starts.shape[1])
+    valid = columns[None, :] < lengths[:, None]
+    differ = valid & ((columns[None, :] + 1) // scale != (columns[None, :] - starts + 1) // scale)
+    if differ.any():
+        row, column = (int(index[0]) for index in np.nonzero(differ))
+        raise InvalidInputError(
+            f"this model scales the queries of its layers without rotary embeddings by a temperature of the row's "
+            f"column, not of the position (attn_temperature_tuning, floor_scale {scale}): the sequence at row "
+            f"{row}, column {int(starts[row, column])} would get another one than alone; keep each row under "
+            f"{scale - 1} columns (seqpack.hf.flat and evaluate make one row of a whole batch)"
+        )
 
 
 def _cells_first(shape, dtype) -> torch.Tensor:
