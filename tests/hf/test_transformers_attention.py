@@ -420,6 +420,29 @@ def test_llama4_query_temperature_of_a_later_column_is_refused():
     assert all(close(a, b) for a, b in zip(found, alone))
 
 
+def test_models_that_number_positions_otherwise_are_refused():
+    """RoBERTa's family counts the positions it makes from padding_idx + 1, and the CSM depth
+    decoder replaces the position_ids it is given with the row's columns: both gave packed
+    results other than alone, silently (review)."""
+    from transformers import CsmDepthDecoderConfig, CsmDepthDecoderForCausalLM, RobertaConfig, RobertaForCausalLM
+
+    sph.register()
+    batch, _ = packed(lengths=(14, 12, 11), rows_per_batch=1)
+    common = dict(vocab_size=300, hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  use_cache=False)
+    roberta = RobertaForCausalLM(RobertaConfig(max_position_embeddings=64, is_decoder=True, hidden_dropout_prob=0.0,
+                                               attention_probs_dropout_prob=0.0, **common)).eval()
+    depth = CsmDepthDecoderForCausalLM(CsmDepthDecoderConfig(num_codebooks=41, backbone_hidden_size=32,
+                                                             num_key_value_heads=2, **common)).eval()
+    for net, message in [(roberta, r"numbers its positions from padding_idx \+ 1 \(RoBERTa's convention"),
+                         (depth, "the CSM depth decoder replaces the position_ids it is given with the row's columns")]:
+        net.set_attn_implementation("seqpack")
+        for layout in (sph.rows, sph.flat):
+            fields = {k: v for k, v in layout(batch).items() if k not in ("labels", "shift_labels")}
+            with pytest.raises(InvalidInputError, match=message):
+                net(**fields)
+
+
 @pytest.mark.slow
 def test_padded_batch_with_a_right_padded_attention_mask():
     """transformers' usual padded batch (attention_mask, no position_ids) is honored, not ignored."""

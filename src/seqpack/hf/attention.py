@@ -39,6 +39,7 @@ computed.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from contextvars import ContextVar
@@ -372,12 +373,13 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     frequencies that follow the forward's largest position (``longrope``, ``dynamic``) past
     their threshold, beside a sequence that alone would get others; Llama 4's query
     temperature (``attn_temperature_tuning``) where a sequence's columns and positions give
-    different ones; a graph asked of the backward (``create_graph=True``); and segment,
-    position and padding keywords that disagree (``cu_seq_lens_q`` ending before the valid
-    cells, positions restarting inside one of its sequences, ``valid_lengths`` against
-    ``attention_mask``). Models that compute attention themselves instead of through
-    ``AttentionInterface`` (Bloom, MPT) cannot use it, nor can ALiBi models (Falcon with
-    ``alibi=True``).
+    different ones; models that number positions otherwise (RoBERTa's family counts from
+    padding_idx + 1; the CSM depth decoder by column); a graph asked of the backward
+    (``create_graph=True``); and segment, position and padding keywords that disagree
+    (``cu_seq_lens_q`` ending before the valid cells, positions restarting inside one of its
+    sequences, ``valid_lengths`` against ``attention_mask``). Models that compute attention
+    themselves instead of through ``AttentionInterface`` (Bloom, MPT) cannot use it, nor can
+    ALiBi models (Falcon with ``alibi=True``).
     """
     if dropout:
         raise InvalidInputError(f"seqpack attention has no dropout; the model asked for {dropout}")
@@ -425,6 +427,7 @@ def seqpack_attention(module, query, key, value, attention_mask, scaling=None, d
     lengths, starts = layout(query.shape[0], query.shape[2], attention_mask, kwargs)
     _check_rotary_frequencies(getattr(module, "config", None), lengths, starts, kwargs.get("position_ids"))
     _check_query_temperature(module, lengths, starts)
+    _check_own_positions(module)
     if kwargs.get("sliding_window") is not None:
         check_window(check_int("sliding_window", kwargs["sliding_window"], 0), lengths, starts)
     if layer is not None and layer.span is not None:
@@ -495,6 +498,33 @@ def _check_query_temperature(module, lengths, starts) -> None:
             f"{row}, column {int(starts[row, column])} would get another one than alone; keep each row under "
             f"{scale - 1} columns (seqpack.hf.flat and evaluate make one row of a whole batch)"
         )
+
+
+#: Why models whose positions are not seqpack's (each sequence's from 0) are refused.
+_OTHER_POSITIONS = {
+    "offset": "this model numbers its positions from padding_idx + 1 (RoBERTa's convention: the positions it makes "
+              "itself start at config.pad_token_id + 1), while seqpack's layouts give each sequence positions from "
+              "0: its packed results would differ from the model alone",
+    "columns": "the CSM depth decoder replaces the position_ids it is given with the row's columns (and picks its "
+               "codebook embeddings and heads by column): the examples of a packed row would not be told apart",
+}
+
+
+def _check_own_positions(module) -> None:
+    """Refuse a model that does not take each sequence's positions from 0 as given."""
+    if getattr(getattr(module, "config", None), "model_type", None) == "csm_depth_decoder_model":
+        raise InvalidInputError(_OTHER_POSITIONS["columns"])
+    if _numbers_positions_from_padding(type(module)):
+        raise InvalidInputError(_OTHER_POSITIONS["offset"])
+
+
+@functools.cache
+def _numbers_positions_from_padding(kind: type) -> bool:
+    """Whether the module defining attention class ``kind`` makes positions from its padding
+    index, as transformers' RoBERTa family does (``create_position_ids_from_input_ids``)."""
+    source = sys.modules.get(kind.__module__)
+    return source is not None and any(hasattr(value, "create_position_ids_from_input_ids")
+                                      for value in vars(source).values() if isinstance(value, type))
 
 
 def _cells_first(shape, dtype) -> torch.Tensor:
