@@ -943,6 +943,7 @@ def _failed(error: BaseException) -> int:
 
 
 def _working_directory_exists() -> bool:
+    """Whether the process's working directory still exists (it may have been removed)."""
     try:
         os.getcwd()
     except FileNotFoundError:

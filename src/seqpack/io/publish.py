@@ -293,11 +293,11 @@ def check_output(out: Path, force: bool, inputs=()) -> None:
     """Refuse an output that would destroy or read itself.
 
     An existing ``out`` is refused unless ``force``, and even then unless it is a packed
-    dataset (a directory holding only ``manifest.json`` and part directories, complete
-    or not) or an empty directory: ``--force`` never deletes anything else. Its parent
-    must exist, inside no packed dataset. ``inputs`` (:class:`~seqpack.io.readers.Input` records) must name each
-    file once (through hard and symbolic links too) and none inside ``out``, and ``out`` must not lie inside (or be) a
-    directory an input was found in.
+    dataset (a directory holding only ``manifest.json`` and part directories, complete or
+    not) or an empty directory: ``--force`` never deletes anything else. Its parent must
+    exist, inside no packed dataset. ``inputs`` (:class:`~seqpack.io.readers.Input` records)
+    must name each file once (through hard and symbolic links too) and none inside ``out``,
+    and ``out`` must not lie inside (or be) a directory an input was found in.
     """
     force = check_bool("force", force)  # a truthy "no" must not replace a dataset
     if out.name in ("", ".", ".."):

@@ -131,8 +131,6 @@ def _plain(pa, array):
     strings; only pyarrow's schema hint in the file asks for these layouts, which
     ``datasets`` reads as strings. (``list_view`` columns are left as they are, refused:
     pyarrow 26 casts them to lists wrongly.)"""
-    if pa.types.is_dictionary(array.type):
-        array = array.dictionary_decode()
     plain = _plain_type(pa, array.type)
     return array if plain == array.type else array.cast(plain)
 
